@@ -1,0 +1,251 @@
+"""Typed dataclass configs with YAML values and dotlist overrides, plus run descriptions.
+
+Each stage's config is a nested dataclass in that stage (``train/config.py`` ...) assembled from
+the shared parts here. YAML files hold values only; the command line adds ``key.sub=value``
+overrides, merged with type checking by OmegaConf. Cross-field rules live in ``__post_init__``
+and name the offending field.
+
+Typical entry point::
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = parser.parse_args()
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    if args.dry_run:
+        print(config_to_yaml(cfg)); return
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+T = TypeVar("T")
+
+# Packages whose versions every run records next to its outputs.
+RECORDED_PACKAGES = (
+    "hivig",
+    "torch",
+    "torchvision",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "peft",
+    "datasets",
+    "vllm",
+)
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the field."""
+
+
+# --------------------------------------------------------------------------------------------
+# Shared config parts
+
+
+@dataclass
+class FrameConfig:
+    """The canonical frame every screenshot is resized to (SPEC §2.4)."""
+
+    max_pixels: int = 1_048_576
+    """Upper bound on frame area, in pixels (not edge length); 1,048,576 px ≈ 1,024 visual tokens."""
+    min_pixels: int = 65_536
+    """Lower bound on frame area, in pixels; 65,536 px = 64 visual tokens."""
+    factor: int = 32
+    """Both sides become multiples of this, in pixels: ViT patch 16 × spatial merge 2."""
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0:
+            raise ConfigError("`frame.factor` must be positive")
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise ConfigError("`frame.min_pixels` must be in (0, frame.max_pixels]")
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters sent with every generation request (recorded with outputs)."""
+
+    temperature: float = 0.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    max_tokens: int = 2048
+    """Maximum new tokens per request."""
+    seed: int | None = None
+    """Backend sampling seed, when the backend honours one."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError("`sampling.temperature` must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("`sampling.top_p` must be in (0, 1]")
+        if self.max_tokens <= 0:
+            raise ConfigError("`sampling.max_tokens` must be positive")
+
+
+@dataclass
+class BackendConfig:
+    """An inference backend: an OpenAI-compatible endpoint or an in-process model."""
+
+    kind: str = "openai"
+    """One of ``openai`` (HTTP, vLLM/SGLang), ``transformers`` (in-process), ``offline``."""
+    base_url: str = ""
+    """Endpoint root such as ``http://host:8000/v1`` (``openai`` kind only)."""
+    model: str = ""
+    """Served model name, or a checkpoint directory for the ``transformers`` kind."""
+    api_key_env: str = "HIVIG_API_KEY"
+    """Name of the environment variable holding the API key (the key itself is never stored)."""
+    concurrency: int = 32
+    """Maximum requests in flight."""
+    timeout_s: float = 120.0
+    """Per-request timeout, in seconds."""
+    max_retries: int = 4
+    """Retries on transport errors, 429 and 5xx, with exponential backoff and jitter."""
+    backoff_s: float = 0.5
+    """Base backoff before the first retry, in seconds; doubles per retry."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling parameters."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("openai", "transformers", "offline"):
+            raise ConfigError("`backend.kind` must be one of openai, transformers, offline")
+        if self.concurrency <= 0:
+            raise ConfigError("`backend.concurrency` must be positive")
+        if self.timeout_s <= 0:
+            raise ConfigError("`backend.timeout_s` must be positive")
+        if self.max_retries < 0:
+            raise ConfigError("`backend.max_retries` must be >= 0")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_config(schema: type[T], path: str | os.PathLike | None, overrides: list[str] = ()) -> T:
+    """Build a ``schema`` instance from defaults, then a YAML file, then dotlist overrides.
+
+    Args:
+        schema: The stage's top-level dataclass.
+        path: YAML file holding values only; ``None`` uses the dataclass defaults.
+        overrides: ``key.sub=value`` strings, applied last.
+
+    Returns:
+        The validated dataclass instance (``__post_init__`` has run on every level).
+
+    Raises:
+        ConfigError: Unknown key, wrong type, or a failed cross-field rule.
+    """
+    try:
+        base = OmegaConf.structured(schema)
+        layers = [base]
+        if path is not None:
+            text = Path(path).read_text(encoding="utf-8")
+            loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+            layers.append(loaded)
+        if overrides:
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid config ({path or 'defaults'}): {e}") from e
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file not found: {path}") from e
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain-dict view of a config dataclass."""
+    return dataclasses.asdict(cfg)
+
+
+def config_to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML (what ``--dry-run`` prints and every run saves)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, default_config: str | None = None) -> None:
+    """Add ``--config``, ``--dry-run`` and positional ``key=value`` overrides to a parser."""
+    parser.add_argument(
+        "--config",
+        default=default_config,
+        help="YAML file with values for this stage (see configs/)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config and exit without doing any work",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotlist overrides applied after the YAML, e.g. optim.lr=5e-6",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Run descriptions
+
+
+def package_versions(names: tuple[str, ...] = RECORDED_PACKAGES) -> dict[str, str | None]:
+    """Installed versions of ``names`` (``None`` when absent)."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_revision(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
+    """``{"sha": ..., "dirty": ...}`` of the repository holding ``cwd`` (nulls outside git)."""
+    cwd = cwd or Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return {"sha": sha, "dirty": bool(status.strip())}
+    except (OSError, subprocess.CalledProcessError):
+        return {"sha": None, "dirty": None}
+
+
+def run_info() -> dict[str, Any]:
+    """Git revision, package versions, host, SLURM job id and time of this run."""
+    return {
+        "git": git_revision(),
+        "packages": package_versions(),
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_run_description(out_dir: str | os.PathLike, cfg: Any) -> None:
+    """Write ``config.yaml`` and ``run_info.json`` into ``out_dir`` (created if needed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
+    (out / "run_info.json").write_text(json.dumps(run_info(), indent=2) + "\n", encoding="utf-8")

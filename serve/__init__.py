@@ -1,0 +1,1 @@
+"""hivig stage package: serve."""

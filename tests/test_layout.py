@@ -1,0 +1,62 @@
+"""The one dependency rule: stages never import each other; hivig never imports a stage."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("data_gen", "train", "serve")
+PACKAGES = ("hivig",) + STAGES
+
+
+def _imported_top_levels(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_forbidden_imports(package):
+    forbidden = set(STAGES) - {package}
+    offenders = []
+    for path in _modules(package):
+        bad = _imported_top_levels(path) & forbidden
+        if bad:
+            offenders.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_rule_detects_a_violation(tmp_path):
+    # Negative control: the walker must see both import forms.
+    bad = tmp_path / "bad.py"
+    bad.write_text("import train.sft\nfrom serve.app import x\n", encoding="utf-8")
+    assert {"train", "serve"} <= _imported_top_levels(bad)
+
+
+def test_no_print_in_library_code():
+    offenders = []
+    for package in PACKAGES:
+        for path in _modules(package):
+            if path.name in ("cli.py", "__main__.py", "_cli.py"):
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "print"
+                ):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
