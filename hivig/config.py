@@ -62,7 +62,7 @@ class FrameConfig:
     """The canonical frame every screenshot is resized to (SPEC §2.4)."""
 
     max_pixels: int = 1_048_576
-    """Upper bound on frame area, in pixels (not edge length); 1,048,576 px ≈ 1,024 visual tokens."""
+    """Upper bound on frame area, in pixels (not edge length); 1,048,576 px ≈ 1,024 tokens."""
     min_pixels: int = 65_536
     """Lower bound on frame area, in pixels; 65,536 px = 64 visual tokens."""
     factor: int = 32
@@ -176,7 +176,9 @@ def config_to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, default_config: str | None = None) -> None:
+def add_config_arguments(
+    parser: argparse.ArgumentParser, default_config: str | None = None
+) -> None:
     """Add ``--config``, ``--dry-run`` and positional ``key=value`` overrides to a parser."""
     parser.add_argument(
         "--config",

@@ -1,0 +1,171 @@
+r"""The ``hivig`` command: small user-facing tools over the core library.
+
+Examples::
+
+    hivig action convert --from scalecua --to qwen --platform windows --width 1920 --height 1080 \
+        "moveTo(x=0.1, y=0.2)\ndragTo(x=0.5, y=0.2)"
+    hivig action convert --from osworld --to json --width 1920 --height 1080 \
+        "pyautogui.click(960, 540)"
+    hivig mark --image shot.png --out marked.png --action "$(cat call.txt)"   # <tool_call> blocks
+    hivig taxonomy
+
+Exit status: 0 on success, 2 on bad input (the reason is printed to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from hivig import __version__
+
+PLATFORMS = ("windows", "mac", "ubuntu", "web", "android")
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str) -> int:
+    print(f"hivig: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _parse_actions(args: argparse.Namespace):
+    """Parse ``args.text`` with the chosen source grammar; returns actions or an ActionError."""
+    from hivig import actions as A
+
+    text = args.text.replace("\\n", "\n")
+    if args.source == "scalecua":
+        parsed = A.parse_scalecua(text, args.platform, args.width, args.height)
+        return parsed if isinstance(parsed, A.ActionError) else list(parsed.actions)
+    if args.source == "qwen":
+        return A.parse_tool_calls(text)
+    return A.parse_osworld(text, args.width, args.height)
+
+
+def _cmd_action_convert(args: argparse.Namespace) -> int:
+    from hivig import actions as A
+
+    result = _parse_actions(args)
+    if isinstance(result, A.ActionError):
+        return _fail(f"{result.reason}: {result.message}")
+    if not result:
+        return _fail("no action found in the input")
+    if args.target == "json":
+        print(json.dumps([a.to_arguments() for a in result], ensure_ascii=False))
+    else:
+        print(A.render_tool_calls(result, A.space_for_platform(args.platform)))
+    return 0
+
+
+def _cmd_mark(args: argparse.Namespace) -> int:
+    from hivig import actions as A
+    from hivig import vision as V
+
+    actions = A.parse_tool_calls(args.action)
+    if isinstance(actions, A.ActionError):
+        return _fail(f"{actions.reason}: {actions.message}")
+    marks = A.marks_for_actions(actions)
+    try:
+        image = V.load_image(args.image)
+    except (OSError, V.ImageError) as e:
+        return _fail(f"cannot read {args.image}: {e}")
+    size_class = None
+    if args.platform is not None:
+        size_class = "mobile" if args.platform == "android" else "desktop"
+    frame = V.canonical_frame(
+        image,
+        min_pixels=args.min_pixels,
+        max_pixels=args.max_pixels,
+        marks=marks,
+        size_class=size_class,
+    )
+    frame.save(args.out, format="PNG")
+    print(f"wrote {args.out} ({frame.width}x{frame.height}, {len(marks)} marker(s))")
+    return 0
+
+
+def _cmd_taxonomy(args: argparse.Namespace) -> int:
+    from hivig.taxonomy import DIMENSIONS
+
+    if args.json:
+        rows = [
+            {
+                "name": d.name,
+                "group": d.group,
+                "requires_intent": d.requires_intent,
+                "generators": list(d.generators),
+                "definition": d.definition,
+            }
+            for d in DIMENSIONS
+        ]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    for i, d in enumerate(DIMENSIONS, 1):
+        print(f"{i:2d}. {d.name:<34} {d.group:<15} {'/'.join(d.generators)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``hivig`` command."""
+    parser = argparse.ArgumentParser(
+        prog="hivig",
+        description="Tools over the hivig core library: convert actions between grammars, "
+        "draw set-of-mark markers on canonical frames, list the error taxonomy.",
+    )
+    parser.add_argument("--version", action="version", version=f"hivig {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    action = sub.add_parser("action", help="action grammar tools")
+    action_sub = action.add_subparsers(dest="action_command", required=True)
+    convert = action_sub.add_parser(
+        "convert",
+        help="convert an action between ScaleCUA, Qwen3-VL and OSWorld grammars",
+        description="Parse an action in one grammar and print it as Qwen3-VL <tool_call> "
+        "blocks or as a JSON list of tool-call argument objects (0-1000 grid). "
+        "A literal \\n in TEXT separates lines.",
+    )
+    convert.add_argument(
+        "--from", dest="source", choices=("scalecua", "qwen", "osworld"), required=True
+    )
+    convert.add_argument("--to", dest="target", choices=("qwen", "json"), default="qwen")
+    convert.add_argument("--platform", choices=PLATFORMS, default="windows")
+    convert.add_argument("--width", type=int, default=1920, help="screenshot width in pixels")
+    convert.add_argument("--height", type=int, default=1080, help="screenshot height in pixels")
+    convert.add_argument("text", help="the action text")
+    convert.set_defaults(func=_cmd_action_convert)
+
+    mark = sub.add_parser(
+        "mark",
+        help="write the canonical frame of a screenshot with the action's marker(s) drawn",
+        description="Resize a screenshot to the canonical frame (smart_resize, factor 32) and "
+        "draw a red open-centre X for point actions and a blue arrow for drags and swipes.",
+    )
+    mark.add_argument("--image", required=True, help="input screenshot (PNG or JPEG)")
+    mark.add_argument("--action", required=True, help="one or more <tool_call> blocks")
+    mark.add_argument("--out", required=True, help="output PNG path")
+    mark.add_argument("--max-pixels", type=int, default=1_048_576, help="frame area cap in pixels")
+    mark.add_argument("--min-pixels", type=int, default=65_536, help="frame area floor in pixels")
+    mark.add_argument(
+        "--platform",
+        choices=PLATFORMS,
+        default=None,
+        help="marker size class (android = mobile); by default portrait frames are mobile",
+    )
+    mark.set_defaults(func=_cmd_mark)
+
+    tax = sub.add_parser("taxonomy", help="list the 12 error dimensions")
+    tax.add_argument("--json", action="store_true", help="print definitions as JSON")
+    tax.set_defaults(func=_cmd_taxonomy)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hivig`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
