@@ -51,10 +51,14 @@ def _cmd_action_convert(args: argparse.Namespace) -> int:
         return _fail(f"{result.reason}: {result.message}")
     if not result:
         return _fail("no action found in the input")
-    if args.target == "json":
-        print(json.dumps([a.to_arguments() for a in result], ensure_ascii=False))
-    else:
-        print(A.render_tool_calls(result, A.space_for_platform(args.platform)))
+    try:
+        if args.target == "json":
+            text = json.dumps([a.to_arguments() for a in result], ensure_ascii=False)
+        else:
+            text = A.render_tool_calls(result, A.space_for_platform(args.platform))
+    except A.ActionError as e:  # e.g. call_user, or an action outside the platform's space
+        return _fail(f"{e.reason}: {e.message}")
+    print(text)
     return 0
 
 

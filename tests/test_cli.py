@@ -92,3 +92,11 @@ def test_help_explains_itself(capsys):
         main(["action", "convert", "--help"])
     assert e.value.code == 0
     assert "tool_call" in capsys.readouterr().out
+
+
+def test_convert_action_without_qwen_form_exits_2(capsys):
+    code, out, err = _run(
+        capsys, "action", "convert", "--from", "scalecua", "--platform", "windows", "call_user()"
+    )
+    assert code == 2 and out == ""
+    assert "unsupported_action" in err

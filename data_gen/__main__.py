@@ -1,0 +1,263 @@
+"""The data_gen command line (also installed as ``hivig-gen``).
+
+    python -m data_gen make-sample --out CORPUS --trajectories 60 --seed 0
+    python -m data_gen ingest --root CORPUS --out OUT [--platforms web android] [--shard 0/4]
+    python -m data_gen split --in OUT/trajectories.jsonl --out SPLITS --val 0.05 --test 0.05
+    python -m data_gen run --config configs/data_gen/tiny.yaml      # the synthesis pipeline
+
+On SLURM, ingest runs as an array job with ``--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT``.
+Every command ends with a one-screen summary on stdout; progress bars go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from hivig.logging import configure_logging
+
+DESCRIPTION = """\
+hivig data generation.
+
+  make-sample  write a synthetic corpus in the exact ScaleCUA-Data layout (meta.json,
+               annotations/*.jsonl, data/data_YYYYMMDD/<platform>/images/...) plus an
+               elements.jsonl sidecar with element boxes per screenshot
+  ingest       read a ScaleCUA-format corpus, reconstruct trajectories, normalise actions to
+               Qwen3-VL tool-call arguments; writes trajectories.jsonl, quarantine.jsonl,
+               stats.json and report.json
+  split        assign whole episodes to train/val/test (deterministic for a seed)
+  run          the synthesis pipeline (transitions, history, perturbation, rationales, export);
+               see `python -m data_gen run --help`
+"""
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected i/N, got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"need 0 <= i < N, got {text!r}")
+    return i, n
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, got {text!r}") from None
+    if w < 64 or h < 64:
+        raise argparse.ArgumentTypeError("screens must be at least 64x64 pixels")
+    return w, h
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of all subcommands except ``run`` (which parses its own)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m data_gen",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    p = sub.add_parser(
+        "ingest",
+        parents=[common],
+        help="ScaleCUA corpus -> trajectories, quarantine, stats",
+        description="Read CORPUS/meta.json and the annotation files it lists.",
+    )
+    p.add_argument("--root", required=True, help="corpus folder holding meta.json")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument(
+        "--platforms",
+        nargs="+",
+        choices=("windows", "mac", "ubuntu", "web", "android"),
+        help="only these platforms (default: all)",
+    )
+    p.add_argument(
+        "--shard",
+        type=_shard,
+        default=(0, 1),
+        metavar="i/N",
+        help="process shard i of N (by source folder); output in OUT/shard-i-of-N/",
+    )
+    p.add_argument(
+        "--verify-images",
+        choices=("none", "header", "full"),
+        default="header",
+        help="header: signature, size, end marker (fast, default); full: decode",
+    )
+    p.add_argument(
+        "--hswipe",
+        choices=("finger", "reference"),
+        default="finger",
+        help="horizontal swipe sign: finger rule, or the reference release's sign",
+    )
+
+    p = sub.add_parser(
+        "split",
+        parents=[common],
+        help="assign whole episodes to train/val/test",
+        description="Split trajectories.jsonl by episode key.",
+    )
+    p.add_argument("--in", dest="inp", required=True, help="trajectories.jsonl from ingest")
+    p.add_argument("--out", required=True, help="output folder for train/val/test.jsonl")
+    p.add_argument("--val", type=float, default=0.05, help="share of episodes in val")
+    p.add_argument("--test", type=float, default=0.05, help="share of episodes in test")
+    p.add_argument("--seed", type=int, default=0, help="seed of the episode assignment")
+
+    p = sub.add_parser(
+        "make-sample",
+        parents=[common],
+        help="write a synthetic ScaleCUA-format corpus",
+        description="Synthetic screens and coherent tasks in the published layout; "
+        "the same seed gives a byte-identical corpus.",
+    )
+    p.add_argument("--out", required=True, help="corpus folder to write")
+    p.add_argument("--trajectories", type=int, default=60, help="number of episodes")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice")
+    p.add_argument(
+        "--platforms",
+        nargs="+",
+        choices=("windows", "mac", "ubuntu", "web", "android"),
+        help="platforms to cycle through (default: all five)",
+    )
+    p.add_argument("--desktop-size", type=_size, default=(1280, 720), metavar="WxH")
+    p.add_argument("--web-size", type=_size, default=(1280, 800), metavar="WxH")
+    p.add_argument("--phone-size", type=_size, default=(540, 1200), metavar="WxH")
+    p.add_argument(
+        "--boost-variants",
+        type=int,
+        default=3,
+        help="instruction variants per episode in boost-instruction files",
+    )
+
+    sub.add_parser("run", help="the synthesis pipeline (own options: run --help)", add_help=False)
+    return parser
+
+
+def _table(title: str, rows: list[tuple[str, Any]]) -> str:
+    width = max([len(k) for k, _ in rows] + [10])
+    body = "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+    return f"{title}\n{body}"
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from data_gen.ingest import IngestConfig, IngestError, ingest
+
+    try:
+        cfg = IngestConfig(
+            tuple(args.platforms) if args.platforms else None,
+            args.shard,
+            args.verify_images,
+            args.hswipe,
+        )
+        res = ingest(args.root, args.out, cfg, progress=not args.quiet)
+    except IngestError as exc:
+        print(f"ingest: {exc}", file=sys.stderr)
+        return 2
+    s, r = res.stats, res.report
+    rows: list[tuple[str, Any]] = [
+        ("lines", s["lines"]),
+        ("steps kept", s["steps_kept"]),
+        ("trajectories", s["trajectories"]),
+        ("outcomes", ", ".join(f"{k} {v}" for k, v in r["outcomes"].items()) or "-"),
+    ]
+    rows += [(f"dropped {k}", v) for k, v in s["dropped"].items()]
+    # Aggregated so the summary fits one screen for the 201 files of the real corpus; the
+    # per-file detail is in report.json.
+    scales = Counter(str(v["scale"]) for v in r["files"].values())
+    rows.append(("file scales", ", ".join(f"{k} {v}" for k, v in sorted(scales.items())) or "-"))
+    mixed = [f for f, v in r["files"].items() if v["mixed_scale"]]
+    rows.append(("mixed-scale files", ", ".join(mixed) or "none"))
+    rows += [
+        (f"scroll {g}", f"{v['decision']} ({v['pyautogui_agree']}/{v['classified']} agree)")
+        for g, v in r["scroll_sign"].items()
+        if v["decision"] != "no_evidence"
+    ]
+    skipped = Counter(r["skipped_entries"].values())
+    rows += [(f"skipped entries ({k})", v) for k, v in sorted(skipped.items())]
+    rows += [(f"images {k}", v) for k, v in r["images"].items()]
+    rows.append(("output", str(res.out_dir)))
+    print(_table("ingest summary", rows))
+    return 0
+
+
+def _split(args: argparse.Namespace) -> int:
+    from data_gen.split import SplitConfig, SplitError, split
+
+    try:
+        stats = split(args.inp, args.out, SplitConfig(args.val, args.test, args.seed))
+    except SplitError as exc:
+        print(f"split: {exc}", file=sys.stderr)
+        return 2
+    rows: list[tuple[str, Any]] = [("lines", stats["lines"])]
+    rows += [(f"dropped {k}", v) for k, v in stats["dropped"].items()]
+    rows += [
+        (name, f"{v['trajectories']} trajectories, {v['episodes']} episodes")
+        for name, v in stats["splits"].items()
+    ]
+    rows.append(("output", args.out))
+    print(_table("split summary", rows))
+    return 0
+
+
+def _make_sample(args: argparse.Namespace) -> int:
+    from data_gen.sample_corpus import SampleConfig, make_sample
+
+    try:
+        cfg = SampleConfig(
+            trajectories=args.trajectories,
+            seed=args.seed,
+            platforms=tuple(args.platforms) if args.platforms else SampleConfig.platforms,
+            desktop_size=args.desktop_size,
+            web_size=args.web_size,
+            phone_size=args.phone_size,
+            boost_variants=args.boost_variants,
+        )
+    except ValueError as exc:
+        print(f"make-sample: {exc}", file=sys.stderr)
+        return 2
+    corpus = make_sample(args.out, cfg, progress=not args.quiet)
+    by_platform: dict[str, int] = {}
+    for ep in corpus.episodes:
+        by_platform[ep.platform] = by_platform.get(ep.platform, 0) + 1
+    failed = sum(ep.outcome != "success" for ep in corpus.episodes)
+    print(
+        _table(
+            "make-sample summary",
+            [
+                ("episodes", len(corpus.episodes)),
+                ("trajectories", f"{corpus.trajectories} (with instruction variants)"),
+                ("failed episodes", failed),
+                ("lines", corpus.lines),
+                ("screenshots", corpus.images),
+                *[(f"platform {k}", v) for k, v in sorted(by_platform.items())],
+                ("output", args.out),
+            ],
+        )
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m data_gen`` and ``hivig-gen``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    configure_logging()
+    if argv and argv[0] == "run":
+        # The pipeline owns its options; hand them over untouched.
+        from data_gen.run import main as run_main
+
+        return run_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    handlers = {"ingest": _ingest, "split": _split, "make-sample": _make_sample}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,480 @@
+"""The annotator: an OpenAI-compatible endpoint or the deterministic offline annotator.
+
+Stages call ``Annotator.annotate(request, validate)``. The annotator
+
+- looks the request up in a content-addressed on-disk cache (a rerun or a crashed job never pays
+  for a request twice; retries after an invalid answer are separate cache entries, so a rerun
+  replays the whole validation history without a single new request);
+- validates every answer against the stage's contract and retries a bounded number of times;
+- returns the value with its attempts, request hashes and raw answers, or a typed failure whose
+  reason becomes a drop counter in the calling stage.
+
+The offline annotator (``backend.kind=offline``) needs no model: each request carries an
+``oracle`` (the ground truth the stage knows: transition facts, intents, the injected dimension)
+and the offline writer renders a contract-valid answer from it. Its model name is
+``OFFLINE_MODEL``, which every record it produces carries as its annotator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+
+from data_gen.executor import atomic_write_text
+from hivig.backends import BackendError, InferenceBackend, Sampling
+from hivig.config import BackendConfig, FrameConfig
+from hivig.logging import get_logger
+from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart, mark_to_json
+
+log = get_logger(__name__)
+
+R = TypeVar("R")
+
+OFFLINE_MODEL = "hivig-offline-annotator"
+"""Annotator name recorded on every sample the offline annotator wrote (never a real model)."""
+
+# Bump when the cache key recipe changes so stale entries miss instead of answering a
+# differently shaped request.
+CACHE_KEY_VERSION = 1
+
+
+class Rejected(NamedTuple):
+    """A validator's verdict on an answer that does not meet the stage contract."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class AnnotatorRequest:
+    """One annotator call.
+
+    Attributes:
+        stage: Stage name (part of the cache key and the offline writer's dispatch).
+        messages: Chat messages whose image parts are ``ImageRef`` (materialised only when sent).
+        oracle: Ground truth for the offline annotator; never sent to a model.
+    """
+
+    stage: str
+    messages: list[ChatMessage]
+    oracle: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Annotation(Generic[R]):
+    """The outcome of ``Annotator.annotate``.
+
+    Attributes:
+        value: The validated value, or ``None`` on failure.
+        text: The last answer's visible text.
+        reasoning: The last answer's reasoning, when the model produced one.
+        attempts: Answers obtained (validation retries + 1).
+        request_hashes: Content address of every request made for this call.
+        raw: Every raw answer, in order (goes to the exclusion file on failure).
+        reason: Drop reason on failure (``contract_<code>`` or ``annotator_<code>``).
+        message: Human-readable detail of the failure.
+    """
+
+    value: R | None
+    text: str = ""
+    reasoning: str | None = None
+    attempts: int = 0
+    request_hashes: list[str] = field(default_factory=list)
+    raw: list[str] = field(default_factory=list)
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether a valid value came back."""
+        return self.value is not None
+
+    @property
+    def retries(self) -> int:
+        """Validation retries spent (``llm_retries`` counter)."""
+        return max(0, self.attempts - 1)
+
+
+class OfflineWriter(Protocol):
+    """Renders a contract-valid answer for a stage from the request's oracle."""
+
+    def __call__(self, stage: str, oracle: dict[str, Any], attempt: int) -> str:
+        """Return the answer text (``<think>`` included)."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Cache
+
+
+class RequestCache:
+    """Content-addressed store of annotator answers: ``<dir>/<key[:2]>/<key>.json``.
+
+    Entries are written atomically, so a crash leaves either the whole entry or none.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.dir = Path(directory)
+
+    def _path(self, key: str) -> Path:
+        return self.dir / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The stored answer for ``key``, or ``None``; an unreadable entry counts as a miss."""
+        path = self._path(key)
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError) as e:
+            log.warning("ignoring unreadable cache entry %s: %s", path, e)
+            return None
+
+    def put(self, key: str, entry: dict[str, Any]) -> None:
+        """Store an answer."""
+        atomic_write_text(self._path(key), json.dumps(entry, sort_keys=True, ensure_ascii=False))
+
+
+class ImageDigests:
+    """SHA-256 of screenshot files by path, computed once per process."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._memo: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        if path not in self._memo:
+            full = Path(path) if Path(path).is_absolute() else self.root / path
+            try:
+                self._memo[path] = hashlib.sha256(full.read_bytes()).hexdigest()
+            except OSError:
+                # A missing file still needs a stable key; sending it fails later, with a reason.
+                self._memo[path] = f"missing:{path}"
+        return self._memo[path]
+
+
+def cache_key(
+    model: str,
+    sampling: dict[str, Any],
+    frame: FrameConfig,
+    request: AnnotatorRequest,
+    attempt: int,
+    digest: Callable[[str], str],
+) -> str:
+    """Content address of one attempt: model, sampling, frame, stage, messages and attempt.
+
+    Images enter by file content, marks and size class (not by path alone), so a changed
+    screenshot misses and a renamed identical one hits.
+    """
+    messages = []
+    for message in request.messages:
+        parts: list[dict[str, Any]] = []
+        for part in message.content:
+            if isinstance(part, TextPart):
+                parts.append({"text": part.text})
+            elif isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
+                ref = part.image
+                parts.append(
+                    {
+                        "image": digest(ref.path),
+                        "marks": [mark_to_json(m) for m in ref.marks],
+                        "size_class": ref.size_class,
+                    }
+                )
+            else:
+                raise TypeError(f"unsupported message part {type(part)!r}")
+        messages.append({"role": message.role, "content": parts})
+    doc = {
+        "v": CACHE_KEY_VERSION,
+        "model": model,
+        "sampling": sampling,
+        "frame": [frame.min_pixels, frame.max_pixels, frame.factor],
+        "stage": request.stage,
+        "attempt": attempt,
+        "messages": messages,
+    }
+    blob = json.dumps(doc, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Annotator
+
+
+class Annotator:
+    """Cached, validated, bounded-retry annotator over a backend or the offline writer.
+
+    Args:
+        backend_cfg: Endpoint, model, concurrency and sampling (``kind=offline`` for no model).
+        frame: Canonical frame the screenshots are sent at.
+        corpus_root: Root that relative screenshot paths resolve against.
+        cache_dir: Request cache directory, or ``None`` for no cache.
+        max_attempts: Answers per request before giving up on the contract.
+        backend: The HTTP backend (``None`` for the offline annotator).
+        offline: The offline writer (required when ``backend`` is ``None``).
+    """
+
+    def __init__(
+        self,
+        backend_cfg: BackendConfig,
+        frame: FrameConfig,
+        corpus_root: Path,
+        cache_dir: Path | None,
+        max_attempts: int,
+        backend: InferenceBackend | None = None,
+        offline: OfflineWriter | None = None,
+    ) -> None:
+        if backend is None and offline is None:
+            raise ValueError("an annotator needs a backend or an offline writer")
+        self.backend = backend
+        self.offline_writer = offline
+        self.frame = frame
+        self.root = corpus_root
+        self.cache = RequestCache(cache_dir) if cache_dir is not None else None
+        self.max_attempts = max_attempts
+        self.model = OFFLINE_MODEL if backend is None else backend_cfg.model
+        s = backend_cfg.sampling
+        self.sampling = Sampling(
+            temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=s.seed
+        )
+        self.concurrency = backend_cfg.concurrency
+        self._digest = ImageDigests(corpus_root)
+        self._semaphore: asyncio.Semaphore | None = None
+        self.counts: Counter[str] = Counter()
+        """Run-wide counters: ``requests`` (new, paid), ``cache_hits``, ``backend_errors``."""
+
+    @property
+    def is_offline(self) -> bool:
+        """Whether answers come from the offline writer (labelled in every record)."""
+        return self.backend is None
+
+    def describe(self) -> dict[str, Any]:
+        """What produced the answers, recorded in the run output."""
+        return {
+            "model": self.model,
+            "offline": self.is_offline,
+            "sampling": self.sampling.to_json(),
+            "max_attempts": self.max_attempts,
+            "concurrency": self.concurrency,
+        }
+
+    async def annotate(
+        self,
+        request: AnnotatorRequest,
+        validate: Callable[[str, str | None], R | Rejected],
+    ) -> Annotation[R]:
+        """Get a contract-valid answer, retrying invalid ones up to ``max_attempts`` times.
+
+        Args:
+            request: The messages and oracle.
+            validate: ``(text, reasoning) -> value | Rejected``; must be pure.
+
+        Returns:
+            An ``Annotation``; on failure ``value`` is ``None`` and ``reason`` is set.
+        """
+        result: Annotation[R] = Annotation(value=None)
+        for attempt in range(self.max_attempts):
+            try:
+                text, reasoning, rhash = await self._answer(request, attempt)
+            except BackendError as e:
+                self.counts["backend_errors"] += 1
+                result.reason = f"annotator_{e.root_reason}"
+                result.message = str(e)
+                return result
+            result.attempts += 1
+            result.request_hashes.append(rhash)
+            result.raw.append(text if reasoning is None else f"<think>{reasoning}</think>{text}")
+            result.text, result.reasoning = text, reasoning
+            verdict = validate(text, reasoning)
+            if isinstance(verdict, Rejected):
+                result.reason, result.message = f"contract_{verdict.reason}", verdict.message
+                continue
+            result.value, result.reason, result.message = verdict, "", ""
+            return result
+        return result
+
+    async def _answer(self, request: AnnotatorRequest, attempt: int) -> tuple[str, str | None, str]:
+        use_cache = self.cache is not None
+        key = cache_key(
+            self.model, self.sampling.to_json(), self.frame, request, attempt, self._digest
+        )
+        if use_cache:
+            hit = self.cache.get(key)  # type: ignore[union-attr]
+            if hit is not None:
+                self.counts["cache_hits"] += 1
+                return hit["text"], hit.get("reasoning"), hit.get("request_hash", key)
+        if self.backend is None:
+            assert self.offline_writer is not None
+            text, reasoning, rhash = (
+                self.offline_writer(request.stage, request.oracle, attempt),
+                None,
+                key,
+            )
+        else:
+            text, reasoning, rhash = await self._send(request)
+        self.counts["requests"] += 1
+        if use_cache:
+            entry = {
+                "text": text,
+                "reasoning": reasoning,
+                "request_hash": rhash,
+                "model": self.model,
+            }
+            self.cache.put(key, entry)  # type: ignore[union-attr]
+        return text, reasoning, rhash
+
+    async def _send(self, request: AnnotatorRequest) -> tuple[str, str | None, str]:
+        from hivig.vision import materialise
+
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.concurrency)
+        async with self._semaphore:
+            # Decoding and resizing are CPU work; a thread keeps the event loop free to overlap
+            # other requests' network waits.
+            messages = await asyncio.to_thread(
+                materialise,
+                request.messages,
+                self.root,
+                min_pixels=self.frame.min_pixels,
+                max_pixels=self.frame.max_pixels,
+                factor=self.frame.factor,
+            )
+            assert self.backend is not None
+            gen = await self.backend.generate(messages, self.sampling)
+        return gen.text, gen.reasoning, gen.request_hash
+
+
+# --------------------------------------------------------------------------------------------
+# Offline writer: contract-valid answers from the ground truth (no model)
+
+
+def offline_answer(stage: str, oracle: dict[str, Any], attempt: int) -> str:
+    """Render the offline annotator's answer for ``stage`` from its oracle.
+
+    Deterministic: the same oracle always gives the same text. Raises ``KeyError`` for an
+    unknown stage (a programming error, not a data problem).
+    """
+    return _OFFLINE[stage](oracle)
+
+
+def _describe_target(o: dict[str, Any]) -> str:
+    label, role = o.get("target_label"), o.get("target_role")
+    if label:
+        return f"the '{label}' {role or 'element'}"
+    return "the area under the marker" if o.get("has_point") else "the screen as a whole"
+
+
+def _offline_transition(o: dict[str, Any]) -> str:
+    target = _describe_target(o)
+    if o.get("terminal"):
+        effect = "No structural change will follow; the episode ends on the current layout."
+        state = "The task will end here and the screen will keep its current layout."
+    elif o.get("no_change"):
+        effect = "The layout will stay as it is: no container, dialog or list will change."
+        state = "The screen will remain visually unchanged after this step."
+    else:
+        effect = "The interface will respond to the step and rearrange the affected region."
+        state = (
+            f"After acting on {target}, the affected region will update and the interface "
+            "will present its next state."
+        )
+    think = f"[Action Mechanism] The step acts on {target}.\n[Structural Effect] {effect}"
+    return f"<think>\n{think}\n</think>\n<next_state>\n{state}\n</next_state>"
+
+
+def _offline_history(o: dict[str, Any]) -> str:
+    intent = o.get("intent") or "the last step"
+    done = list(o.get("done", []))
+    progress = "; ".join(done[-6:]) if done else "No visible progress has been made yet."
+    if o.get("no_change"):
+        result = f"'{intent}' produced no visible change on the screen."
+        verdict = "The screen did not change, so the step had no visible effect."
+    else:
+        result = f"'{intent}' was carried out and the screen changed accordingly."
+        verdict = "The screen changed after the step, so the interface responded."
+    think = (
+        f"Comparing the two screenshots after '{intent}'. {verdict} "
+        f"Progress towards the goal '{o.get('task', '')}' is summarised below."
+    )
+    return (
+        f"<think>\n{think}\n</think>\n<summary>\nProgress Summary: {progress}\n"
+        f"Last Action Result: {result}\n</summary>"
+    )
+
+
+def _offline_perturbation(o: dict[str, Any]) -> str:
+    step = o["bad_step_text"]
+    obj = {
+        "dimension_violated": o["dimension"],
+        "rejected_thought": o["thought"],
+        "rejected_proposed_step": step,
+    }
+    think = f"Chosen dimension: {o['dimension']}. Divergence: {o['note']}."
+    return f"<think>\n{think}\n</think>\n{json.dumps(obj, ensure_ascii=False)}"
+
+
+def _offline_judge(o: dict[str, Any]) -> str:
+    obj = {
+        "better_candidate": o["expert_slot"],
+        "predicted_error_dimension": o["dimension"],
+        "reasoning_summary": f"The other candidate shows {o['dimension']}: {o['note']}.",
+    }
+    think = f"Candidate {o['expert_slot']} matches the screen and the goal; the other does not."
+    return f"<think>\n{think}\n</think>\n{json.dumps(obj, ensure_ascii=False)}"
+
+
+def _syntax_line(o: dict[str, Any]) -> str:
+    validity = "Valid" if o.get("syntax_valid", True) else "Invalid"
+    return f"Action String Check: {o['calls_text']} - Syntax is {validity}."
+
+
+def _offline_rationale_good(o: dict[str, Any]) -> str:
+    target = _describe_target(o)
+    intent = o.get("intent")
+    p1 = f"{_syntax_line(o)} The step targets {target}."
+    if intent:
+        p1 += f" This agrees with the stated intent: {intent}"
+    p2 = o.get("next_state") or "The interface will respond to the step."
+    p3 = (
+        f"This brings the task '{o.get('task', '')}' a step closer to completion. "
+        "Overall Grading: Good."
+    )
+    think = f"{p1}\n\n{p2}\n\n{p3}"
+    from hivig.contracts import render_critique_target
+
+    explanation = f"{p2} Acting on the intended element is how this interface advances."
+    return render_critique_target(think, "Good", None, explanation)
+
+
+def _offline_rationale_bad(o: dict[str, Any]) -> str:
+    from hivig.contracts import render_critique_target
+
+    target = _describe_target(o)
+    p1 = f"{_syntax_line(o)} The step targets {target}."
+    if o.get("intent"):
+        p1 += f" The stated intent is: {o['intent']}"
+    p2 = o["consequence"]
+    p3 = (
+        f"In this step {o['note']}, which does not serve the task '{o.get('task', '')}'. "
+        f"Overall Grading: Bad, Error Dimension: {o['dimension']}."
+    )
+    think = f"{p1}\n\n{p2}\n\n{p3}"
+    explanation = f"{p2} The interface only responds as intended when {o['rule']}."
+    return render_critique_target(think, "Bad", o["dimension"], explanation)
+
+
+_OFFLINE: dict[str, Callable[[dict[str, Any]], str]] = {
+    "transitions": _offline_transition,
+    "history": _offline_history,
+    "perturb": _offline_perturbation,
+    "judge": _offline_judge,
+    "rationale_good": _offline_rationale_good,
+    "rationale_bad": _offline_rationale_bad,
+}

@@ -1,0 +1,212 @@
+"""The data_gen run configuration: one typed dataclass tree, YAML values, dotlist overrides.
+
+    python -m data_gen run --config configs/data_gen/demo.yaml corpus=CORPUS out=OUT
+    python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --shard 0/8
+    python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --dry-run
+
+Defaults that encode a HiViG paper choice say so in the field docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
+
+# The 12 dimension names in training-prompt order (reference_pipeline.md §6). Kept here only as
+# the default keys of the target distribution; every other use reads `hivig.taxonomy`.
+_DEFAULT_DIMENSIONS = (
+    "Grounding/Spatial Error",
+    "Procedural Prerequisite Neglect",
+    "Semantic Error",
+    "Termination Misjudgment",
+    "Constraint Neglect",
+    "Action Formulation Error",
+    "Observation Neglect",
+    "Suboptimal Path",
+    "Parameter Vector Miscalibration",
+    "Visual Hallucination",
+    "Timing and Latency Neglect",
+    "Action-Operation Misalignment",
+)
+
+
+def _uniform_dimensions() -> dict[str, float]:
+    return {name: 1.0 for name in _DEFAULT_DIMENSIONS}
+
+
+def _annotator_backend() -> BackendConfig:
+    return BackendConfig(kind="offline", sampling=SamplingConfig(temperature=0.0, max_tokens=4096))
+
+
+@dataclass
+class AnnotatorConfig:
+    """The annotator: an OpenAI-compatible endpoint or the deterministic offline annotator."""
+
+    backend: BackendConfig = field(default_factory=_annotator_backend)
+    """Endpoint, model, API-key variable, concurrency, timeouts and sampling (recorded in output).
+    ``kind=offline`` selects the deterministic offline annotator (no model, labelled as such)."""
+    max_attempts: int = 3
+    """Attempts per request when the output fails its contract (1 = no validation retry)."""
+    cache_dir: str = ""
+    """Content-addressed request cache; empty means ``<out>/cache``. Shared across reruns."""
+    cache_offline: bool = False
+    """Also cache offline-annotator outputs (they are free to recompute, so off by default)."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError("`annotator.max_attempts` must be >= 1")
+
+
+@dataclass
+class TransitionsConfig:
+    """Stage 2: state transitions conditioned on the real after-screenshot."""
+
+    keep_no_change: bool = True
+    """Keep steps whose after-screenshot is identical to the before-screenshot (labelled
+    ``no_change``); the reference release dropped them, losing silent failures and waits."""
+
+
+@dataclass
+class HistoryConfig:
+    """Stage 3: rolling macro-history summaries, sequential within a trajectory."""
+
+    intent_mask_rate: float = 0.5
+    """Share of history samples whose previous step shows only its tool call(s), no ``Action:``
+    line (reference release: 50 %)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.intent_mask_rate <= 1.0:
+            raise ConfigError("`history.intent_mask_rate` must be in [0, 1]")
+
+
+@dataclass
+class PerturbConfig:
+    """Stage 4: Bad actions across the 12 error dimensions."""
+
+    dimension_weights: dict[str, float] = field(default_factory=_uniform_dimensions)
+    """Target distribution over dimensions (relative weights, any positive scale), keyed by the
+    exact taxonomy name. Default: uniform, so every dimension is ~8 % of Bad samples."""
+    min_share: float = 0.03
+    """Floor on every dimension's share of the planned Bad samples (SPEC §3: >= 3 %)."""
+    platform_weights: dict[str, float] = field(default_factory=dict)
+    """Target share of critique steps per platform (relative weights); empty keeps the corpus'
+    natural mix. Over-represented platforms are down-sampled (counted as a drop reason)."""
+    bad_share: float = 1.0
+    """Share of critique steps that also get a Bad sample (HiViG: one Good + one Bad per step)."""
+    near_miss_margin: int = 12
+    """Grounding/Spatial near-miss: distance outside the target element box, in 0-1000 grid
+    units."""
+    scroll_shrink: float = 0.05
+    """Parameter Vector Miscalibration magnitude shrink factor (200 px -> 10 px)."""
+
+    def __post_init__(self) -> None:
+        if not self.dimension_weights or any(w < 0 for w in self.dimension_weights.values()):
+            raise ConfigError("`perturb.dimension_weights` must be non-empty and non-negative")
+        if not 0.0 <= self.min_share * len(self.dimension_weights) <= 1.0:
+            raise ConfigError("`perturb.min_share` times the dimension count must be <= 1")
+        if any(w < 0 for w in self.platform_weights.values()):
+            raise ConfigError("`perturb.platform_weights` must be non-negative")
+        if not 0.0 <= self.bad_share <= 1.0:
+            raise ConfigError("`perturb.bad_share` must be in [0, 1]")
+        if self.near_miss_margin <= 0:
+            raise ConfigError("`perturb.near_miss_margin` must be positive")
+        if not 0.0 < self.scroll_shrink < 1.0:
+            raise ConfigError("`perturb.scroll_shrink` must be in (0, 1)")
+
+
+@dataclass
+class JudgeConfig:
+    """Stage 5: the double-blind judge (expert and perturbed step in random order)."""
+
+    enabled: bool = True
+    """Run the judge; when off every generated Bad sample is kept (counted as unjudged)."""
+    require_dimension_match: bool = True
+    """Drop Bad samples whose judged dimension differs from the injected one (HiViG filter)."""
+
+
+@dataclass
+class RationaleConfig:
+    """Stage 6: critic rationales for Good and Bad steps, and intent masking."""
+
+    intent_mask_rate: float = 0.3
+    """Share of critique samples that show only the tool call(s), no ``Action:`` intent
+    (HiViG: 30 % beat 0 % and 50 %). Dimensions that need an intent are never masked."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.intent_mask_rate <= 1.0:
+            raise ConfigError("`rationale.intent_mask_rate` must be in [0, 1]")
+
+
+@dataclass
+class ExportConfig:
+    """Stage 7: SFT records per split, ShareGPT export, stats and report."""
+
+    val_share: float = 0.05
+    """Share of episodes (not samples) assigned to the validation split."""
+    test_share: float = 0.05
+    """Share of episodes assigned to the test split."""
+    report_cards: int = 36
+    """Sample cards in report.html (marked screenshots with prompt and target)."""
+    sharegpt: bool = True
+    """Also write the LlamaFactory ShareGPT export (``sharegpt/<split>.json``)."""
+
+    def __post_init__(self) -> None:
+        if self.val_share < 0 or self.test_share < 0 or self.val_share + self.test_share >= 1:
+            raise ConfigError("`export.val_share` + `export.test_share` must be in [0, 1)")
+        if self.report_cards < 0:
+            raise ConfigError("`export.report_cards` must be >= 0")
+
+
+@dataclass
+class DataGenConfig:
+    """A whole data_gen run: corpus in, SFT datasets out."""
+
+    corpus: str = ""
+    """Corpus root: the ScaleCUA-format folder (``meta.json``, images, element sidecar) that
+    screenshot paths are relative to."""
+    out: str = ""
+    """Output directory (work files, completion markers, cache, and the ``dataset/`` export)."""
+    trajectories: str = ""
+    """``trajectories.jsonl`` written by ``python -m data_gen ingest``. Empty: use
+    ``<corpus>/trajectories.jsonl`` when present, else ingest the ScaleCUA-format corpus (a
+    ``make-sample`` folder, say) into ``<out>/ingest`` first. Screenshot paths are relative to
+    ``corpus``."""
+    elements_file: str = "elements.jsonl"
+    """Element-box sidecar inside ``corpus`` (a11y / grounding boxes per screenshot); optional,
+    without it the element-based generators have no candidates."""
+    seed: int = 0
+    """Run seed; every per-sample seed derives from it and the sample id."""
+    max_trajectories: int = 0
+    """Use only the first N trajectories in id order (0 = all); for smoke runs."""
+    frame: FrameConfig = field(default_factory=FrameConfig)
+    """Canonical frame for marked images and token estimates."""
+    annotator: AnnotatorConfig = field(default_factory=AnnotatorConfig)
+    """The annotator backend, cache and validation retries."""
+    transitions: TransitionsConfig = field(default_factory=TransitionsConfig)
+    """State-transition stage."""
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+    """Macro-history stage."""
+    perturb: PerturbConfig = field(default_factory=PerturbConfig)
+    """Perturbation stage."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Double-blind judge stage."""
+    rationale: RationaleConfig = field(default_factory=RationaleConfig)
+    """Rationale stage and intent masking."""
+    export: ExportConfig = field(default_factory=ExportConfig)
+    """Export stage."""
+
+    def __post_init__(self) -> None:
+        if self.max_trajectories < 0:
+            raise ConfigError("`max_trajectories` must be >= 0")
+
+    def require_paths(self) -> None:
+        """Check the two paths every real run needs (``--dry-run`` may leave them empty).
+
+        Raises:
+            ConfigError: ``corpus`` or ``out`` is empty.
+        """
+        if not self.corpus:
+            raise ConfigError("`corpus` must be set (override: corpus=DIR)")
+        if not self.out:
+            raise ConfigError("`out` must be set (override: out=DIR)")

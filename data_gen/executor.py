@@ -1,0 +1,297 @@
+"""A small datatrove-style executor: sharded, atomic, resumable, and accounting for every record.
+
+    python -m data_gen run --config configs/data_gen/demo.yaml corpus=C out=O            # all shards
+    python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --shard 3/16
+
+Layout under ``out/``::
+
+    work/<shard>/<stage>.jsonl          stage output of one shard (temp file + rename)
+    exclusions/<shard>/<stage>.jsonl    dropped items with reason and raw annotator responses
+    completions/<shard>/<stage>.json    completion marker with the stage counters
+
+A marker is written only after its output and exclusions, so a marker always means "done"; a
+rerun skips every (shard, stage) that has one. Shards split the corpus by a hash of the trajectory
+id, and every random choice uses a seed derived from a sample id, so the merged output is the
+same whatever the shard count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from hivig.logging import get_logger
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+
+class ShardError(ValueError):
+    """A malformed ``--shard`` value."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count``: the trajectories whose id hashes to ``index`` mod ``count``."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ShardError(f"shard must be i/N with 0 <= i < N, got {self.index}/{self.count}")
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """Parse ``"i/N"``."""
+        try:
+            index, count = (int(part) for part in text.split("/"))
+        except ValueError as e:
+            raise ShardError(f"shard must look like i/N, got {text!r}") from e
+        return cls(index, count)
+
+    @property
+    def name(self) -> str:
+        """Folder name, sortable: ``00003-of-00016``."""
+        return f"{self.index:05d}-of-{self.count:05d}"
+
+    def owns(self, key: str) -> bool:
+        """Whether the trajectory with id ``key`` belongs to this shard."""
+        return stable_int(key) % self.count == self.index
+
+
+def stable_int(*parts: object) -> int:
+    """A 64-bit integer from a SHA-256 of the parts; stable across processes and machines."""
+    text = "\x1f".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def sample_seed(run_seed: int, sample_id: str, purpose: str) -> int:
+    """The seed of one random decision about one sample (never a shared RNG stream)."""
+    return stable_int(run_seed, sample_id, purpose)
+
+
+def unit_float(run_seed: int, sample_id: str, purpose: str) -> float:
+    """A uniform number in [0, 1) fixed by the run seed, the sample id and the decision."""
+    return sample_seed(run_seed, sample_id, purpose) / 2**64
+
+
+# --------------------------------------------------------------------------------------------
+# Atomic files
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file and ``os.replace`` (never half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """UTF-8 variant of ``atomic_write_bytes``."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def dumps_jsonl(rows: Iterable[dict[str, Any]]) -> str:
+    """One JSON object per line, keys sorted, UTF-8 kept (byte-stable across runs)."""
+    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows)
+
+
+def loads_jsonl(text: str) -> list[dict[str, Any]]:
+    """Inverse of ``dumps_jsonl``."""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------------
+# Counters and exclusions
+
+
+@dataclass
+class StageStats:
+    """Counters of one stage: ``in``, ``kept``, ``dropped_<reason>``, ``llm_retries`` and more.
+
+    Invariant checked at the end of every stage: ``in == kept + sum(dropped_*)``.
+    """
+
+    stage: str
+    counts: Counter[str] = field(default_factory=Counter)
+    exclusions: list[dict[str, Any]] = field(default_factory=list)
+
+    def seen(self, n: int = 1) -> None:
+        """Count items entering the stage."""
+        self.counts["in"] += n
+
+    def kept(self, n: int = 1) -> None:
+        """Count items leaving the stage."""
+        self.counts["kept"] += n
+
+    def add(self, key: str, n: int = 1) -> None:
+        """Count anything else (``llm_retries``, ``cache_hits``, labels such as ``no_change``)."""
+        self.counts[key] += n
+
+    def drop(
+        self,
+        item_id: str,
+        reason: str,
+        message: str = "",
+        raw: list[str] | None = None,
+    ) -> None:
+        """Count a drop and record it, with the raw annotator responses, in the exclusion file."""
+        self.counts[f"dropped_{reason}"] += 1
+        self.exclusions.append(
+            {
+                "stage": self.stage,
+                "id": item_id,
+                "reason": reason,
+                "message": message,
+                "raw_responses": list(raw or []),
+            }
+        )
+
+    def dropped_total(self) -> int:
+        """Sum of all ``dropped_*`` counters."""
+        return sum(v for k, v in self.counts.items() if k.startswith("dropped_"))
+
+    def check(self) -> None:
+        """Raise if ``in != kept + sum(dropped)`` (an item vanished or was counted twice)."""
+        if self.counts["in"] != self.counts["kept"] + self.dropped_total():
+            raise AssertionError(
+                f"stage {self.stage}: counters do not balance: {dict(self.counts)}"
+            )
+
+
+def merge_counts(parts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Sum counter dicts key by key (shard counters -> run counters), keys sorted."""
+    total: Counter[str] = Counter()
+    for part in parts:
+        total.update(part)
+    return dict(sorted(total.items()))
+
+
+def summary_table(counters: dict[str, dict[str, int]]) -> str:
+    """A plain-text per-stage table of counters, for the log at the end of every stage."""
+    lines = []
+    for stage, counts in counters.items():
+        parts = [f"{k}={v}" for k, v in counts.items()]
+        lines.append(f"{stage:<12} " + " ".join(parts))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Steps and the executor
+
+
+class PipelineStep(Protocol[T]):
+    """One stage: items in, items out, counting every item kept or dropped in ``stats``."""
+
+    name: str
+
+    def run(self, items: list[T], stats: StageStats) -> list[T]:
+        """Process one shard's items."""
+        ...
+
+
+@dataclass
+class Codec(Generic[T]):
+    """How the executor stores the items flowing between steps."""
+
+    to_json: Callable[[T], dict[str, Any]]
+    from_json: Callable[[dict[str, Any]], T]
+
+
+class Executor(Generic[T]):
+    """Runs the steps over one shard with atomic outputs, completion markers and resume.
+
+    Args:
+        out_dir: Run output directory.
+        steps: Stages in order.
+        codec: Serialisation of the items between stages.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, steps: list[PipelineStep[T]], codec: Codec[T]):
+        self.out = Path(out_dir)
+        self.steps = steps
+        self.codec = codec
+
+    def output_path(self, shard: Shard, stage: str) -> Path:
+        """Where a stage's output for a shard lives."""
+        return self.out / "work" / shard.name / f"{stage}.jsonl"
+
+    def marker_path(self, shard: Shard, stage: str) -> Path:
+        """Completion marker of a stage for a shard."""
+        return self.out / "completions" / shard.name / f"{stage}.json"
+
+    def exclusion_path(self, shard: Shard, stage: str) -> Path:
+        """Exclusion file of a stage for a shard."""
+        return self.out / "exclusions" / shard.name / f"{stage}.jsonl"
+
+    def is_done(self, shard: Shard, stage: str | None = None) -> bool:
+        """Whether ``stage`` (default: the last stage) has a completion marker for ``shard``."""
+        return self.marker_path(shard, stage or self.steps[-1].name).exists()
+
+    def load_output(self, shard: Shard, stage: str | None = None) -> list[T]:
+        """Read a finished stage's output for a shard."""
+        path = self.output_path(shard, stage or self.steps[-1].name)
+        return [self.codec.from_json(r) for r in loads_jsonl(path.read_text(encoding="utf-8"))]
+
+    def load_counters(self, shard: Shard) -> dict[str, dict[str, int]]:
+        """The counters of every finished stage of a shard, in stage order."""
+        out: dict[str, dict[str, int]] = {}
+        for step in self.steps:
+            marker = self.marker_path(shard, step.name)
+            if marker.exists():
+                out[step.name] = json.loads(marker.read_text(encoding="utf-8"))["counts"]
+        return out
+
+    def run_shard(self, shard: Shard, items: list[T]) -> list[T]:
+        """Run every unfinished stage of ``shard``; finished stages are loaded, not recomputed."""
+        for step in self.steps:
+            if self.is_done(shard, step.name):
+                log.info("shard %s: %s already complete, skipping", shard.name, step.name)
+                items = self.load_output(shard, step.name)
+                continue
+            stats = StageStats(step.name)
+            started = time.perf_counter()
+            items = step.run(items, stats)
+            stats.check()
+            self._commit(shard, step.name, items, stats)
+            log.info(
+                "shard %s: %s done in %.1fs\n%s",
+                shard.name,
+                step.name,
+                time.perf_counter() - started,
+                summary_table({step.name: dict(sorted(stats.counts.items()))}),
+            )
+        return items
+
+    def _commit(self, shard: Shard, stage: str, items: list[T], stats: StageStats) -> None:
+        # Output and exclusions first, marker last: a marker therefore implies both files.
+        atomic_write_text(
+            self.output_path(shard, stage), dumps_jsonl(self.codec.to_json(i) for i in items)
+        )
+        atomic_write_text(self.exclusion_path(shard, stage), dumps_jsonl(stats.exclusions))
+        marker = {"stage": stage, "shard": shard.name, "counts": dict(sorted(stats.counts.items()))}
+        atomic_write_text(self.marker_path(shard, stage), json.dumps(marker, sort_keys=True) + "\n")
+
+    def merged_exclusions(self, shards: list[Shard]) -> list[dict[str, Any]]:
+        """Exclusions of all shards and stages, in a shard-count-independent order."""
+        rows: list[dict[str, Any]] = []
+        for shard in shards:
+            for step in self.steps:
+                path = self.exclusion_path(shard, step.name)
+                if path.exists():
+                    rows.extend(loads_jsonl(path.read_text(encoding="utf-8")))
+        order = {step.name: i for i, step in enumerate(self.steps)}
+        return sorted(rows, key=lambda r: (order.get(r["stage"], 99), r["id"], r["reason"]))

@@ -1,0 +1,154 @@
+"""Stage 7: the deterministic final merge and export.
+
+    out/dataset/records/<split>/part-*.parquet   SFT records (hivig.records; read with datasets)
+    out/dataset/sharegpt/<split>.json            LlamaFactory ShareGPT rows (+ dataset_info.json)
+    out/dataset/sharegpt/images/                 marked screenshots for LlamaFactory
+    out/dataset/stats.json                       counters, distributions, rates
+    out/dataset/report.html                      the report with sample cards (+ report_images/)
+    out/dataset/exclusions.jsonl                 every dropped item with reason and raw answers
+
+The export reads every shard's final stage output, sorts samples by id and writes the folder in a
+temporary location that is renamed into place, so its bytes depend neither on the shard count nor
+on crashes and resumes. ShareGPT image paths are relative to the dataset folder (LlamaFactory's
+``media_dir``), corpus images included, so copying ``out/`` with its corpus sibling keeps them valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from data_gen.config import DataGenConfig
+from data_gen.executor import StageStats, atomic_write_text, dumps_jsonl, merge_counts, stable_int
+from data_gen.report import ImageSizes, dataset_stats, estimated_tokens, pick_cards, render_report
+from data_gen.steps._work import Work, messages_from_json, spec_to_record
+from hivig.records import SPLITS, RecordError, SFTRecord, to_sharegpt, write_records
+from hivig.vision import canonical_frame, encode_png
+
+
+def collect_specs(works: list[Work]) -> list[dict[str, Any]]:
+    """Every sample of the merged work items, sorted by id."""
+    specs: list[dict[str, Any]] = []
+    for work in works:
+        for unit in work.units:
+            if unit.get("history") is not None:
+                specs.append(unit["history"])
+            specs.extend(unit.get("critique") or [])
+    return sorted(specs, key=lambda s: s["id"])
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=1) + "\n"
+
+
+def _sharegpt(records: list[SFTRecord], cfg: DataGenConfig, corpus: Path, tmp: Path) -> None:
+    folder = tmp / "sharegpt"
+    folder.mkdir(parents=True, exist_ok=True)
+    info: dict[str, Any] = {}
+    for split in SPLITS:
+        rows = to_sharegpt(
+            [r for r in records if r.split == split],
+            corpus,
+            folder / "images",
+            min_pixels=cfg.frame.min_pixels,
+            max_pixels=cfg.frame.max_pixels,
+        )
+        for row in rows:
+            # Relative to the dataset folder; tmp is renamed to it, at the same depth.
+            row["images"] = [os.path.relpath(p, tmp) for p in row["images"]]
+        atomic_write_text(folder / f"{split}.json", json.dumps(rows, ensure_ascii=False, indent=1))
+        info[f"hivig_{split}"] = {
+            "file_name": f"sharegpt/{split}.json",
+            "formatting": "sharegpt",
+            "columns": {"messages": "conversations", "system": "system", "images": "images"},
+            "tags": {
+                "role_tag": "from",
+                "content_tag": "value",
+                "user_tag": "human",
+                "assistant_tag": "gpt",
+            },
+        }
+    atomic_write_text(folder / "dataset_info.json", _json(info))
+
+
+def _cards(
+    specs: list[dict[str, Any]], cfg: DataGenConfig, corpus: Path, tmp: Path
+) -> list[tuple[dict[str, Any], list[str]]]:
+    picked = pick_cards(specs, cfg.export.report_cards, lambda i: stable_int(cfg.seed, i, "card"))
+    folder = tmp / "report_images"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for spec in picked:
+        links = []
+        for message in messages_from_json(spec["messages"]):
+            for ref in message.images():
+                frame = canonical_frame(
+                    corpus / ref.path,
+                    min_pixels=cfg.frame.min_pixels,
+                    max_pixels=cfg.frame.max_pixels,
+                    factor=cfg.frame.factor,
+                    marks=ref.marks,
+                    size_class=ref.size_class,
+                )
+                data = encode_png(frame)
+                name = f"{hashlib.sha256(data).hexdigest()[:20]}.png"
+                (folder / name).write_bytes(data)
+                links.append(f"report_images/{name}")
+        out.append((spec, links))
+    return out
+
+
+def export_dataset(
+    cfg: DataGenConfig,
+    works: list[Work],
+    counters: dict[str, dict[str, int]],
+    exclusions: list[dict[str, Any]],
+    run: dict[str, Any],
+) -> dict[str, Any]:
+    """Write ``out/dataset`` from the merged work items; returns the stats.
+
+    Args:
+        cfg: The run config.
+        works: Final stage output of every shard.
+        counters: Per-stage counters merged over shards.
+        exclusions: Merged exclusion rows of all stages.
+        run: Run description recorded in the stats (annotator, configured rates).
+    """
+    corpus, out = Path(cfg.corpus).resolve(), Path(cfg.out)
+    dest, tmp = out / "dataset", out / ".dataset.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    stats = StageStats("export")
+    specs, records = [], []
+    for spec in collect_specs(works):
+        stats.seen()
+        try:
+            records.append(spec_to_record(spec))
+        except RecordError as e:
+            stats.drop(spec["id"], "record_invalid", str(e))
+            continue
+        specs.append(spec)
+        stats.kept()
+    stats.check()
+    for split in SPLITS:
+        write_records([r for r in records if r.split == split], tmp / "records" / split)
+    if cfg.export.sharegpt:
+        _sharegpt(records, cfg, corpus, tmp)
+    all_counters = {**counters, "export": merge_counts([stats.counts])}
+    atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))
+    sizes = ImageSizes(corpus)
+    f = cfg.frame
+    tokens = {
+        s["id"]: estimated_tokens(s, sizes, f.min_pixels, f.max_pixels, f.factor) for s in specs
+    }
+    result = dataset_stats(specs, all_counters, tokens, run)
+    atomic_write_text(tmp / "stats.json", _json(result))
+    atomic_write_text(tmp / "report.html", render_report(result, _cards(specs, cfg, corpus, tmp)))
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return result

@@ -1,0 +1,123 @@
+"""What a perturbation generator sees (``StepView``) and what it returns (``BadStep``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from data_gen.perturb.calls import Call
+from data_gen.perturb.elements import Element
+
+GeneratorFamily = Literal["programmatic", "annotator"]
+
+
+@dataclass(frozen=True)
+class StepView:
+    """The ground truth of one step, as plain data (serialisable into an annotator oracle).
+
+    Attributes:
+        sample_id: Id of the step's critique sample pair (seeds derive from it).
+        platform: ``windows``, ``mac``, ``ubuntu``, ``web`` or ``android``.
+        space: ``computer_use`` or ``mobile_use``.
+        task: The user instruction.
+        intent: The expert's verbal intent (``Action:`` line), possibly empty.
+        calls: The expert's tool calls as argument dicts.
+        is_final: Whether this is the trajectory's last step.
+        next_intent: The following step's intent (empty at the end).
+        next_calls: The following step's calls (empty at the end).
+        answered_before: Whether an earlier step gave an ``answer``.
+        elements: Elements on the current screen.
+        earlier_elements: Elements of earlier screens, oldest first.
+    """
+
+    sample_id: str
+    platform: str
+    space: str
+    task: str
+    intent: str
+    calls: tuple[Call, ...]
+    is_final: bool
+    next_intent: str = ""
+    next_calls: tuple[Call, ...] = ()
+    answered_before: bool = False
+    elements: tuple[Element, ...] = ()
+    earlier_elements: tuple[tuple[Element, ...], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (the annotator oracle)."""
+        out = asdict(self)
+        out["calls"] = list(self.calls)
+        out["next_calls"] = list(self.next_calls)
+        out["elements"] = [e.to_json() for e in self.elements]
+        out["earlier_elements"] = [[e.to_json() for e in s] for s in self.earlier_elements]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> StepView:
+        """Inverse of ``to_json``."""
+
+        def els(rows: list[dict[str, Any]]) -> tuple[Element, ...]:
+            return tuple(Element(r["label"], r["role"], tuple(r["box"])) for r in rows)  # type: ignore[arg-type]
+
+        return cls(
+            sample_id=obj["sample_id"],
+            platform=obj["platform"],
+            space=obj["space"],
+            task=obj["task"],
+            intent=obj["intent"],
+            calls=tuple(obj["calls"]),
+            is_final=obj["is_final"],
+            next_intent=obj.get("next_intent", ""),
+            next_calls=tuple(obj.get("next_calls", ())),
+            answered_before=obj.get("answered_before", False),
+            elements=els(obj.get("elements", [])),
+            earlier_elements=tuple(els(s) for s in obj.get("earlier_elements", [])),
+        )
+
+
+@dataclass(frozen=True)
+class BadStep:
+    """A perturbed step.
+
+    Attributes:
+        dimension: Exact taxonomy name of the injected error.
+        method: Generator variant (``scroll_sign_flip``, ``near_miss`` ...), for the report.
+        generator: ``programmatic`` or ``annotator``.
+        intent: The ``Action:`` line of the Bad step.
+        text: The Bad step's tool-call text exactly as the critic sees it (may be invalid).
+        calls: Argument dicts when ``text`` parses, else ``None``.
+        thought: The rejected thought (annotator generator only).
+        note: What was changed, in words, for the rationale oracle and the report.
+    """
+
+    dimension: str
+    method: str
+    generator: GeneratorFamily
+    intent: str
+    text: str
+    calls: tuple[Call, ...] | None
+    thought: str = ""
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        out = asdict(self)
+        out["calls"] = None if self.calls is None else list(self.calls)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> BadStep:
+        """Inverse of ``to_json``."""
+        calls = obj.get("calls")
+        return cls(
+            dimension=obj["dimension"],
+            method=obj["method"],
+            generator=obj["generator"],
+            intent=obj["intent"],
+            text=obj["text"],
+            calls=None if calls is None else tuple(calls),
+            thought=obj.get("thought", ""),
+            note=obj.get("note", ""),
+            extra=obj.get("extra", {}),
+        )

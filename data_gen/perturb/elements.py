@@ -1,0 +1,116 @@
+"""Element boxes per screenshot: the grounding source of the element-based generators.
+
+In production the boxes come from accessibility trees or a grounding model's annotation; in the
+synthetic sample corpus a sidecar written next to ``trajectories.jsonl`` plays that role. One JSON
+object per screenshot::
+
+    {"screenshot": "images/t0/step_000.png", "elements": [{"label": "OK", "role": "button",
+     "box": [x1, y1, x2, y2]}, ...]}
+
+Boxes are on the 0-1000 grid of the screenshot. Containers (dialogs, lists, windows) are kept but
+never count as a click target or as "something under the point".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hivig.logging import get_logger
+
+log = get_logger(__name__)
+
+CONTAINER_ROLES = frozenset({"dialog", "list", "window", "pane", "group", "container", "toolbar"})
+"""Roles that enclose other elements; a point inside only these is dead space."""
+
+
+@dataclass(frozen=True)
+class Element:
+    """One element of a screen: label, role and box on the 0-1000 grid."""
+
+    label: str
+    role: str
+    box: tuple[int, int, int, int]
+
+    @property
+    def is_target(self) -> bool:
+        """Whether the element can be the target of a point action (not a container)."""
+        return self.role not in CONTAINER_ROLES
+
+    @property
+    def centre(self) -> tuple[int, int]:
+        """Integer centre on the grid."""
+        x1, y1, x2, y2 = self.box
+        return (x1 + x2) // 2, (y1 + y2) // 2
+
+    def contains(self, x: int, y: int) -> bool:
+        """Whether the grid point lies inside the box (edges included)."""
+        x1, y1, x2, y2 = self.box
+        return x1 <= x <= x2 and y1 <= y <= y2
+
+    @property
+    def area(self) -> int:
+        """Box area in grid units squared."""
+        x1, y1, x2, y2 = self.box
+        return max(0, x2 - x1) * max(0, y2 - y1)
+
+    def to_json(self) -> dict[str, Any]:
+        """Sidecar form."""
+        return {"label": self.label, "role": self.role, "box": list(self.box)}
+
+
+def element_from_json(obj: Any) -> Element | None:
+    """Parse one sidecar element; ``None`` when malformed (counted by the caller)."""
+    try:
+        x1, y1, x2, y2 = (int(v) for v in obj["box"])
+        label, role = str(obj.get("label", "")), str(obj.get("role", ""))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not (0 <= x1 <= x2 <= 1000 and 0 <= y1 <= y2 <= 1000):
+        return None
+    return Element(label, role, (x1, y1, x2, y2))
+
+
+def target_at(elements: Iterable[Element], x: int, y: int) -> Element | None:
+    """The smallest non-container element containing the point, or ``None`` (dead space)."""
+    hits = [e for e in elements if e.is_target and e.contains(x, y)]
+    return min(hits, key=lambda e: (e.area, e.box)) if hits else None
+
+
+class ElementIndex:
+    """Elements per screenshot path, loaded from the sidecar (empty when there is none)."""
+
+    def __init__(self, by_path: dict[str, tuple[Element, ...]] | None = None) -> None:
+        self.by_path = by_path or {}
+        self.malformed = 0
+
+    @classmethod
+    def load(cls, path: Path) -> ElementIndex:
+        """Read a sidecar; a missing file gives an empty index, malformed lines are counted."""
+        index = cls()
+        if not path.exists():
+            log.warning(
+                "no element sidecar at %s; element-based generators have no candidates", path
+            )
+            return index
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                shot = str(obj["screenshot"])
+                raw = obj["elements"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                index.malformed += 1
+                continue
+            parsed = [element_from_json(e) for e in raw] if isinstance(raw, list) else [None]
+            index.malformed += sum(e is None for e in parsed)
+            index.by_path[shot] = tuple(e for e in parsed if e is not None)
+        return index
+
+    def get(self, screenshot: str) -> tuple[Element, ...]:
+        """Elements of a screenshot (empty when unknown)."""
+        return self.by_path.get(screenshot, ())

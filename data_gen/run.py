@@ -1,0 +1,310 @@
+"""The synthesis pipeline: transitions -> macro history -> perturbation -> judge -> rationales -> export.
+
+    # whole corpus in one process, offline annotator (no model):
+    python -m data_gen run --config configs/data_gen/demo.yaml corpus=CORPUS out=OUT
+    # one shard of a SLURM array against a vLLM endpoint (the last shard to finish merges):
+    python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --shard 3/16
+    # merge only (after every shard has finished), and the resolved config:
+    python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --merge --shard 0/16
+    python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --dry-run
+
+Reruns resume: finished (shard, stage) pairs are loaded from their completion markers, paid
+annotator requests come from the on-disk cache, and the export is rewritten deterministically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from data_gen.annotator import Annotator, offline_answer
+from data_gen.config import DataGenConfig
+from data_gen.executor import (
+    Executor,
+    Shard,
+    ShardError,
+    atomic_write_text,
+    merge_counts,
+    summary_table,
+)
+from data_gen.export import export_dataset
+from data_gen.ingest import IngestConfig, ingest
+from data_gen.perturb import ElementIndex, GenParams, StepPlan, plan_corpus
+from data_gen.steps import STEP_CLASSES
+from data_gen.steps._work import (
+    WORK_CODEC,
+    Context,
+    LoopThread,
+    Work,
+    critique_candidate,
+    split_for,
+    step_view,
+)
+from hivig.backends import build_backend
+from hivig.config import (
+    ConfigError,
+    add_config_arguments,
+    config_to_yaml,
+    load_config,
+    write_run_description,
+)
+from hivig.logging import configure_logging, get_logger
+from hivig.taxonomy import DIMENSIONS
+from hivig.trajectory import Trajectory, read_trajectories
+
+log = get_logger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Setup
+
+
+def trajectories_path(cfg: DataGenConfig) -> Path:
+    """The trajectory file, ingesting the corpus first when there is none (idempotent)."""
+    if cfg.trajectories:
+        return Path(cfg.trajectories)
+    inside = Path(cfg.corpus) / "trajectories.jsonl"
+    if inside.exists():
+        return inside
+    ingested = Path(cfg.out) / "ingest" / "trajectories.jsonl"
+    if not ingested.exists():
+        log.info("no trajectories.jsonl given; ingesting %s into %s", cfg.corpus, ingested.parent)
+        ingest(cfg.corpus, ingested.parent, IngestConfig(), progress=False)
+    return ingested
+
+
+def load_work(cfg: DataGenConfig) -> list[Work]:
+    """All trajectories of the corpus as work items, in id order, with their episode split."""
+    trajs: list[Trajectory] = sorted(read_trajectories(trajectories_path(cfg)), key=lambda t: t.id)
+    if cfg.max_trajectories:
+        trajs = trajs[: cfg.max_trajectories]
+    e = cfg.export
+    return [
+        Work(
+            t,
+            split_for(t.episode_key, cfg.seed, e.val_share, e.test_share),
+            [{"index": k} for k in range(len(t.steps))],
+        )
+        for t in trajs
+    ]
+
+
+def build_plan(
+    cfg: DataGenConfig, works: list[Work], elements: ElementIndex, offline: bool
+) -> dict[str, StepPlan]:
+    """The corpus-wide perturbation and masking plan (identical in every shard)."""
+    views = [
+        step_view(w.trajectory, k, elements)
+        for w in works
+        for k in range(len(w.trajectory.steps))
+        if critique_candidate(w.trajectory, k)
+    ]
+    p = cfg.perturb
+    return plan_corpus(
+        views,
+        seed=cfg.seed,
+        params=gen_params(cfg),
+        offline=offline,
+        dimension_weights=p.dimension_weights,
+        min_share=p.min_share,
+        bad_share=p.bad_share,
+        platform_weights=p.platform_weights,
+        intent_mask_rate=cfg.rationale.intent_mask_rate,
+        maskable={d.name: d.maskable for d in DIMENSIONS},
+    )
+
+
+def gen_params(cfg: DataGenConfig) -> GenParams:
+    """Generator knobs from the config."""
+    return GenParams(cfg.perturb.near_miss_margin, cfg.perturb.scroll_shrink)
+
+
+def build_annotator(cfg: DataGenConfig) -> Annotator:
+    """The annotator the config describes (offline writer or OpenAI-compatible endpoint)."""
+    a = cfg.annotator
+    offline = a.backend.kind == "offline"
+    cache = None
+    if not offline or a.cache_offline:
+        cache = Path(a.cache_dir) if a.cache_dir else Path(cfg.out) / "cache"
+    return Annotator(
+        a.backend,
+        cfg.frame,
+        Path(cfg.corpus),
+        cache,
+        a.max_attempts,
+        backend=None if offline else build_backend(a.backend),
+        offline=offline_answer if offline else None,
+    )
+
+
+def check_resume(cfg: DataGenConfig) -> None:
+    """Record the config in ``out/config.yaml``, refusing an output folder of another config.
+
+    Shards of one array job write the same text atomically, so concurrent starts agree.
+    """
+    path, text = Path(cfg.out) / "config.yaml", config_to_yaml(cfg)
+    if path.exists() and path.read_text(encoding="utf-8") != text:
+        raise ConfigError(
+            f"{cfg.out} holds a run with a different config; use a new `out` or delete it"
+        )
+    atomic_write_text(path, text)
+
+
+def validate_dimensions(cfg: DataGenConfig) -> None:
+    """Every key of the target distribution must be an exact taxonomy name."""
+    names = {d.name for d in DIMENSIONS}
+    unknown = sorted(set(cfg.perturb.dimension_weights) - names)
+    if unknown:
+        raise ConfigError(f"`perturb.dimension_weights` has unknown dimensions: {unknown}")
+
+
+# --------------------------------------------------------------------------------------------
+# Merge
+
+
+@contextlib.contextmanager
+def merge_lock(out: Path) -> Iterator[bool]:
+    """Exclusive merge right: yields True for the one process that holds it.
+
+    A lock left by a dead process (a crash) is taken over.
+    """
+    path = out / "merge.lock"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _lock_is_stale(path):
+                path.unlink(missing_ok=True)
+                continue
+            yield False
+            return
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        try:
+            yield True
+        finally:
+            path.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def _lock_is_stale(path: Path) -> bool:
+    try:
+        pid = int(path.read_text().strip() or "0")
+        os.kill(pid, 0)
+    except ValueError:
+        return True
+    except OSError as e:
+        return e.errno == errno.ESRCH
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def merge(
+    cfg: DataGenConfig, executor: Executor[Work], count: int, annotator: Annotator
+) -> dict[str, Any] | None:
+    """Export the dataset once every shard of ``count`` is complete; ``None`` if not yet."""
+    shards = [Shard(i, count) for i in range(count)]
+    if not all(executor.is_done(s) for s in shards):
+        missing = [s.name for s in shards if not executor.is_done(s)]
+        log.info("not merging yet: %d shards unfinished (%s ...)", len(missing), missing[0])
+        return None
+    with merge_lock(Path(cfg.out)) as held:
+        if not held:
+            log.info("another process is merging")
+            return None
+        works = sorted((w for s in shards for w in executor.load_output(s)), key=lambda w: w.id)
+        per_shard = [executor.load_counters(s) for s in shards]
+        counters = {
+            step.name: merge_counts(c.get(step.name, {}) for c in per_shard)
+            for step in executor.steps
+        }
+        run = {
+            "annotator": annotator.describe(),
+            "configured": {
+                "critique_intent_mask_rate": cfg.rationale.intent_mask_rate,
+                "history_intent_mask_rate": cfg.history.intent_mask_rate,
+                "min_dimension_share": cfg.perturb.min_share,
+            },
+        }
+        stats = export_dataset(cfg, works, counters, executor.merged_exclusions(shards), run)
+        log.info(
+            "dataset written to %s\n%s", Path(cfg.out) / "dataset", summary_table(stats["stages"])
+        )
+        return stats
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Command-line arguments of ``python -m data_gen run``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m data_gen run", description=__doc__.split("\n")[0]
+    )
+    add_config_arguments(parser)
+    parser.add_argument("--shard", default=None, help="run shard i of N (i/N); default: all, 0/1")
+    parser.add_argument(
+        "--merge", action="store_true", help="only merge finished shards and export"
+    )
+    return parser.parse_args(argv)
+
+
+def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> dict[str, Any] | None:
+    """Run the pipeline for ``shard`` (all of the corpus when ``None``) and merge when complete."""
+    cfg.require_paths()
+    validate_dimensions(cfg)
+    check_resume(cfg)
+    shard = shard or Shard(0, 1)
+    # Host, git revision, package versions and SLURM ids of this process, per shard.
+    write_run_description(Path(cfg.out) / "runs" / shard.name, cfg)
+    works = load_work(cfg)
+    elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
+    annotator = build_annotator(cfg)
+    loop = LoopThread()
+    try:
+        ctx = Context(
+            cfg,
+            Path(cfg.corpus),
+            annotator,
+            elements,
+            build_plan(cfg, works, elements, annotator.is_offline),
+            gen_params(cfg),
+            loop,
+        )
+        executor: Executor[Work] = Executor(cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC)
+        if not merge_only:
+            executor.run_shard(shard, [w for w in works if shard.owns(w.id)])
+        stats = merge(cfg, executor, shard.count, annotator)
+        log.info("annotator: %s", json.dumps(dict(annotator.counts), sort_keys=True))
+        return stats
+    finally:
+        if annotator.backend is not None and hasattr(annotator.backend, "aclose"):
+            loop.run(annotator.backend.aclose())
+        loop.close()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m data_gen run``; returns the process exit code."""
+    args = parse_args(argv)
+    try:
+        cfg = load_config(DataGenConfig, args.config, args.overrides)
+        if args.dry_run:
+            sys.stdout.write(config_to_yaml(cfg))
+            return 0
+        shard = Shard.parse(args.shard) if args.shard else None
+        configure_logging()
+        run(cfg, shard, args.merge)
+    except (ConfigError, ShardError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    return 0

@@ -1,0 +1,319 @@
+"""The item flowing through the stages (one trajectory with per-step annotations) and helpers.
+
+A ``Work`` item is one trajectory plus one ``unit`` dict per step. Stages add keys to the units;
+the keys, in stage order, are:
+
+- ``transition``: ``{next_state, mechanism, effect, think, no_change, terminal, request_hashes}``
+- ``history``: the history sample (``SampleSpec`` JSON) for the pair (step, step + 1)
+- ``bad``: the perturbed step (``BadStep`` JSON) planned for this step
+- ``judge``: ``{expert_slot, better, dimension, accepted, request_hashes}``
+- ``critique``: the Good and Bad samples (``SampleSpec`` JSON)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from data_gen.annotator import Annotator
+from data_gen.config import DataGenConfig
+from data_gen.executor import Codec, unit_float
+from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
+from hivig.actions import space_for_platform
+from hivig.media import (
+    ChatMessage,
+    ImagePart,
+    ImageRef,
+    Mark,
+    TextPart,
+    mark_from_json,
+    mark_to_json,
+)
+from hivig.prompts import format_step, format_trajectory
+from hivig.records import Labels, Provenance, SFTRecord, record_from_messages
+from hivig.trajectory import Trajectory
+from hivig.vision import size_class_for_platform
+
+T = TypeVar("T")
+
+INITIAL_SUMMARY = (
+    "Progress Summary: No actions have been taken yet; the task is just starting.\n"
+    "Last Action Result: None."
+)
+"""Previous summary of the first pair of every trajectory."""
+
+
+@dataclass
+class Work:
+    """One trajectory and its per-step annotation units."""
+
+    trajectory: Trajectory
+    split: str
+    units: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        """The trajectory id."""
+        return self.trajectory.id
+
+
+def _work_to_json(w: Work) -> dict[str, Any]:
+    return {"trajectory": w.trajectory.to_json(), "split": w.split, "units": w.units}
+
+
+def _work_from_json(obj: dict[str, Any]) -> Work:
+    return Work(Trajectory.from_json(obj["trajectory"]), obj["split"], obj["units"])
+
+
+WORK_CODEC: Codec[Work] = Codec(_work_to_json, _work_from_json)
+
+
+def sample_id(trajectory_id: str, index: int) -> str:
+    """Id of a step's samples: ``<trajectory id>:<step index, 3 digits>``."""
+    return f"{trajectory_id}:{index:03d}"
+
+
+# --------------------------------------------------------------------------------------------
+# Run context
+
+
+class LoopThread:
+    """One event loop in a daemon thread for every annotator stage of a process.
+
+    HTTP clients bind their connection pools to the loop that first uses them, so all stages
+    must share one loop rather than each calling ``asyncio.run``.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def run_all(self, coros: list[Coroutine[Any, Any, Any]]) -> None:
+        """Run coroutines concurrently on the loop and wait for all of them."""
+
+        async def gather() -> None:
+            await asyncio.gather(*coros)
+
+        self.run(gather())
+
+    def close(self) -> None:
+        """Stop the loop and its thread."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+@dataclass
+class Context:
+    """Everything the stages share within one process."""
+
+    cfg: DataGenConfig
+    corpus: Path
+    annotator: Annotator
+    elements: ElementIndex
+    plan: dict[str, StepPlan]
+    params: GenParams
+    loop: LoopThread
+
+    @property
+    def seed(self) -> int:
+        """Run seed."""
+        return self.cfg.seed
+
+    def provenance(self, hashes: list[str]) -> dict[str, Any]:
+        """Provenance of an annotator-written target."""
+        return {
+            "annotator_model": self.annotator.model,
+            "annotator_kind": "offline" if self.annotator.is_offline else "endpoint",
+            "request_hashes": list(hashes),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Trajectory helpers
+
+
+def space_of(traj: Trajectory) -> str:
+    """``computer_use`` or ``mobile_use``."""
+    return space_for_platform(traj.platform)
+
+
+def image(traj: Trajectory, path: str, marks: list[Mark] | tuple[Mark, ...] = ()) -> ImageRef:
+    """A screenshot reference with the platform's marker size class."""
+    return ImageRef(path, tuple(marks), size_class_for_platform(traj.platform))
+
+
+def calls_of(traj: Trajectory, index: int) -> list[dict[str, Any]]:
+    """The step's actions as argument dicts."""
+    return [a.to_arguments() for a in traj.steps[index].actions]
+
+
+def step_text(traj: Trajectory, index: int, mask_intent: bool = False) -> str:
+    """``format_step`` of an executed step."""
+    step = traj.steps[index]
+    return format_step(step.intent, step.actions, space_of(traj), mask_intent=mask_intent)
+
+
+def raw_step_text(intent: str, calls_text: str, mask_intent: bool) -> str:
+    """A proposed step from raw tool-call text (an invalid call cannot go through Actions).
+
+    Mirrors ``hivig.prompts.format_step`` exactly for the ``Action:`` line.
+    """
+    if mask_intent or not intent.strip():
+        return calls_text
+    return f"Action: {' '.join(intent.split())}\n{calls_text}"
+
+
+def past_trajectory(traj: Trajectory, index: int) -> str:
+    """``format_trajectory`` of the steps before ``index`` (past steps keep their intents)."""
+    return format_trajectory([step_text(traj, k) for k in range(index)])
+
+
+def is_terminal(calls: list[dict[str, Any]]) -> bool:
+    """Whether the step ends the episode (terminate or answer)."""
+    return any(c.get("action") in ("terminate", "answer") for c in calls)
+
+
+def step_view(traj: Trajectory, index: int, elements: ElementIndex) -> StepView:
+    """The generator view of one step."""
+    steps = traj.steps
+    step = steps[index]
+    nxt = steps[index + 1] if index + 1 < len(steps) else None
+    return StepView(
+        sample_id=sample_id(traj.id, index),
+        platform=traj.platform,
+        space=space_of(traj),
+        task=traj.task,
+        intent=step.intent or "",
+        calls=tuple(calls_of(traj, index)),
+        is_final=nxt is None,
+        next_intent=(nxt.intent or "") if nxt is not None else "",
+        next_calls=tuple(calls_of(traj, index + 1)) if nxt is not None else (),
+        answered_before=any(
+            c.get("action") == "answer" for k in range(index) for c in calls_of(traj, k)
+        ),
+        elements=elements.get(step.screenshot),
+        earlier_elements=tuple(elements.get(steps[k].screenshot) for k in range(index)),
+    )
+
+
+def critique_candidate(traj: Trajectory, index: int) -> bool:
+    """Steps that can become critique samples: every step with a next screen, and a final step
+    that ends the episode (its transition is the end of the task)."""
+    return index + 1 < len(traj.steps) or is_terminal(calls_of(traj, index))
+
+
+def split_for(episode: str, seed: int, val_share: float, test_share: float) -> str:
+    """Split of an episode, from a hash of its key (all variants and Good/Bad pairs together)."""
+    u = unit_float(seed, episode, "split")
+    if u < test_share:
+        return "test"
+    if u < test_share + val_share:
+        return "val"
+    return "train"
+
+
+# --------------------------------------------------------------------------------------------
+# Sample specs (JSON until export turns them into SFTRecords)
+
+
+def messages_to_json(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """JSON form of builder messages (images as references with marks)."""
+    out = []
+    for m in messages:
+        parts: list[dict[str, Any]] = []
+        for p in m.content:
+            if isinstance(p, TextPart):
+                parts.append({"text": p.text})
+            else:
+                ref: ImageRef = p.image
+                parts.append(
+                    {
+                        "image": ref.path,
+                        "marks": [mark_to_json(k) for k in ref.marks],
+                        "size_class": ref.size_class,
+                    }
+                )
+        out.append({"role": m.role, "content": parts})
+    return out
+
+
+def messages_from_json(rows: list[dict[str, Any]]) -> list[ChatMessage]:
+    """Inverse of ``messages_to_json``."""
+    out = []
+    for row in rows:
+        content: list[TextPart | ImagePart] = []
+        for p in row["content"]:
+            if "text" in p:
+                content.append(TextPart(p["text"]))
+            else:
+                marks = tuple(mark_from_json(k) for k in p["marks"])
+                content.append(ImagePart(ImageRef(p["image"], marks, p["size_class"])))
+        out.append(ChatMessage(row["role"], content))
+    return out
+
+
+def sample_spec(
+    *,
+    id: str,
+    kind: str,
+    work: Work,
+    step_index: int,
+    prompt_version: str,
+    messages: list[ChatMessage],
+    target: str,
+    labels: dict[str, Any],
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    """A sample as JSON (what the work files hold)."""
+    traj = work.trajectory
+    return {
+        "id": id,
+        "kind": kind,
+        "platform": traj.platform,
+        "prompt_version": prompt_version,
+        "trajectory_id": traj.id,
+        "episode_key": traj.episode_key,
+        "step_index": step_index,
+        "split": work.split,
+        "messages": messages_to_json(messages),
+        "target": target,
+        "labels": labels,
+        "provenance": provenance,
+    }
+
+
+def spec_to_record(spec: dict[str, Any]) -> SFTRecord:
+    """Build the ``SFTRecord`` of a sample spec.
+
+    Raises:
+        RecordError: The spec is inconsistent (caught and counted by export).
+    """
+    prov = spec["provenance"]
+    return record_from_messages(
+        messages_from_json(spec["messages"]),
+        spec["target"],
+        id=spec["id"],
+        kind=spec["kind"],
+        platform=spec["platform"],
+        prompt_version=spec["prompt_version"],
+        trajectory_id=spec["trajectory_id"],
+        episode_key=spec["episode_key"],
+        step_index=spec["step_index"],
+        split=spec["split"],
+        labels=Labels(**spec["labels"]),
+        provenance=Provenance(
+            annotator_model=prov.get("annotator_model"),
+            annotator_kind=prov.get("annotator_kind"),
+            request_hashes=tuple(prov.get("request_hashes", ())),
+        ),
+    )

@@ -1,0 +1,113 @@
+"""Stage 3: macro history, a rolling summary per trajectory.
+
+Unit: one consecutive pair (step k, step k + 1). Inside a trajectory the pairs run in order,
+because each summary is the next pair's input; trajectories run concurrently. When a pair fails
+after its retries the chain is broken explicitly: that pair is dropped with its reason and every
+later pair of the trajectory is dropped as ``chain_broken`` (the reference release silently
+carried a stale summary forward instead).
+
+The annotator writes with the annotator variant of the history prompt; the training sample uses
+the critic prompt with the same inputs and the annotator's answer as its target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from data_gen.annotator import AnnotatorRequest, Rejected
+from data_gen.executor import StageStats, unit_float
+from data_gen.steps._work import (
+    INITIAL_SUMMARY,
+    Context,
+    Work,
+    image,
+    sample_id,
+    sample_spec,
+    step_text,
+)
+from data_gen.steps.transitions import file_digest, joined
+from hivig.contracts import ContractError, HistoryOutput, parse_history, render_history_target
+from hivig.prompts import build_history_annotation_messages, build_history_messages
+
+
+def validate_history(text: str, reasoning: str | None) -> HistoryOutput | Rejected:
+    """Contract check; the training target needs the reasoning, so it is required here."""
+    parsed = parse_history(joined(text, reasoning))
+    if isinstance(parsed, ContractError):
+        return Rejected(parsed.reason, parsed.message)
+    if not parsed.think:
+        return Rejected("missing_think", "the answer has no reasoning")
+    return parsed
+
+
+class HistoryStep:
+    """Rolling macro-history annotation and history samples."""
+
+    name = "history"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def run(self, items: list[Work], stats: StageStats) -> list[Work]:
+        """Run every trajectory's chain; chains run concurrently."""
+        self.ctx.loop.run_all([self._chain(w, stats) for w in items])
+        return items
+
+    async def _chain(self, work: Work, stats: StageStats) -> None:
+        traj = work.trajectory
+        pairs = range(len(traj.steps) - 1)
+        stats.seen(len(pairs))
+        summary = INITIAL_SUMMARY
+        done: list[str] = []
+        for k in pairs:
+            sid = sample_id(traj.id, k)
+            out, reason = await self._pair(work, k, summary, done, stats)
+            if out is None:
+                stats.drop(sid, reason[0], reason[1], reason[2])
+                for later in range(k + 1, len(pairs)):
+                    stats.drop(sample_id(traj.id, later), "chain_broken", f"pair {sid} failed")
+                return
+            summary = out.summary
+            stats.kept()
+
+    async def _pair(
+        self, work: Work, k: int, previous: str, done: list[str], stats: StageStats
+    ) -> tuple[HistoryOutput | None, tuple[str, str, list[str]]]:
+        ctx, traj = self.ctx, work.trajectory
+        sid = sample_id(traj.id, k)
+        before, after = traj.steps[k].screenshot, traj.steps[k + 1].screenshot
+        d0, d1 = file_digest(ctx.corpus / before), file_digest(ctx.corpus / after)
+        if d0 is None or d1 is None:
+            return None, ("missing_image", f"cannot read {before if d0 is None else after}", [])
+        masked = unit_float(ctx.seed, sid, "history_intent_mask") < ctx.cfg.history.intent_mask_rate
+        text = step_text(traj, k, mask_intent=masked)
+        args = (traj.task, traj.platform, previous, image(traj, before), image(traj, after), text)
+        intent = traj.steps[k].intent or ""
+        no_change = d0 == d1
+        if intent and not no_change:
+            done.append(intent.rstrip("."))
+        oracle = {"task": traj.task, "intent": intent, "no_change": no_change, "done": list(done)}
+        request = AnnotatorRequest(
+            self.name, list(build_history_annotation_messages(*args)), oracle
+        )
+        result = await ctx.annotator.annotate(request, validate_history)
+        stats.add("llm_retries", result.retries)
+        if result.value is None:
+            return None, (result.reason, result.message, result.raw)
+        out = result.value
+        messages = build_history_messages(*args)
+        target = render_history_target(out.think or "", out.progress, out.last_result)
+        work.units[k]["history"] = sample_spec(
+            id=f"{sid}:history",
+            kind="history",
+            work=work,
+            step_index=k,
+            prompt_version=messages.prompt_id,
+            messages=list(messages),
+            target=target,
+            labels={"intent_masked": masked},
+            provenance=ctx.provenance(result.request_hashes),
+        )
+        if masked:
+            stats.add("intent_masked")
+        return out, ("", "", [])

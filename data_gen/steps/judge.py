@@ -1,0 +1,119 @@
+"""Stage 5: the double-blind judge.
+
+Unit: a generated Bad step. The judge sees the expert step and the Bad step as candidates A and B
+in an order drawn from the sample's seed (and the dimension list in a per-sample order, against
+position bias). It must prefer the expert and name the injected dimension; otherwise the Bad
+sample is dropped with the reason. When it prefers the Bad step, the expert step is doubtful too
+and its Good sample is vetoed (dropped in the rationale stage, counted there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from data_gen.annotator import AnnotatorRequest, Rejected
+from data_gen.executor import StageStats, sample_seed, unit_float
+from data_gen.perturb import BadStep
+from data_gen.steps._work import (
+    Context,
+    Work,
+    image,
+    past_trajectory,
+    raw_step_text,
+    sample_id,
+    step_text,
+)
+from data_gen.steps.transitions import joined
+from hivig.contracts import ContractError, JudgeOutput, parse_judge
+from hivig.prompts import build_judge_messages
+from hivig.taxonomy import DIMENSIONS
+
+
+def validate_judge(text: str, reasoning: str | None) -> JudgeOutput | Rejected:
+    """Contract check of a judge answer."""
+    parsed = parse_judge(joined(text, reasoning))
+    if isinstance(parsed, ContractError):
+        return Rejected(parsed.reason, parsed.message)
+    return parsed
+
+
+class JudgeStep:
+    """Double-blind filter of Bad steps."""
+
+    name = "judge"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def run(self, items: list[Work], stats: StageStats) -> list[Work]:
+        """Judge every Bad step of the shard."""
+        jobs = [
+            self._one(w, k, stats)
+            for w in items
+            for k, unit in enumerate(w.units)
+            if unit.get("bad") is not None
+        ]
+        self.ctx.loop.run_all(jobs)
+        return items
+
+    async def _one(self, work: Work, k: int, stats: StageStats) -> None:
+        ctx, traj = self.ctx, work.trajectory
+        unit = work.units[k]
+        sid = sample_id(traj.id, k)
+        bad = BadStep.from_json(unit["bad"])
+        stats.seen()
+        if not ctx.cfg.judge.enabled:
+            unit["judge"] = {"accepted": True, "skipped": True}
+            stats.add("unjudged")
+            stats.kept()
+            return
+        expert_slot = "A" if unit_float(ctx.seed, sid, "judge_order") < 0.5 else "B"
+        expert = step_text(traj, k)
+        other = raw_step_text(bad.intent, bad.text, False)
+        a, b = (expert, other) if expert_slot == "A" else (other, expert)
+        order = list(DIMENSIONS)
+        random.Random(sample_seed(ctx.seed, sid, "judge_dimension_order")).shuffle(order)
+        messages = build_judge_messages(
+            traj.task,
+            traj.platform,
+            past_trajectory(traj, k),
+            image(traj, traj.steps[k].screenshot),
+            a,
+            b,
+            dimension_order=order,
+        )
+        oracle = {"expert_slot": expert_slot, "dimension": bad.dimension, "note": bad.note}
+        result = await ctx.annotator.annotate(
+            AnnotatorRequest(self.name, list(messages), oracle), validate_judge
+        )
+        stats.add("llm_retries", result.retries)
+        if result.value is None:
+            unit["judge"] = {"accepted": False, "reason": result.reason}
+            stats.drop(sid, result.reason, result.message, result.raw)
+            return
+        out = result.value
+        verdict = {
+            "expert_slot": expert_slot,
+            "better": out.better_candidate,
+            "dimension": None if out.dimension is None else out.dimension.name,
+            "request_hashes": result.request_hashes,
+            "prompt_version": messages.prompt_id,
+        }
+        reason = self._reject_reason(out, expert_slot, bad)
+        verdict["accepted"] = reason is None
+        verdict["vetoes_good"] = out.better_candidate != expert_slot
+        unit["judge"] = verdict
+        if reason is not None:
+            stats.drop(sid, reason, f"judge: {verdict}", result.raw)
+            return
+        stats.kept()
+
+    def _reject_reason(self, out: JudgeOutput, expert_slot: str, bad: BadStep) -> str | None:
+        if out.better_candidate != expert_slot:
+            return "judge_preferred_perturbed"
+        if out.dimension is None:
+            return "judge_invalid"
+        if self.ctx.cfg.judge.require_dimension_match and out.dimension.name != bad.dimension:
+            return "judge_dimension_mismatch"
+        return None

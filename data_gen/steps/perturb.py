@@ -1,0 +1,180 @@
+"""Stage 4: perturbation into Bad steps, one planned dimension per step.
+
+Unit: a planned Bad sample (steps with a transition whose plan names a dimension). Programmatic
+dimensions are constructed exactly by their generator; annotator dimensions are requested from the
+annotator with the planned dimension as the only candidate (the plan, not the model, decides the
+distribution) and validated: the dimension must match, the calls must parse in the platform's
+action space (except for Action Formulation Error, whose point is a broken call), and the Bad
+step must differ from the expert's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from typing import Any
+
+from data_gen.annotator import AnnotatorRequest, Rejected
+from data_gen.executor import StageStats
+from data_gen.perturb import DRAFTERS, PROGRAMMATIC, BadStep, StepView, generator_rng
+from data_gen.perturb.calls import parse_calls, render_calls
+from data_gen.steps._work import (
+    Context,
+    Work,
+    calls_of,
+    image,
+    past_trajectory,
+    raw_step_text,
+    sample_id,
+    step_text,
+    step_view,
+)
+from data_gen.steps.transitions import joined
+from hivig.actions import ActionError, action_from_arguments
+from hivig.contracts import ContractError, PerturbationOutput, parse_perturbation
+from hivig.prompts import build_perturbation_messages
+from hivig.taxonomy import lookup_dimension
+
+_ACTION_LINE = re.compile(r"^\s*\**\s*Action\s*\**\s*:\s*(.*)$", re.IGNORECASE)
+_FIRST_CALL = re.compile(r"<tool_call>", re.IGNORECASE)
+
+
+def split_proposed_step(step: str) -> tuple[str, str]:
+    """``(intent, tool-call text)`` of an ``Action: ...`` line followed by ``<tool_call>`` blocks."""
+    m = _FIRST_CALL.search(step)
+    head, calls = (step[: m.start()], step[m.start() :]) if m else (step, "")
+    intent = ""
+    for line in head.splitlines():
+        hit = _ACTION_LINE.match(line)
+        if hit:
+            intent = hit.group(1).strip()
+            break
+    return intent, calls.strip()
+
+
+def perturbation_validator(
+    view: StepView, dimension: str
+) -> Callable[[str, str | None], tuple[PerturbationOutput, str, str, Any] | Rejected]:
+    """Validator of annotator perturbations for one step and planned dimension."""
+    expected = lookup_dimension(dimension)
+
+    def validate(
+        text: str, reasoning: str | None
+    ) -> tuple[PerturbationOutput, str, str, Any] | Rejected:
+        parsed = parse_perturbation(joined(text, reasoning))
+        if isinstance(parsed, ContractError):
+            return Rejected(parsed.reason, parsed.message)
+        if parsed.dimension != expected:
+            return Rejected(
+                "dimension_mismatch", f"asked for {dimension}, got {parsed.dimension.name}"
+            )
+        intent, calls_text = split_proposed_step(parsed.rejected_proposed_step)
+        calls = parse_calls(calls_text)
+        if isinstance(calls, ActionError):
+            if dimension == "Action Formulation Error":
+                return parsed, intent, calls_text, None
+            return Rejected("bad_tool_call", str(calls))
+        for call in calls:
+            if isinstance(action_from_arguments(call, view.space), ActionError):
+                return Rejected("wrong_action_space", f"{call.get('action')!r} not in {view.space}")
+        if calls == list(view.calls):
+            return Rejected("no_divergence", "the Bad step equals the expert step")
+        return parsed, intent, calls_text, calls
+
+    return validate
+
+
+class PerturbStep:
+    """Bad-step generation for the planned dimension of each step."""
+
+    name = "perturb"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def run(self, items: list[Work], stats: StageStats) -> list[Work]:
+        """Generate every planned Bad step of the shard."""
+        jobs = []
+        for work in items:
+            for k, unit in enumerate(work.units):
+                plan = self.ctx.plan.get(sample_id(work.id, k))
+                if unit.get("transition") is None or plan is None or not plan.critique:
+                    continue
+                if plan.dimension is None:
+                    stats.add("no_bad_planned")
+                    continue
+                jobs.append(self._one(work, k, plan.dimension, stats))
+        self.ctx.loop.run_all(jobs)
+        return items
+
+    async def _one(self, work: Work, k: int, dimension: str, stats: StageStats) -> None:
+        ctx, traj = self.ctx, work.trajectory
+        sid = sample_id(traj.id, k)
+        stats.seen()
+        view = step_view(traj, k, ctx.elements)
+        rng = generator_rng(ctx.seed, sid, dimension)
+        if dimension in PROGRAMMATIC:
+            bad = PROGRAMMATIC[dimension](view, rng, ctx.params)
+            if bad is None:
+                stats.drop(sid, "generator_not_applicable", dimension)
+                return
+        else:
+            bad = await self._annotated(work, k, view, dimension, rng, stats)
+            if bad is None:
+                return
+        work.units[k]["bad"] = bad.to_json()
+        stats.add(f"dim:{dimension}")
+        stats.kept()
+
+    async def _annotated(
+        self, work: Work, k: int, view: StepView, dimension: str, rng: Any, stats: StageStats
+    ) -> BadStep | None:
+        ctx, traj = self.ctx, work.trajectory
+        sid = sample_id(traj.id, k)
+        oracle: dict[str, Any] = {"dimension": dimension}
+        if ctx.annotator.is_offline:
+            draft = DRAFTERS[dimension](view, rng)
+            if draft is None:
+                stats.drop(sid, "generator_not_applicable", dimension)
+                return None
+            intent, calls, thought, note = draft
+            oracle.update(
+                thought=thought,
+                note=note,
+                bad_step_text=raw_step_text(intent, render_calls(calls, view.space), False),
+            )
+        dim = lookup_dimension(dimension)
+        assert dim is not None
+        messages = build_perturbation_messages(
+            traj.task,
+            traj.platform,
+            past_trajectory(traj, k),
+            image(traj, traj.steps[k].screenshot),
+            traj.steps[k].think or "",
+            step_text(traj, k),
+            [dim],
+        )
+        request = AnnotatorRequest(self.name, list(messages), oracle)
+        result = await ctx.annotator.annotate(request, perturbation_validator(view, dimension))
+        stats.add("llm_retries", result.retries)
+        if result.value is None:
+            stats.drop(sid, result.reason, result.message, result.raw)
+            return None
+        parsed, intent, calls_text, calls = result.value
+        return BadStep(
+            dimension=dimension,
+            method="annotator",
+            generator="annotator",
+            intent=intent,
+            text=calls_text,
+            calls=None if calls is None else tuple(calls),
+            thought=parsed.rejected_thought,
+            note=oracle.get("note", parsed.rejected_thought),
+            extra={"request_hashes": result.request_hashes, "prompt_version": messages.prompt_id},
+        )
+
+
+def expert_calls(work: Work, k: int) -> list[dict[str, Any]]:
+    """The expert's calls of step ``k`` (argument dicts)."""
+    return calls_of(work.trajectory, k)

@@ -1,0 +1,242 @@
+"""Stage 6: critic rationales for Good and Bad steps, with intent masking decided beforehand.
+
+Unit: a critique sample (the Good sample of every step with a transition, and each Bad step the
+judge accepted). Masking was decided by the corpus-wide plan before any annotation (so nothing is
+annotated twice), hides only the ``Action:`` line (every tool call stays), and never applies to a
+dimension whose diagnosis needs the intent. The annotator sees the marked screenshot and the true
+outcome (the transition for Good, the dimension's consequence for Bad); its answer must carry the
+expected verdict and dimension.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from data_gen.annotator import AnnotatorRequest, Rejected
+from data_gen.executor import StageStats
+from data_gen.perturb import BadStep
+from data_gen.perturb.calls import marks_for_text, parse_calls
+from data_gen.steps._work import (
+    Context,
+    Work,
+    calls_of,
+    image,
+    past_trajectory,
+    raw_step_text,
+    sample_id,
+    sample_spec,
+    step_text,
+)
+from data_gen.steps.transitions import joined, target_oracle
+from hivig.contracts import ContractError, CritiqueOutput, parse_critique, render_critique_target
+from hivig.prompts import (
+    build_critique_messages,
+    build_rationale_bad_messages,
+    build_rationale_good_messages,
+)
+from hivig.taxonomy import lookup_dimension
+
+UI_RULES: dict[str, str] = {
+    "Grounding/Spatial Error": "the point lands inside the clickable box of the element",
+    "Procedural Prerequisite Neglect": "the required earlier state (focus, a dismissed overlay) "
+    "is in place first",
+    "Semantic Error": "the element's label and meaning match what the goal needs",
+    "Termination Misjudgment": "the episode ends exactly when the goal is met, with an answer "
+    "where one is requested",
+    "Constraint Neglect": "every attribute the goal states is respected by the chosen target",
+    "Action Formulation Error": "the call is well-formed JSON with a valid action name and all "
+    "required arguments",
+    "Observation Neglect": "targets already on screen are used directly",
+    "Suboptimal Path": "the direct, standard method performs the whole change at once",
+    "Parameter Vector Miscalibration": "the scroll, swipe or drag vector points the right way "
+    "with enough magnitude",
+    "Visual Hallucination": "the targeted element is actually present on the current screen",
+    "Timing and Latency Neglect": "the interface has finished loading before new input arrives",
+    "Action-Operation Misalignment": "the coordinates hit the element that the stated intent names",
+}
+"""The interface rule each dimension breaks (offline explanations state it descriptively)."""
+
+
+def critique_validator(
+    verdict: str, dimension: str | None
+) -> Callable[[str, str | None], CritiqueOutput | Rejected]:
+    """Validator requiring the known verdict (and dimension) and a reasoning block."""
+
+    def validate(text: str, reasoning: str | None) -> CritiqueOutput | Rejected:
+        parsed = parse_critique(joined(text, reasoning))
+        if isinstance(parsed, ContractError):
+            return Rejected(parsed.reason, parsed.message)
+        if parsed.verdict != verdict:
+            return Rejected("wrong_verdict", f"expected {verdict}, got {parsed.verdict}")
+        got = None if parsed.dimension is None else parsed.dimension.name
+        if got != dimension:
+            return Rejected("wrong_dimension", f"expected {dimension}, got {got}")
+        if not parsed.think:
+            return Rejected("missing_think", "the answer has no reasoning")
+        return parsed
+
+    return validate
+
+
+class RationaleStep:
+    """Good and Bad rationales, producing the critique samples."""
+
+    name = "rationale"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def run(self, items: list[Work], stats: StageStats) -> list[Work]:
+        """Annotate every critique sample of the shard."""
+        jobs = []
+        for work in items:
+            for k, unit in enumerate(work.units):
+                if unit.get("transition") is None:
+                    continue
+                unit["critique"] = []
+                jobs.append(self._good(work, k, stats))
+                judge = unit.get("judge")
+                if unit.get("bad") is not None and judge is not None and judge.get("accepted"):
+                    jobs.append(self._bad(work, k, stats))
+        self.ctx.loop.run_all(jobs)
+        for work in items:
+            for unit in work.units:
+                if unit.get("critique"):
+                    unit["critique"].sort(key=lambda s: s["id"])
+        return items
+
+    async def _good(self, work: Work, k: int, stats: StageStats) -> None:
+        ctx, traj = self.ctx, work.trajectory
+        unit = work.units[k]
+        sid = sample_id(traj.id, k)
+        stats.seen()
+        plan = ctx.plan.get(sid)
+        if plan is None or not plan.critique:
+            stats.drop(f"{sid}:good", "platform_balance", traj.platform)
+            return
+        judge = unit.get("judge") or {}
+        if judge.get("vetoes_good"):
+            stats.drop(f"{sid}:good", "judge_vetoed", "the judge preferred the perturbed step")
+            return
+        calls = calls_of(traj, k)
+        text = step_text(traj, k, mask_intent=plan.good_masked)
+        shot = image(traj, traj.steps[k].screenshot, marks_for_text(step_text(traj, k, True)))
+        tr = unit["transition"]
+        history = past_trajectory(traj, k)
+        args = (traj.task, traj.platform, history, shot, text)
+        messages = build_rationale_good_messages(
+            *args, tr["mechanism"] or "None", tr["effect"] or "None", tr["next_state"]
+        )
+        oracle = {
+            "task": traj.task,
+            "calls_text": step_text(traj, k, mask_intent=True),
+            "intent": None if plan.good_masked else traj.steps[k].intent,
+            "next_state": tr["next_state"],
+            **target_oracle(ctx, traj.steps[k].screenshot, calls),
+        }
+        await self._annotate(
+            work,
+            k,
+            f"{sid}:good",
+            "rationale_good",
+            messages,
+            oracle,
+            args,
+            ("Good", None, plan.good_masked, None),
+            stats,
+        )
+
+    async def _bad(self, work: Work, k: int, stats: StageStats) -> None:
+        ctx, traj = self.ctx, work.trajectory
+        unit = work.units[k]
+        sid = sample_id(traj.id, k)
+        stats.seen()
+        plan = ctx.plan[sid]
+        bad = BadStep.from_json(unit["bad"])
+        dim = lookup_dimension(bad.dimension)
+        assert dim is not None
+        # The plan never masks an intent-dependent dimension; checked again here on purpose.
+        masked = plan.bad_masked and dim.maskable
+        text = raw_step_text(bad.intent, bad.text, masked)
+        shot = image(traj, traj.steps[k].screenshot, marks_for_text(bad.text))
+        tr = unit["transition"]
+        args = (traj.task, traj.platform, past_trajectory(traj, k), shot, text)
+        messages = build_rationale_bad_messages(
+            *args, dim, step_text(traj, k), tr["mechanism"] or "None", tr["effect"] or "None"
+        )
+        parsed = parse_calls(bad.text)
+        oracle = {
+            "task": traj.task,
+            "calls_text": bad.text,
+            "syntax_valid": not isinstance(parsed, Exception),
+            "intent": None if masked else bad.intent,
+            "dimension": dim.name,
+            "consequence": dim.consequence,
+            "note": bad.note,
+            "rule": UI_RULES[dim.name],
+            **target_oracle(
+                ctx, traj.steps[k].screenshot, [] if isinstance(parsed, Exception) else parsed
+            ),
+        }
+        await self._annotate(
+            work,
+            k,
+            f"{sid}:bad",
+            "rationale_bad",
+            messages,
+            oracle,
+            args,
+            ("Bad", dim.name, masked, bad.generator),
+            stats,
+        )
+
+    async def _annotate(
+        self,
+        work: Work,
+        k: int,
+        sid: str,
+        stage: str,
+        messages: Any,
+        oracle: dict[str, Any],
+        critic_args: tuple[Any, ...],
+        label: tuple[str, str | None, bool, str | None],
+        stats: StageStats,
+    ) -> None:
+        ctx = self.ctx
+        verdict, dimension, masked, generator = label
+        request = AnnotatorRequest(stage, list(messages), oracle)
+        result = await ctx.annotator.annotate(request, critique_validator(verdict, dimension))
+        stats.add("llm_retries", result.retries)
+        if result.value is None:
+            stats.drop(sid, result.reason, result.message, result.raw)
+            return
+        out = result.value
+        target = render_critique_target(out.think or "", verdict, dimension, out.explanation)
+        critic = build_critique_messages(*critic_args)
+        hashes = list(result.request_hashes)
+        bad = work.units[k].get("bad")
+        if verdict == "Bad" and bad is not None:
+            hashes = bad.get("extra", {}).get("request_hashes", []) + hashes
+        work.units[k]["critique"].append(
+            sample_spec(
+                id=sid,
+                kind="critique",
+                work=work,
+                step_index=k,
+                prompt_version=critic.prompt_id,
+                messages=list(critic),
+                target=target,
+                labels={
+                    "verdict": verdict,
+                    "error_dimension": dimension,
+                    "intent_masked": masked,
+                    "generator": generator,
+                },
+                provenance=ctx.provenance(hashes),
+            )
+        )
+        if masked:
+            stats.add("intent_masked")
+        stats.kept()

@@ -1,0 +1,140 @@
+"""Stage 2: state transitions, conditioned on the real after-screenshot.
+
+Unit: one executed step. The annotator sees the before and after screenshots and describes, in
+future tense and structural terms, what the step changed. Steps whose two screenshots are
+identical are kept and labelled ``no_change`` (silent failures and waits are real data). A final
+step that ends the episode gets the transition "the task ends" without an annotator call; a
+final step that does not (a truncated trajectory) has no after-screenshot and is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from data_gen.annotator import AnnotatorRequest, Rejected
+from data_gen.executor import StageStats
+from data_gen.perturb.calls import primary_point
+from data_gen.perturb.elements import target_at
+from data_gen.steps._work import (
+    Context,
+    Work,
+    calls_of,
+    image,
+    is_terminal,
+    sample_id,
+    step_text,
+)
+from hivig.contracts import ContractError, TransitionOutput, parse_next_state
+from hivig.prompts import build_transition_messages
+
+TERMINAL_STATE = "The task will end here and the screen will keep its current layout."
+
+
+def validate_transition(text: str, reasoning: str | None) -> TransitionOutput | Rejected:
+    """Contract check of a transition answer (reasoning delivered separately is joined)."""
+    parsed = parse_next_state(joined(text, reasoning))
+    if isinstance(parsed, ContractError):
+        return Rejected(parsed.reason, parsed.message)
+    return parsed
+
+
+def joined(text: str, reasoning: str | None) -> str:
+    """Put reasoning delivered in a separate field back in front of the answer."""
+    if reasoning is None or "<think>" in text.lower():
+        return text
+    return f"<think>\n{reasoning}\n</think>\n{text}"
+
+
+def file_digest(path: Path) -> str | None:
+    """SHA-256 of a file, or ``None`` when it cannot be read."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def target_oracle(ctx: Context, screenshot: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the marker points at, from the element boxes (offline annotator ground truth)."""
+    hit = primary_point(calls)
+    out: dict[str, Any] = {"has_point": hit is not None}
+    if hit is not None:
+        el = target_at(ctx.elements.get(screenshot), *hit[1]["coordinate"])
+        if el is not None:
+            out.update(target_label=el.label, target_role=el.role)
+    return out
+
+
+class TransitionsStep:
+    """State-transition annotation of every executed step."""
+
+    name = "transitions"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def run(self, items: list[Work], stats: StageStats) -> list[Work]:
+        """Annotate all steps of the shard concurrently."""
+        jobs = [self._one(w, k, stats) for w in items for k in range(len(w.trajectory.steps))]
+        self.ctx.loop.run_all(jobs)
+        return items
+
+    async def _one(self, work: Work, k: int, stats: StageStats) -> None:
+        traj = work.trajectory
+        unit = work.units[k]
+        sid = sample_id(traj.id, k)
+        stats.seen()
+        calls = calls_of(traj, k)
+        if k + 1 >= len(traj.steps):
+            if not is_terminal(calls):
+                stats.drop(sid, "no_after_screenshot", "final step does not end the episode")
+                return
+            unit["transition"] = {
+                "next_state": TERMINAL_STATE,
+                "mechanism": None,
+                "effect": None,
+                "think": None,
+                "no_change": True,
+                "terminal": True,
+                "request_hashes": [],
+            }
+            stats.add("terminal")
+            stats.kept()
+            return
+        before, after = traj.steps[k].screenshot, traj.steps[k + 1].screenshot
+        d0, d1 = file_digest(self.ctx.corpus / before), file_digest(self.ctx.corpus / after)
+        if d0 is None or d1 is None:
+            stats.drop(sid, "missing_image", f"cannot read {before if d0 is None else after}")
+            return
+        no_change = d0 == d1
+        messages = build_transition_messages(
+            traj.task, traj.platform, image(traj, before), image(traj, after), step_text(traj, k)
+        )
+        oracle = {
+            "no_change": no_change,
+            "terminal": False,
+            **target_oracle(self.ctx, before, calls),
+        }
+        result = await self.ctx.annotator.annotate(
+            AnnotatorRequest(self.name, list(messages), oracle), validate_transition
+        )
+        stats.add("llm_retries", result.retries)
+        if result.value is None:
+            stats.drop(sid, result.reason, result.message, result.raw)
+            return
+        out = result.value
+        unit["transition"] = {
+            "next_state": out.next_state,
+            "mechanism": out.mechanism,
+            "effect": out.effect,
+            "think": out.think,
+            "no_change": no_change,
+            "terminal": False,
+            "prompt_version": messages.prompt_id,
+            "request_hashes": result.request_hashes,
+        }
+        if no_change:
+            stats.add("no_change")
+        stats.kept()

@@ -1,0 +1,459 @@
+"""The inference backend protocol and the types every backend shares.
+
+A backend turns chat messages (text plus canonical PIL frames) into a ``Generation``: text,
+reasoning, token usage and the request's content address. Failures surface as ``BackendError``
+with a stable ``reason`` code so callers can count them (data_gen drop reasons) or fail open
+(serve abstentions) without parsing messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+from PIL import Image
+
+from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.vision import encode_png
+
+T = TypeVar("T")
+
+ErrorReason = Literal["timeout", "http_status", "transport", "bad_response", "retries_exhausted"]
+
+# Version of the request-hash recipe; bump it when the hashed fields change so old caches miss
+# instead of returning answers to a differently shaped request.
+REQUEST_HASH_VERSION = 1
+
+
+# Request body fields owned by typed arguments; ``Sampling.extra`` may not override them.
+RESERVED_BODY_FIELDS = frozenset(
+    {"model", "messages", "temperature", "top_p", "max_tokens", "seed", "stop", "stream", "n"}
+)
+
+# --------------------------------------------------------------------------------------------
+# Value types
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters as sent with one request (recorded with every output).
+
+    Attributes:
+        temperature: Softmax temperature; 0 means greedy.
+        top_p: Nucleus sampling mass in (0, 1].
+        max_tokens: Maximum new tokens.
+        seed: Sampling seed, when the backend honours one.
+        stop: Extra stop strings.
+        extra: Additional JSON body fields for OpenAI-compatible servers, for example
+            ``{"chat_template_kwargs": {"enable_thinking": False}}``; ignored in-process.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 2048
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        clash = RESERVED_BODY_FIELDS & set(self.extra)
+        if clash:
+            raise ValueError(f"sampling extra may not set {sorted(clash)}; use the typed fields")
+        if self.temperature < 0:
+            raise ValueError(f"sampling temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens <= 0:
+            raise ValueError(f"sampling max_tokens must be positive, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether decoding is greedy (temperature 0)."""
+        return self.temperature == 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form, the exact fields hashed and recorded."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+            "stop": list(self.stop),
+            "extra": dict(self.extra),
+        }
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token accounting of one generation (0 when the server did not report it)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One model answer with everything needed to record and reproduce it.
+
+    Attributes:
+        text: The answer with any reasoning split off.
+        reasoning: The reasoning (``<think>`` content or the server's reasoning field), or
+            ``None`` when the model produced none.
+        usage: Token counts.
+        finish_reason: ``stop``, ``length`` or whatever the server reported.
+        model: The model that answered.
+        sampling: The sampling parameters as sent.
+        request_hash: Content address of the request (see ``request_hash``).
+        latency_s: Seconds from the first attempt to the answer, retries included.
+        attempts: HTTP attempts made (1 without retries; 1 for in-process backends).
+    """
+
+    text: str
+    reasoning: str | None
+    usage: Usage
+    finish_reason: str
+    model: str
+    sampling: Sampling
+    request_hash: str
+    latency_s: float
+    attempts: int = 1
+
+    @property
+    def truncated(self) -> bool:
+        """Whether generation stopped at the token limit."""
+        return self.finish_reason == "length"
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+class BackendError(RuntimeError):
+    """A generation failed; ``reason`` is a stable code for counters and fail-open policies.
+
+    Attributes:
+        reason: One of ``timeout``, ``http_status``, ``transport``, ``bad_response``,
+            ``retries_exhausted``.
+        attempts: Attempts made before giving up.
+        status: HTTP status of the last response, when there was one.
+    """
+
+    reason: ErrorReason = "transport"
+
+    def __init__(self, message: str, *, attempts: int = 1, status: int | None = None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.status = status
+
+    @property
+    def root_reason(self) -> ErrorReason:
+        """The reason of the failure itself (the last attempt's, after exhausted retries)."""
+        return self.reason
+
+    def __str__(self) -> str:
+        return f"[{self.reason}, attempts={self.attempts}] {super().__str__()}"
+
+
+class BackendTimeout(BackendError):
+    """The request did not finish within the per-request timeout."""
+
+    reason: ErrorReason = "timeout"
+
+
+class BackendHTTPError(BackendError):
+    """The server answered with an error status (429 and 5xx are retried, other 4xx are not).
+
+    Attributes:
+        retry_after_s: The server's ``Retry-After`` in seconds, when it sent one.
+    """
+
+    reason: ErrorReason = "http_status"
+
+    def __init__(
+        self, message: str, *, attempts: int = 1, status: int, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message, attempts=attempts, status=status)
+        self.retry_after_s = retry_after_s
+
+
+class BackendTransportError(BackendError):
+    """The connection failed (refused, reset, protocol error)."""
+
+    reason: ErrorReason = "transport"
+
+
+class BackendBadResponse(BackendError):
+    """The server answered 200 with a body that is not a chat completion."""
+
+    reason: ErrorReason = "bad_response"
+
+
+class RetriesExhausted(BackendError):
+    """Every allowed attempt failed with a retryable error; ``last`` is the final one."""
+
+    reason: ErrorReason = "retries_exhausted"
+
+    def __init__(self, last: BackendError, *, attempts: int) -> None:
+        super().__init__(
+            f"gave up after {attempts} attempts; last: {last}",
+            attempts=attempts,
+            status=last.status,
+        )
+        self.last = last
+
+    @property
+    def root_reason(self) -> ErrorReason:
+        """The reason of the last failed attempt (``timeout``, ``http_status``, ...)."""
+        return self.last.reason
+
+
+# --------------------------------------------------------------------------------------------
+# Protocol
+
+
+@runtime_checkable
+class InferenceBackend(Protocol):
+    """Given chat messages with images, return text, reasoning and usage."""
+
+    async def generate(self, messages: list[ChatMessage], sampling: Sampling) -> Generation:
+        """Generate one answer.
+
+        Args:
+            messages: Chat turns whose image parts hold canonical PIL images.
+            sampling: Sampling parameters, sent as given and recorded in the result.
+
+        Returns:
+            The answer with its reasoning split off.
+
+        Raises:
+            BackendError: The backend could not produce an answer.
+        """
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Images and request hashing
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    """Encode a PIL image as PNG bytes that depend only on its pixels (``hivig.vision``).
+
+    Raises:
+        TypeError: ``image`` is not a PIL image (an unmaterialised ``ImageRef``, for example).
+    """
+    if not isinstance(image, Image.Image):
+        raise TypeError(
+            f"image parts must hold PIL images (materialise ImageRef first), got {type(image)!r}"
+        )
+    return encode_png(image)
+
+
+def image_digest(image: Image.Image) -> str:
+    """SHA-256 of an image's mode, size and raw pixels (independent of any PNG encoder).
+
+    Raises:
+        TypeError: ``image`` is not a PIL image.
+    """
+    if not isinstance(image, Image.Image):
+        raise TypeError(
+            f"image parts must hold PIL images (materialise ImageRef first), got {type(image)!r}"
+        )
+    h = hashlib.sha256()
+    h.update(f"{image.mode}:{image.width}x{image.height}:".encode())
+    h.update(image.tobytes())
+    return h.hexdigest()
+
+
+def _message_skeleton(message: ChatMessage) -> dict[str, Any]:
+    parts: list[dict[str, str]] = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            parts.append({"text": part.text})
+        elif isinstance(part, ImagePart):
+            parts.append({"image_sha256": image_digest(part.image)})
+        else:
+            raise TypeError(f"unknown message part {type(part)!r}")
+    return {"role": message.role, "content": parts}
+
+
+def request_hash(model: str, messages: Sequence[ChatMessage], sampling: Sampling) -> str:
+    """Content address of a request: model, messages (images by pixel hash) and sampling.
+
+    data_gen keys its on-disk cache on this, so equal requests are never paid for twice.
+
+    Returns:
+        A hex SHA-256.
+
+    Raises:
+        TypeError: A message holds something other than text and PIL images.
+    """
+    doc = {
+        "v": REQUEST_HASH_VERSION,
+        "model": model,
+        "messages": [_message_skeleton(m) for m in messages],
+        "sampling": sampling.to_json(),
+    }
+    blob = json.dumps(doc, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Reasoning
+
+
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """Split inline reasoning off a completion.
+
+    Handles ``<think>…</think>answer``, a lone ``…</think>answer`` (templates that pre-fill
+    ``<think>`` in the prompt) and ``<think>…`` cut off before its end (all reasoning, no answer).
+
+    Returns:
+        ``(reasoning, answer)``; ``reasoning`` is ``None`` when the text has no think markers.
+    """
+    stripped = text.lstrip()
+    if stripped.startswith(_THINK_OPEN):
+        body = stripped[len(_THINK_OPEN) :]
+        end = body.find(_THINK_CLOSE)
+        if end < 0:
+            return body.strip(), ""
+        return body[:end].strip(), body[end + len(_THINK_CLOSE) :].lstrip()
+    end = text.find(_THINK_CLOSE)
+    if end >= 0:
+        return text[:end].strip(), text[end + len(_THINK_CLOSE) :].lstrip()
+    return None, text
+
+
+# --------------------------------------------------------------------------------------------
+# Synchronous use
+
+
+class SyncBackend:
+    """Blocking facade over an async backend, for scripts and notebooks.
+
+    The wrapped backend runs on a private event loop in a daemon thread, so pooled HTTP
+    connections stay bound to one loop and callers may block from any thread (even one that
+    runs its own loop).
+
+    Example::
+
+        with SyncBackend(OpenAIClient(url, model)) as backend:
+            gen = backend.generate(messages, Sampling(max_tokens=256))
+    """
+
+    def __init__(self, backend: InferenceBackend) -> None:
+        """Start the private loop.
+
+        Args:
+            backend: Any ``InferenceBackend``; its ``aclose()`` is awaited on ``close()``.
+        """
+        self.backend = backend
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="hivig-sync-backend", daemon=True
+        )
+        self._thread.start()
+        self._closed = False
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run a coroutine on the private loop and return its result.
+
+        Raises:
+            RuntimeError: The facade is closed.
+        """
+        if self._closed:
+            coro.close()
+            raise RuntimeError("SyncBackend is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def generate(self, messages: list[ChatMessage], sampling: Sampling) -> Generation:
+        """Blocking ``generate``.
+
+        Raises:
+            BackendError: As the wrapped backend raises.
+        """
+        return self.run(self.backend.generate(messages, sampling))
+
+    def generate_many(
+        self,
+        requests: Sequence[tuple[list[ChatMessage], Sampling]],
+        *,
+        return_exceptions: bool = False,
+    ) -> list[Generation | BackendError]:
+        """Blocking ``generate_many`` (see ``generate_many`` in this module)."""
+        return self.run(generate_many(self.backend, requests, return_exceptions=return_exceptions))
+
+    def close(self) -> None:
+        """Close the wrapped backend (if it has ``aclose``) and stop the loop."""
+        if self._closed:
+            return
+        aclose: Callable[[], Awaitable[None]] | None = getattr(self.backend, "aclose", None)
+        if aclose is not None:
+            self.run(_await(aclose))
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> SyncBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _await(fn: Callable[[], Awaitable[None]]) -> None:
+    await fn()
+
+
+async def generate_many(
+    backend: InferenceBackend,
+    requests: Sequence[tuple[list[ChatMessage], Sampling]],
+    *,
+    return_exceptions: bool = False,
+) -> list[Generation | BackendError]:
+    """Run many requests concurrently; the backend's own bound limits what is in flight.
+
+    Args:
+        backend: The backend to call.
+        requests: ``(messages, sampling)`` pairs.
+        return_exceptions: Put each ``BackendError`` in its request's slot instead of raising
+            the first one; other exceptions always propagate.
+
+    Returns:
+        One result per request, in order.
+
+    Raises:
+        BackendError: The first failure, when ``return_exceptions`` is false.
+    """
+
+    async def one(messages: list[ChatMessage], sampling: Sampling) -> Generation | BackendError:
+        try:
+            return await backend.generate(messages, sampling)
+        except BackendError as e:
+            if return_exceptions:
+                return e
+            raise
+
+    tasks = [asyncio.ensure_future(one(m, s)) for m, s in requests]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        # Do not leave the other requests running unobserved after the first failure.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

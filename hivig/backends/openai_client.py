@@ -1,0 +1,519 @@
+"""Async client for OpenAI-compatible chat completion servers (vLLM, SGLang).
+
+One pooled ``httpx.AsyncClient`` per event loop, a semaphore bounding requests in progress,
+a total per-attempt timeout, and bounded retries with exponential backoff and full jitter on
+transport errors, timeouts, 429 and 5xx (``Retry-After`` honoured, capped). Other 4xx answers and
+malformed bodies fail at once with a typed ``BackendError``.
+
+Example::
+
+    client = OpenAIClient("http://gpu-node:8000/v1", "hivig-critic-8b", concurrency=32)
+    gen = await client.generate(messages, Sampling(temperature=0.0, max_tokens=512))
+    gen.text, gen.reasoning, gen.usage.completion_tokens
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import email.utils
+import functools
+import json
+import math
+import random
+import ssl
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+from hivig.backends.base import (
+    BackendBadResponse,
+    BackendError,
+    BackendHTTPError,
+    BackendTimeout,
+    BackendTransportError,
+    Generation,
+    RetriesExhausted,
+    Sampling,
+    Usage,
+    generate_many,
+    png_bytes,
+    request_hash,
+    split_reasoning,
+)
+from hivig.logging import get_logger
+from hivig.media import ChatMessage, ImagePart, TextPart
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class ClientStats:
+    """Cumulative counters of one client.
+
+    Attributes:
+        requests: ``generate`` calls started.
+        succeeded: Calls that returned a ``Generation``.
+        failed: Calls that raised a ``BackendError``.
+        attempts: HTTP attempts (first tries plus retries).
+        retries: Attempts after the first of a call.
+        prompt_tokens: Prompt tokens reported by the server, summed over successes.
+        completion_tokens: Completion tokens reported by the server, summed over successes.
+        failures: Failed calls per ``BackendError.reason``.
+    """
+
+    requests: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    attempts: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain-dict copy (for logs and summary tables)."""
+        return asdict(self)
+
+
+class OpenAIClient:
+    """``InferenceBackend`` over HTTP ``POST {base_url}/chat/completions``.
+
+    The client binds to the first event loop that uses it (pooled connections cannot move
+    between loops); once that loop is closed a later loop gets a fresh pool.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        concurrency: int = 32,
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = 10.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        max_retry_after_s: float = 60.0,
+        headers: Mapping[str, str] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Configure the client; no connection is made until the first request.
+
+        Args:
+            base_url: Endpoint root, e.g. ``http://host:8000/v1``.
+            model: Served model name sent in every request.
+            api_key: Bearer token, if the server wants one.
+            concurrency: Maximum requests in progress (also the connection-pool size).
+            timeout_s: Total time allowed for one attempt (connect, send, wait, read), seconds.
+            connect_timeout_s: Connect-phase timeout, seconds (capped by ``timeout_s``).
+            max_retries: Retries after the first attempt for retryable failures.
+            backoff_s: Base of the exponential backoff, seconds; the cap doubles per retry and
+                the actual sleep is uniform in [0, cap] (full jitter).
+            max_backoff_s: Upper bound of the backoff cap, seconds.
+            max_retry_after_s: Upper bound on a server's ``Retry-After``, seconds.
+            headers: Extra HTTP headers.
+            rng: Random source of the jitter (a fresh unseeded one by default).
+
+        Raises:
+            ValueError: A limit is out of range or the URL or model is empty.
+        """
+        _check_args(base_url, model, concurrency, timeout_s, max_retries, backoff_s)
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.max_retry_after_s = max_retry_after_s
+        self.stats = ClientStats()
+        self._url = f"{self.base_url}/chat/completions"
+        self._headers = {"content-type": "application/json", **dict(headers or {})}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._timeout = httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s))
+        self._rng = rng or random.Random()
+        self._pools: _PoolSet | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ----------------------------------------------------------------------------------------
+    # Public API
+
+    async def generate(self, messages: list[ChatMessage], sampling: Sampling) -> Generation:
+        """Send one chat completion request, retrying as configured.
+
+        Returns:
+            The answer, with reasoning taken from ``reasoning_content``/``reasoning`` or split
+            off an inline ``<think>`` block.
+
+        Raises:
+            BackendError: ``timeout``, ``http_status``, ``transport`` or ``bad_response`` for a
+                failure that was not retried (or ``max_retries`` is 0), ``retries_exhausted``
+                after ``max_retries + 1`` failed attempts.
+            TypeError: A message holds something other than text and PIL images.
+        """
+        pools = self._bind()
+        self.stats.requests += 1
+        try:
+            # The slot covers encoding, attempts and backoff, so at most `concurrency` requests
+            # hold encoded images in memory and an overloaded server sees its load drop.
+            async with pools.slot() as http:
+                body, rhash = await _encode_request(self.model, messages, sampling)
+                start = time.perf_counter()
+                data, attempts = await self._post_with_retries(http, body)
+                text, reasoning, finish, usage, model = parse_chat_completion(data, attempts)
+                latency = time.perf_counter() - start
+        except BackendError as e:
+            self.stats.failed += 1
+            self.stats.failures[e.reason] = self.stats.failures.get(e.reason, 0) + 1
+            raise
+        self.stats.succeeded += 1
+        self.stats.prompt_tokens += usage.prompt_tokens
+        self.stats.completion_tokens += usage.completion_tokens
+        return Generation(
+            text=text,
+            reasoning=reasoning,
+            usage=usage,
+            finish_reason=finish,
+            model=model or self.model,
+            sampling=sampling,
+            request_hash=rhash,
+            latency_s=latency,
+            attempts=attempts,
+        )
+
+    async def generate_many(
+        self,
+        requests: Sequence[tuple[list[ChatMessage], Sampling]],
+        *,
+        return_exceptions: bool = False,
+    ) -> list[Generation | BackendError]:
+        """Run many requests with at most ``concurrency`` in progress.
+
+        Args:
+            requests: ``(messages, sampling)`` pairs.
+            return_exceptions: Return each ``BackendError`` in its slot instead of raising.
+
+        Returns:
+            One result per request, in order.
+        """
+        return await generate_many(self, requests, return_exceptions=return_exceptions)
+
+    async def aclose(self) -> None:
+        """Close the connection pool (the client may be used again afterwards)."""
+        # Pools of a finished loop cannot be closed from this one; their sockets went with it.
+        if self._pools is not None and self._loop is asyncio.get_running_loop():
+            await self._pools.aclose()
+        self._pools = None
+        self._loop = None
+
+    async def __aenter__(self) -> OpenAIClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ----------------------------------------------------------------------------------------
+    # Internals
+
+    def _bind(self) -> _PoolSet:
+        loop = asyncio.get_running_loop()
+        if self._pools is not None and self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                raise RuntimeError(
+                    "OpenAIClient is in use on another event loop; create one client per loop"
+                )
+            # The old loop is gone and its sockets with it; start a fresh pool.
+            self._pools = None
+        if self._pools is None:
+            self._pools = _PoolSet(self.concurrency, self._timeout, self._headers)
+            self._loop = loop
+        return self._pools
+
+    async def _post_with_retries(self, http: httpx.AsyncClient, body: bytes) -> tuple[Any, int]:
+        attempt = 1
+        while True:
+            self.stats.attempts += 1
+            try:
+                return await self._attempt(http, body, attempt), attempt
+            except BackendError as e:
+                if not _retryable(e):
+                    raise
+                if attempt > self.max_retries:
+                    if self.max_retries == 0:
+                        raise
+                    logger.warning("giving up on a request: %s", e)
+                    raise RetriesExhausted(e, attempts=attempt) from e
+                delay = self._retry_delay(attempt, e)
+                logger.debug("attempt %d failed (%s); retrying in %.3f s", attempt, e, delay)
+            self.stats.retries += 1
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def _attempt(self, http: httpx.AsyncClient, body: bytes, attempt: int) -> Any:
+        try:
+            # httpx timeouts bound each phase; wait_for bounds the attempt as a whole.
+            resp = await asyncio.wait_for(http.post(self._url, content=body), self.timeout_s)
+        except (asyncio.TimeoutError, httpx.TimeoutException) as e:
+            raise BackendTimeout(
+                f"no answer within {self.timeout_s:g} s from {self._url}", attempts=attempt
+            ) from e
+        except httpx.TransportError as e:
+            raise BackendTransportError(
+                f"{type(e).__name__} talking to {self._url}: {e}", attempts=attempt
+            ) from e
+        if not 200 <= resp.status_code < 300:
+            raise BackendHTTPError(
+                f"HTTP {resp.status_code} from {self._url}: {resp.text[:300]!r}",
+                attempts=attempt,
+                status=resp.status_code,
+                retry_after_s=parse_retry_after(resp.headers.get("retry-after")),
+            )
+        try:
+            return resp.json()
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            raise BackendBadResponse(
+                f"body is not JSON: {resp.content[:200]!r}",
+                attempts=attempt,
+                status=resp.status_code,
+            ) from e
+
+    def _retry_delay(self, attempt: int, error: BackendError) -> float:
+        retry_after = getattr(error, "retry_after_s", None)
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after_s)
+        cap = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return self._rng.uniform(0.0, cap)
+
+
+# httpcore's pool scans every connection and every queued request on each request event, and
+# checks each idle connection's socket with a syscall, so its cost per request grows with the
+# pool size; at 32 connections that bookkeeping was most of the client's CPU time. Small pools
+# behind one slot queue keep it flat.
+_CONNECTIONS_PER_POOL = 8
+
+
+@functools.lru_cache(maxsize=1)
+def _default_tls() -> ssl.SSLContext:
+    # Shared by every pool in the process: loading the CA bundle costs tens of ms of CPU, which
+    # httpx would otherwise pay once per client even for plain-HTTP endpoints.
+    return httpx.create_ssl_context()
+
+
+class _PoolSet:
+    """``concurrency`` request slots spread evenly over small httpx connection pools."""
+
+    def __init__(self, concurrency: int, timeout: httpx.Timeout, headers: dict[str, str]) -> None:
+        n_pools = math.ceil(concurrency / _CONNECTIONS_PER_POOL)
+        per_pool = math.ceil(concurrency / n_pools)
+        limits = httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool)
+        tls = _default_tls()
+        self.clients = [
+            httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers, verify=tls)
+            for _ in range(n_pools)
+        ]
+        # Slot j belongs to pool j % n_pools, so no pool ever has more requests than connections.
+        self._slots: asyncio.Queue[int] = asyncio.Queue()
+        for j in range(concurrency):
+            self._slots.put_nowait(j % n_pools)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[httpx.AsyncClient]:
+        index = await self._slots.get()
+        try:
+            yield self.clients[index]
+        finally:
+            self._slots.put_nowait(index)
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# Request encoding
+
+
+def _check_args(
+    base_url: str,
+    model: str,
+    concurrency: int,
+    timeout_s: float,
+    max_retries: int,
+    backoff_s: float,
+) -> None:
+    if not base_url:
+        raise ValueError("OpenAIClient needs a base_url such as http://host:8000/v1")
+    if not model:
+        raise ValueError("OpenAIClient needs the served model name")
+    if concurrency <= 0:
+        raise ValueError(f"concurrency must be positive, got {concurrency}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    if backoff_s < 0:
+        raise ValueError(f"backoff_s must be >= 0, got {backoff_s}")
+
+
+def _data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def message_to_openai(message: ChatMessage) -> dict[str, Any]:
+    """OpenAI chat form of a message: plain string content when it is text only.
+
+    Raises:
+        TypeError: A part is neither text nor a PIL image.
+    """
+    if all(isinstance(p, TextPart) for p in message.content):
+        return {"role": message.role, "content": message.text()}
+    parts: list[dict[str, Any]] = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, ImagePart):
+            url = _data_url(png_bytes(part.image))
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            raise TypeError(f"unknown message part {type(part)!r}")
+    return {"role": message.role, "content": parts}
+
+
+def chat_request_body(model: str, messages: Sequence[ChatMessage], sampling: Sampling) -> bytes:
+    """The JSON body of a chat completion request, encoded once and resent on retries.
+
+    Raises:
+        TypeError: A message holds something other than text and PIL images.
+    """
+    body: dict[str, Any] = {
+        **dict(sampling.extra),
+        "model": model,
+        "messages": [message_to_openai(m) for m in messages],
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+    }
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+async def _encode_request(
+    model: str, messages: Sequence[ChatMessage], sampling: Sampling
+) -> tuple[bytes, str]:
+    def encode() -> tuple[bytes, str]:
+        return chat_request_body(model, messages, sampling), request_hash(model, messages, sampling)
+
+    has_images = any(isinstance(p, ImagePart) for m in messages for p in m.content)
+    # PNG encoding takes tens of ms per frame; Pillow releases the GIL while compressing, so a
+    # worker thread keeps the event loop serving other requests meanwhile.
+    return await asyncio.to_thread(encode) if has_images else encode()
+
+
+# --------------------------------------------------------------------------------------------
+# Response parsing
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header value (delta seconds or an HTTP date).
+
+    Returns:
+        Non-negative seconds, or ``None`` when the header is absent or unreadable.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _content_text(content: Any, attempts: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content
+    ):
+        return "".join(p.get("text", "") for p in content)
+    raise BackendBadResponse(
+        f"message content has type {type(content).__name__}", attempts=attempts
+    )
+
+
+def _count(usage: Any, key: str) -> int:
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def parse_chat_completion(
+    data: Any, attempts: int = 1
+) -> tuple[str, str | None, str, Usage, str | None]:
+    """Read a chat completion body.
+
+    Args:
+        data: The decoded JSON body.
+        attempts: Attempts made so far (recorded on a raised error).
+
+    Returns:
+        ``(text, reasoning, finish_reason, usage, model)``; ``model`` is ``None`` when absent.
+
+    Raises:
+        BackendBadResponse: The body is not a chat completion.
+    """
+    if not isinstance(data, dict):
+        raise BackendBadResponse(
+            f"body is a {type(data).__name__}, not an object", attempts=attempts
+        )
+    if "error" in data and "choices" not in data:
+        raise BackendBadResponse(f"server reported an error: {data['error']!r}", attempts=attempts)
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise BackendBadResponse("body has no choices", attempts=attempts)
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise BackendBadResponse("first choice has no message", attempts=attempts)
+    text = _content_text(message.get("content"), attempts)
+    # vLLM renamed reasoning_content to reasoning; accept either, then inline <think>.
+    field_value = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(field_value, str) and field_value:
+        reasoning: str | None = field_value
+    else:
+        reasoning, text = split_reasoning(text)
+    finish = choices[0].get("finish_reason")
+    usage = data.get("usage")
+    model = data.get("model")
+    return (
+        text,
+        reasoning,
+        finish if isinstance(finish, str) else "unknown",
+        Usage(_count(usage, "prompt_tokens"), _count(usage, "completion_tokens")),
+        model if isinstance(model, str) else None,
+    )
+
+
+def _retryable(error: BackendError) -> bool:
+    if isinstance(error, (BackendTimeout, BackendTransportError)):
+        return True
+    if isinstance(error, BackendHTTPError):
+        return error.status == 429 or (error.status or 0) >= 500
+    return False

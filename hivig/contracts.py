@@ -1,0 +1,565 @@
+"""Output contracts of the critic and the annotator stages: tolerant parsers and exact renderers.
+
+Every parser takes the raw model text and returns a typed result or a ``ContractError`` with a
+short, stable reason code; none of them raises on any input string. They are tolerant of what
+models do to a format (a missing opening ``<think>``, tag case, code fences, markdown emphasis such
+as ``**Overall Grading:** good``) and strict about content (the verdict must be Good or Bad, a
+dimension must be one of the 12, required fields must be present and non-empty).
+
+The target format is the published HiViG one::
+
+    <think>
+    ...
+    </think>
+    <criticism>
+    Overall Grading: Bad
+    Error Dimension: Visual Hallucination
+    Explanation: ...
+    </criticism>
+
+``render_history_target`` and ``render_critique_target`` produce exactly what the parsers accept;
+they check that by parsing their own output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hivig.taxonomy import Dimension, lookup_dimension
+
+Verdict = Literal["Good", "Bad"]
+
+# Reason codes (stable; counted by data_gen and serve).
+EMPTY = "empty"
+UNCLOSED_THINK = "unclosed_think"
+TEXT_BEFORE_THINK = "text_before_think"
+DUPLICATE_THINK = "duplicate_think"
+MISSING_TAG = "missing_tag"
+DUPLICATE_TAG = "duplicate_tag"
+MISSING_FIELD = "missing_field"
+DUPLICATE_FIELD = "duplicate_field"
+BAD_VERDICT = "bad_verdict"
+UNKNOWN_DIMENSION = "unknown_dimension"
+UNEXPECTED_DIMENSION = "unexpected_dimension"
+BAD_JSON = "bad_json"
+MISSING_KEY = "missing_key"
+BAD_VALUE = "bad_value"
+
+
+@dataclass(frozen=True)
+class ContractError:
+    """A typed parse failure.
+
+    Attributes:
+        reason: Short stable code (``missing_tag``, ``bad_verdict``, ``unknown_dimension``, ...).
+        message: Human-readable detail for logs and exclusion files.
+    """
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class HistoryOutput:
+    """The history task's output: reasoning plus the two summary lines."""
+
+    think: str | None
+    progress: str
+    last_result: str
+
+    @property
+    def summary(self) -> str:
+        """The summary as fed back as the next step's ``Previous Summary``."""
+        return f"Progress Summary: {self.progress}\nLast Action Result: {self.last_result}"
+
+
+@dataclass(frozen=True)
+class CritiqueOutput:
+    """The critique task's output; ``dimension`` is set exactly when the verdict is Bad."""
+
+    think: str | None
+    verdict: Verdict
+    dimension: Dimension | None
+    explanation: str
+
+
+@dataclass(frozen=True)
+class TransitionOutput:
+    """The state-transition annotator's output.
+
+    ``mechanism`` and ``effect`` are the ``[Action Mechanism]`` / ``[Structural Effect]`` parts of
+    the reasoning, ``None`` where the reasoning does not carry them.
+    """
+
+    think: str | None
+    next_state: str
+    mechanism: str | None
+    effect: str | None
+
+
+@dataclass(frozen=True)
+class PerturbationOutput:
+    """The perturbation annotator's output: one Bad step for one dimension."""
+
+    think: str | None
+    dimension: Dimension
+    rejected_thought: str
+    rejected_proposed_step: str
+
+
+@dataclass(frozen=True)
+class JudgeOutput:
+    """The double-blind judge's output; ``dimension`` is ``None`` when it answered ``Invalid``."""
+
+    think: str | None
+    better_candidate: Literal["A", "B"]
+    dimension: Dimension | None
+    reasoning_summary: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Reasoning split
+
+_THINK_OPEN = re.compile(r"<think>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
+
+
+def split_think(text: str) -> tuple[str | None, str] | ContractError:
+    """Split off the reasoning block.
+
+    Accepts ``<think>…</think>`` first, a lone ``</think>`` (Thinking chat templates pre-fill the
+    opening tag, so the model only emits the closing one), or no reasoning at all. A second
+    reasoning block is rejected rather than resolved by position.
+
+    Args:
+        text: Raw model output.
+
+    Returns:
+        ``(think, rest)`` with ``think`` stripped (``None`` when absent), or a ``ContractError``.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return ContractError(EMPTY, "empty output")
+    opens = list(_THINK_OPEN.finditer(text))
+    closes = list(_THINK_CLOSE.finditer(text))
+    if len(opens) > 1 or len(closes) > 1:
+        return ContractError(DUPLICATE_THINK, "more than one <think> block")
+    if not opens and not closes:
+        return None, text
+    if not closes:
+        return ContractError(UNCLOSED_THINK, "<think> is never closed (truncated output?)")
+    close = closes[0]
+    if opens:
+        start = opens[0]
+        if start.start() > close.start():
+            return ContractError(UNCLOSED_THINK, "</think> before the opening <think>")
+        if text[: start.start()].strip():
+            return ContractError(TEXT_BEFORE_THINK, "text before the opening <think>")
+        inner = text[start.end() : close.start()]
+    else:
+        inner = text[: close.start()]
+    return inner.strip(), text[close.end() :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tagged blocks and labelled fields
+
+
+def _block(text: str, tag: str) -> str | ContractError:
+    opens = list(re.finditer(rf"<{tag}\s*>", text, re.IGNORECASE))
+    closes = list(re.finditer(rf"</{tag}\s*>", text, re.IGNORECASE))
+    if not opens or not closes:
+        return ContractError(MISSING_TAG, f"no complete <{tag}>…</{tag}> block")
+    if len(opens) > 1 or len(closes) > 1:
+        return ContractError(DUPLICATE_TAG, f"more than one <{tag}> block")
+    if closes[0].start() < opens[0].end():
+        return ContractError(MISSING_TAG, f"</{tag}> before <{tag}>")
+    return text[opens[0].end() : closes[0].start()]
+
+
+def _label_pattern(label: str) -> re.Pattern[str]:
+    words = r"[ \t]+".join(re.escape(w) for w in label.split())
+    # Line start, optional bullet/emphasis, the label, emphasis, colon, emphasis.
+    return re.compile(
+        rf"^[ \t]*(?:[-+][ \t]+)?[*_]*[ \t]*{words}[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*",
+        re.IGNORECASE | re.MULTILINE,
+    )
+
+
+_LABELS = {
+    "progress": _label_pattern("Progress Summary"),
+    "last_result": _label_pattern("Last Action Result"),
+    "grading": _label_pattern("Overall Grading"),
+    "dimension": _label_pattern("Error Dimension"),
+    "explanation": _label_pattern("Explanation"),
+}
+
+
+def _fields(block: str, names: tuple[str, ...]) -> dict[str, str] | ContractError:
+    """Cut a block into labelled fields; each runs to the next label or the end of the block."""
+    hits: list[tuple[int, int, str]] = []
+    for name in names:
+        found = list(_LABELS[name].finditer(block))
+        if len(found) > 1:
+            return ContractError(DUPLICATE_FIELD, f"field {name!r} appears {len(found)} times")
+        hits.extend((m.start(), m.end(), name) for m in found)
+    hits.sort()
+    out: dict[str, str] = {}
+    for i, (_, end, name) in enumerate(hits):
+        stop = hits[i + 1][0] if i + 1 < len(hits) else len(block)
+        out[name] = _strip_emphasis(block[end:stop])
+    return out
+
+
+def _strip_emphasis(value: str) -> str:
+    return value.strip().strip("*_").strip()
+
+
+def _require(fields: dict[str, str], name: str, label: str) -> str | ContractError:
+    value = fields.get(name)
+    if value is None:
+        return ContractError(MISSING_FIELD, f"no {label!r} line")
+    if not value:
+        return ContractError(MISSING_FIELD, f"{label!r} is empty")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# History
+
+
+def parse_history(text: str) -> HistoryOutput | ContractError:
+    """Parse ``<think>`` + ``<summary>`` with ``Progress Summary:`` and ``Last Action Result:``.
+
+    Args:
+        text: Raw model output.
+
+    Returns:
+        A ``HistoryOutput`` or a ``ContractError``.
+    """
+    split = split_think(text)
+    if isinstance(split, ContractError):
+        return split
+    think, rest = split
+    block = _block(rest, "summary")
+    if isinstance(block, ContractError):
+        return block
+    fields = _fields(block, ("progress", "last_result"))
+    if isinstance(fields, ContractError):
+        return fields
+    progress = _require(fields, "progress", "Progress Summary")
+    if isinstance(progress, ContractError):
+        return progress
+    last = _require(fields, "last_result", "Last Action Result")
+    if isinstance(last, ContractError):
+        return last
+    return HistoryOutput(think=think, progress=progress, last_result=last)
+
+
+# ---------------------------------------------------------------------------------------------
+# Critique
+
+_NONE_VALUES = {"", "none", "n/a", "na", "null", "-"}
+
+
+def _verdict(value: str) -> Verdict | None:
+    word = re.sub(r"[^a-z]", "", value.lower())
+    return {"good": "Good", "bad": "Bad"}.get(word)  # type: ignore[return-value]
+
+
+def parse_critique(text: str) -> CritiqueOutput | ContractError:
+    """Parse ``<think>`` + ``<criticism>`` with grading, dimension (Bad only) and explanation.
+
+    Args:
+        text: Raw model output.
+
+    Returns:
+        A ``CritiqueOutput`` or a ``ContractError`` (``bad_verdict``, ``unknown_dimension`` for a
+        name outside the taxonomy, ``unexpected_dimension`` for a dimension on a Good verdict, ...).
+    """
+    split = split_think(text)
+    if isinstance(split, ContractError):
+        return split
+    think, rest = split
+    block = _block(rest, "criticism")
+    if isinstance(block, ContractError):
+        return block
+    fields = _fields(block, ("grading", "dimension", "explanation"))
+    if isinstance(fields, ContractError):
+        return fields
+    grading = _require(fields, "grading", "Overall Grading")
+    if isinstance(grading, ContractError):
+        return grading
+    verdict = _verdict(grading)
+    if verdict is None:
+        return ContractError(BAD_VERDICT, f"grading {grading!r} is neither Good nor Bad")
+    explanation = _require(fields, "explanation", "Explanation")
+    if isinstance(explanation, ContractError):
+        return explanation
+    raw_dim = fields.get("dimension")
+    if verdict == "Good":
+        if raw_dim is not None and raw_dim.lower().strip(" .") not in _NONE_VALUES:
+            return ContractError(UNEXPECTED_DIMENSION, f"Good verdict names {raw_dim!r}")
+        return CritiqueOutput(think, "Good", None, explanation)
+    if raw_dim is None or not raw_dim:
+        return ContractError(MISSING_FIELD, "Bad verdict without an 'Error Dimension' line")
+    dim = lookup_dimension(raw_dim)
+    if dim is None:
+        return ContractError(UNKNOWN_DIMENSION, f"{raw_dim!r} is not one of the 12 dimensions")
+    return CritiqueOutput(think, "Bad", dim, explanation)
+
+
+# ---------------------------------------------------------------------------------------------
+# State transition
+
+# "[Action Mechanism]", "**Action Mechanism**" or "(Action Mechanism)", optional colon.
+_PART = re.compile(
+    r"^[ \t]*(?:\[|\*\*|\()[ \t]*(Action Mechanism|Structural Effect)[ \t]*(?:\]|\*\*|\))"
+    r"[ \t]*:?[ \t]*",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def _think_parts(think: str | None) -> dict[str, str]:
+    if not think:
+        return {}
+    hits = list(_PART.finditer(think))
+    parts: dict[str, str] = {}
+    for i, m in enumerate(hits):
+        stop = hits[i + 1].start() if i + 1 < len(hits) else len(think)
+        value = think[m.end() : stop].strip()
+        parts.setdefault(m.group(1).lower(), value)
+    return parts
+
+
+def parse_next_state(text: str) -> TransitionOutput | ContractError:
+    """Parse ``<think>`` (with optional mechanism/effect parts) + ``<next_state>``.
+
+    Args:
+        text: Raw model output.
+
+    Returns:
+        A ``TransitionOutput`` or a ``ContractError``.
+    """
+    split = split_think(text)
+    if isinstance(split, ContractError):
+        return split
+    think, rest = split
+    block = _block(rest, "next_state")
+    if isinstance(block, ContractError):
+        return block
+    next_state = block.strip()
+    if not next_state:
+        return ContractError(MISSING_FIELD, "<next_state> is empty")
+    parts = _think_parts(think)
+    return TransitionOutput(
+        think=think,
+        next_state=next_state,
+        mechanism=parts.get("action mechanism") or None,
+        effect=parts.get("structural effect") or None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON outputs (perturbation, judge)
+
+
+def _json_objects(text: str) -> list[str]:
+    """Top-level ``{…}`` spans, brace counting aware of JSON strings."""
+    spans: list[str] = []
+    depth, start, in_str, escaped = 0, -1, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+            continue
+        if ch == '"' and depth > 0:
+            in_str = True
+        elif ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                spans.append(text[start : i + 1])
+    return spans
+
+
+def _json_object(text: str) -> dict[str, Any] | ContractError:
+    # The last object that parses wins: reasoning written without tags may quote tool-call JSON
+    # before the answer object.
+    for span in reversed(_json_objects(text)):
+        try:
+            obj = json.loads(span)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return ContractError(BAD_JSON, "no parseable JSON object in the output")
+
+
+def _string_key(obj: dict[str, Any], key: str) -> str | ContractError:
+    if key not in obj:
+        return ContractError(MISSING_KEY, f"JSON lacks {key!r}")
+    value = obj[key]
+    if not isinstance(value, str) or not value.strip():
+        return ContractError(BAD_VALUE, f"{key!r} must be a non-empty string")
+    return value.strip()
+
+
+def _json_answer(text: str) -> tuple[str | None, dict[str, Any]] | ContractError:
+    split = split_think(text)
+    if isinstance(split, ContractError):
+        return split
+    think, rest = split
+    obj = _json_object(rest)
+    if isinstance(obj, ContractError):
+        return obj
+    return think, obj
+
+
+def parse_perturbation(text: str) -> PerturbationOutput | ContractError:
+    """Parse the perturbation annotator's JSON answer.
+
+    Expected keys: ``dimension_violated``, ``rejected_thought``, ``rejected_proposed_step``.
+
+    Args:
+        text: Raw model output (reasoning, then the JSON object, possibly in a code fence).
+
+    Returns:
+        A ``PerturbationOutput`` or a ``ContractError``. The rejected step must contain a
+        ``<tool_call>`` block; the dimension must resolve to one of the 12.
+    """
+    answer = _json_answer(text)
+    if isinstance(answer, ContractError):
+        return answer
+    think, obj = answer
+    values: dict[str, str] = {}
+    for key in ("dimension_violated", "rejected_thought", "rejected_proposed_step"):
+        value = _string_key(obj, key)
+        if isinstance(value, ContractError):
+            return value
+        values[key] = value
+    dim = lookup_dimension(values["dimension_violated"])
+    if dim is None:
+        return ContractError(
+            UNKNOWN_DIMENSION, f"{values['dimension_violated']!r} is not one of the 12 dimensions"
+        )
+    if "<tool_call>" not in values["rejected_proposed_step"].lower():
+        return ContractError(BAD_VALUE, "rejected_proposed_step has no <tool_call> block")
+    return PerturbationOutput(
+        think=think,
+        dimension=dim,
+        rejected_thought=values["rejected_thought"],
+        rejected_proposed_step=values["rejected_proposed_step"],
+    )
+
+
+_CANDIDATE = re.compile(r"^(?:candidate[\s_]*)?([ab])$")
+
+
+def parse_judge(text: str) -> JudgeOutput | ContractError:
+    """Parse the judge JSON ``{better_candidate, predicted_error_dimension, reasoning_summary}``.
+
+    Args:
+        text: Raw model output.
+
+    Returns:
+        A ``JudgeOutput`` (``dimension=None`` for ``Invalid``) or a ``ContractError``. The
+        candidate must be exactly A or B (``"Candidate B"`` is B, ``"AB"`` is an error).
+    """
+    answer = _json_answer(text)
+    if isinstance(answer, ContractError):
+        return answer
+    think, obj = answer
+    values: dict[str, str] = {}
+    for key in ("better_candidate", "predicted_error_dimension", "reasoning_summary"):
+        value = _string_key(obj, key)
+        if isinstance(value, ContractError):
+            return value
+        values[key] = value
+    letter = _CANDIDATE.match(_strip_emphasis(values["better_candidate"]).strip("'\"`").lower())
+    if letter is None:
+        return ContractError(BAD_VALUE, f"better_candidate {values['better_candidate']!r}")
+    raw_dim = values["predicted_error_dimension"]
+    dim = lookup_dimension(raw_dim)
+    if dim is None and re.sub(r"[^a-z]", "", raw_dim.lower()) != "invalid":
+        return ContractError(UNKNOWN_DIMENSION, f"{raw_dim!r} is neither a dimension nor Invalid")
+    choice: Literal["A", "B"] = "A" if letter.group(1) == "a" else "B"
+    return JudgeOutput(think, choice, dim, values["reasoning_summary"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Renderers (training targets)
+
+
+def render_history_target(think: str, progress: str, last_result: str) -> str:
+    """Render the history task's assistant target.
+
+    Args:
+        think: Reasoning text (without tags).
+        progress: The ``Progress Summary:`` content.
+        last_result: The ``Last Action Result:`` content.
+
+    Returns:
+        ``<think>…</think>`` then the ``<summary>`` block.
+
+    Raises:
+        ValueError: An input is empty or would not parse back to itself (e.g. contains a tag).
+    """
+    text = (
+        f"<think>\n{think.strip()}\n</think>\n<summary>\n"
+        f"Progress Summary: {progress.strip()}\n"
+        f"Last Action Result: {last_result.strip()}\n</summary>"
+    )
+    back = parse_history(text)
+    expected = HistoryOutput(think.strip(), progress.strip(), last_result.strip())
+    if back != expected:
+        raise ValueError(f"history target does not round-trip: {back!r}")
+    return text
+
+
+def render_critique_target(
+    think: str, verdict: Verdict, dimension: Dimension | str | None, explanation: str
+) -> str:
+    """Render the critique task's assistant target in the HiViG format.
+
+    Args:
+        think: Reasoning text (without tags).
+        verdict: ``"Good"`` or ``"Bad"``.
+        dimension: Required for Bad (a ``Dimension`` or a name ``lookup_dimension`` resolves);
+            must be ``None`` for Good.
+        explanation: The ``Explanation:`` content.
+
+    Returns:
+        ``<think>…</think>`` then the ``<criticism>`` block.
+
+    Raises:
+        ValueError: Verdict and dimension disagree, the name is unknown, or the text would not
+            parse back to the same values.
+    """
+    if verdict not in ("Good", "Bad"):
+        raise ValueError(f"verdict must be 'Good' or 'Bad', got {verdict!r}")
+    dim = lookup_dimension(dimension) if isinstance(dimension, str) else dimension
+    if isinstance(dimension, str) and dim is None:
+        raise ValueError(f"unknown dimension {dimension!r}")
+    if (verdict == "Bad") != (dim is not None):
+        raise ValueError("a Bad verdict needs a dimension and a Good verdict must not have one")
+    lines = [f"Overall Grading: {verdict}"]
+    if dim is not None:
+        lines.append(f"Error Dimension: {dim.name}")
+    lines.append(f"Explanation: {explanation.strip()}")
+    body = "\n".join(lines)
+    text = f"<think>\n{think.strip()}\n</think>\n<criticism>\n{body}\n</criticism>"
+    back = parse_critique(text)
+    expected = CritiqueOutput(think.strip(), verdict, dim, explanation.strip())
+    if back != expected:
+        raise ValueError(f"critique target does not round-trip: {back!r}")
+    return text

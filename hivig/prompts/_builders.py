@@ -1,0 +1,396 @@
+"""Message builders for the critic tasks and the annotator stages.
+
+Each builder fills one versioned template (``_template.py``) and returns ``PromptMessages``: a list
+of ``ChatMessage`` (system, then user with screenshots first and per-step text last) that also
+carries the id of the template it used, so every sample and response can record it.
+
+Step texts come from ``format_step`` and trajectories from ``format_trajectory``; these are the only
+places the ``Action:`` line and the ``Step k:`` layout are written, for data_gen, train and serve.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from hivig.actions import Action, action_space, render_tool_calls, space_for_platform
+from hivig.media import ChatMessage, ImageRef
+from hivig.prompts._template import PromptError, load_prompt
+from hivig.taxonomy import DIMENSIONS, Dimension
+
+
+class PromptMessages(list[ChatMessage]):
+    """Chat messages built from one template; ``prompt_id`` names it (``critic_critique_v1``)."""
+
+    def __init__(self, messages: Sequence[ChatMessage], prompt_id: str) -> None:
+        """Wrap ``messages`` built from the template ``prompt_id``."""
+        super().__init__(messages)
+        self.prompt_id = prompt_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Text fragments shared by all prompts
+
+
+def format_step(
+    intent: str | None, actions: Sequence[Action], space: str, mask_intent: bool = False
+) -> str:
+    """Render a proposed or executed step: ``Action: <intent>`` line, then its tool calls.
+
+    Args:
+        intent: The verbal intent (the ``Action:`` sentence); ``None`` or blank means none.
+        actions: The step's calls, all of them kept, in order.
+        space: ``computer_use`` or ``mobile_use``.
+        mask_intent: Drop the ``Action:`` line (intent masking); the tool calls stay complete.
+
+    Returns:
+        The step text.
+
+    Raises:
+        PromptError: ``actions`` is empty (every step has at least one call).
+    """
+    if not actions:
+        raise PromptError("a step needs at least one action")
+    calls = render_tool_calls(list(actions), space)
+    if mask_intent or intent is None or not intent.strip():
+        return calls
+    return f"Action: {' '.join(intent.split())}\n{calls}"
+
+
+def format_trajectory(steps: Sequence[str]) -> str:
+    """Number past step texts (``Step 1:`` ...) and separate them by blank lines.
+
+    Args:
+        steps: Step texts from ``format_step``, oldest first; past steps keep their intents.
+
+    Returns:
+        The trajectory text; empty at the first step.
+    """
+    return "\n\n".join(f"Step {k}:\n{text}" for k, text in enumerate(steps, start=1))
+
+
+def action_space_text(platform: str) -> str:
+    """The platform's tool definition as JSON, shown inside ``<tools>`` in every system prompt.
+
+    Raises:
+        ActionError: ``unknown_platform`` for a platform outside the five supported ones.
+    """
+    return json.dumps(action_space(space_for_platform(platform)), ensure_ascii=False)
+
+
+def taxonomy_text(dimensions: Sequence[Dimension] = DIMENSIONS) -> str:
+    """One ``- Name: definition`` line per dimension, in the given order."""
+    return "\n".join(f"- {d.name}: {d.definition}" for d in dimensions)
+
+
+def _build(
+    name: str, version: int | None, platform: str, **values: str | ImageRef
+) -> PromptMessages:
+    template = load_prompt(name, version)
+    if "action_space" in template.placeholders:
+        values["action_space"] = action_space_text(platform)
+    return PromptMessages(template.render(**values), template.id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Critic tasks (training and serving use exactly these)
+
+
+def build_history_messages(
+    task: str,
+    platform: str,
+    previous_summary: str,
+    before: ImageRef,
+    after: ImageRef,
+    step_text: str,
+    *,
+    version: int | None = None,
+) -> PromptMessages:
+    """Critic history task: update the rolling summary from one before/after pair.
+
+    Args:
+        task: The user's goal.
+        platform: ``windows``, ``mac``, ``ubuntu``, ``web`` or ``android``.
+        previous_summary: The summary written after the step before (or the initial sentence).
+        before: Clean screenshot before the executed step.
+        after: Clean screenshot after it.
+        step_text: ``format_step`` of the executed step (intent + calls, or calls when masked).
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
+    """
+    return _build(
+        "critic_history",
+        version,
+        platform,
+        task=task,
+        previous_summary=previous_summary,
+        before=before,
+        after=after,
+        step=step_text,
+    )
+
+
+def build_critique_messages(
+    task: str,
+    platform: str,
+    history: str,
+    screenshot: ImageRef,
+    step_text: str,
+    *,
+    version: int | None = None,
+) -> PromptMessages:
+    """Critic critique task: judge one proposed step on the marked current screenshot.
+
+    Args:
+        task: The user's goal.
+        platform: ``windows``, ``mac``, ``ubuntu``, ``web`` or ``android``.
+        history: ``format_trajectory`` of the past steps, or the history summary; may be empty.
+        screenshot: Current screenshot carrying the marks of the proposed step.
+        step_text: ``format_step`` of the proposed step.
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
+    """
+    return _build(
+        "critic_critique",
+        version,
+        platform,
+        taxonomy=taxonomy_text(),
+        task=task,
+        history=history,
+        screenshot=screenshot,
+        step=step_text,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Annotator stages
+
+
+def build_transition_messages(
+    task: str,
+    platform: str,
+    before: ImageRef,
+    after: ImageRef,
+    step_text: str,
+    *,
+    version: int | None = None,
+) -> PromptMessages:
+    """State-transition annotation: what the executed step changed (real after-screenshot)."""
+    return _build(
+        "annotator_transition",
+        version,
+        platform,
+        task=task,
+        before=before,
+        after=after,
+        step=step_text,
+    )
+
+
+def build_history_annotation_messages(
+    task: str,
+    platform: str,
+    previous_summary: str,
+    before: ImageRef,
+    after: ImageRef,
+    step_text: str,
+    *,
+    version: int | None = None,
+) -> PromptMessages:
+    """Macro-history annotation: the annotator variant of the critic history prompt.
+
+    The annotator variant spells out the literal-description and no-planning rules that the
+    trained critic has learned from the data; inputs and output contract are identical.
+    """
+    return _build(
+        "annotator_history",
+        version,
+        platform,
+        task=task,
+        previous_summary=previous_summary,
+        before=before,
+        after=after,
+        step=step_text,
+    )
+
+
+def build_perturbation_messages(
+    task: str,
+    platform: str,
+    history: str,
+    screenshot: ImageRef,
+    chosen_thought: str,
+    chosen_step: str,
+    candidates: Sequence[Dimension],
+    *,
+    version: int | None = None,
+) -> PromptMessages:
+    """Annotator perturbation: write one Bad step for one of the candidate dimensions.
+
+    Args:
+        task: The user's goal.
+        platform: The trajectory's platform.
+        history: ``format_trajectory`` of the past steps.
+        screenshot: Clean current screenshot.
+        chosen_thought: The ground-truth step's thought.
+        chosen_step: ``format_step`` of the ground-truth step (with intent).
+        candidates: Dimensions the annotator may pick from, in the order shown.
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
+
+    Raises:
+        PromptError: ``candidates`` is empty.
+    """
+    if not candidates:
+        raise PromptError("perturbation needs at least one candidate dimension")
+    return _build(
+        "annotator_perturbation",
+        version,
+        platform,
+        task=task,
+        history=history,
+        screenshot=screenshot,
+        chosen_thought=chosen_thought,
+        chosen_step=chosen_step,
+        candidates=taxonomy_text(candidates),
+    )
+
+
+def build_judge_messages(
+    task: str,
+    platform: str,
+    history: str,
+    screenshot: ImageRef,
+    candidate_a: str,
+    candidate_b: str,
+    *,
+    dimension_order: Sequence[Dimension] = DIMENSIONS,
+    version: int | None = None,
+) -> PromptMessages:
+    """Double-blind judge: two candidate steps in the given A/B order.
+
+    Args:
+        task: The user's goal.
+        platform: The trajectory's platform.
+        history: ``format_trajectory`` of the past steps.
+        screenshot: Clean current screenshot.
+        candidate_a: Step text shown as candidate A.
+        candidate_b: Step text shown as candidate B.
+        dimension_order: Order of the listed dimensions (callers shuffle it per sample seed to
+            avoid position bias); must contain all 12.
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
+
+    Raises:
+        PromptError: ``dimension_order`` is not a permutation of the 12 dimensions.
+    """
+    if sorted(d.key for d in dimension_order) != sorted(d.key for d in DIMENSIONS):
+        raise PromptError("dimension_order must list each of the 12 dimensions once")
+    return _build(
+        "annotator_judge",
+        version,
+        platform,
+        taxonomy=taxonomy_text(dimension_order),
+        task=task,
+        history=history,
+        screenshot=screenshot,
+        candidate_a=candidate_a,
+        candidate_b=candidate_b,
+    )
+
+
+def build_rationale_good_messages(
+    task: str,
+    platform: str,
+    history: str,
+    screenshot: ImageRef,
+    step_text: str,
+    mechanism: str,
+    effect: str,
+    next_state: str,
+    *,
+    version: int | None = None,
+) -> PromptMessages:
+    """Good rationale: the critic's reasoning for a step known to succeed.
+
+    Args:
+        task: The user's goal.
+        platform: The trajectory's platform.
+        history: ``format_trajectory`` of the past steps.
+        screenshot: Current screenshot with the step's marks.
+        step_text: ``format_step`` of the step (masked or not, as the sample will be).
+        mechanism: The transition's action mechanism (hidden context).
+        effect: The transition's structural effect (hidden context).
+        next_state: The transition's next state (hidden context).
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
+    """
+    return _build(
+        "annotator_rationale_good",
+        version,
+        platform,
+        task=task,
+        history=history,
+        screenshot=screenshot,
+        step=step_text,
+        mechanism=mechanism,
+        effect=effect,
+        next_state=next_state,
+    )
+
+
+def build_rationale_bad_messages(
+    task: str,
+    platform: str,
+    history: str,
+    screenshot: ImageRef,
+    step_text: str,
+    dimension: Dimension,
+    correct_step: str,
+    mechanism: str,
+    effect: str,
+    *,
+    version: int | None = None,
+) -> PromptMessages:
+    """Bad rationale: the critic's reasoning for a step known to carry ``dimension``.
+
+    Args:
+        task: The user's goal.
+        platform: The trajectory's platform.
+        history: ``format_trajectory`` of the past steps.
+        screenshot: Current screenshot with the Bad step's marks.
+        step_text: ``format_step`` of the Bad step (masked or not, as the sample will be).
+        dimension: The injected error dimension (its definition and consequence are shown).
+        correct_step: ``format_step`` of the ground-truth step, intent and tool calls.
+        mechanism: The ground-truth transition's action mechanism.
+        effect: The ground-truth transition's structural effect.
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
+    """
+    return _build(
+        "annotator_rationale_bad",
+        version,
+        platform,
+        task=task,
+        history=history,
+        screenshot=screenshot,
+        step=step_text,
+        dimension=dimension.name,
+        definition=dimension.definition,
+        consequence=dimension.consequence,
+        correct_step=correct_step,
+        mechanism=mechanism,
+        effect=effect,
+    )

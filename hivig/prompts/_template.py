@@ -1,0 +1,170 @@
+"""Versioned prompt templates: ``hivig/prompts/<name>_v<N>.txt``, loaded by name.
+
+A template file has a system section and a user section::
+
+    @@ system
+    You are ... $action_space ...
+    @@ user
+    @@ images before after
+    User Instruction (Goal): $task
+    ...
+
+Placeholders use ``string.Template`` syntax (``$name`` or ``${name}``, ``$$`` for a literal dollar).
+The optional ``@@ images`` line names the image slots; their ``ImageRef`` values go first in the
+user message, in that order, so every message starts with its most reusable parts (system prompt,
+then screenshots, then per-step text) and serving engines can reuse prefix caches. Rendering fails
+loudly on a missing or an unused value: a silently empty field in a training prompt is a data bug.
+
+A released version is never edited; a change adds ``<name>_v<N+1>.txt``.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
+
+_FILE = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)_v(?P<version>[1-9][0-9]*)\.txt$")
+_SYSTEM = "@@ system"
+_USER = "@@ user"
+_IMAGES = "@@ images"
+
+
+class PromptError(ValueError):
+    """A prompt cannot be found, parsed or rendered (unknown name, missing or unused value)."""
+
+
+def _identifiers(template: string.Template) -> list[str]:
+    # ``Template.get_identifiers`` is 3.11+; the pattern walk works on 3.10 too and also rejects
+    # malformed placeholders (a lone ``$`` followed by a non-identifier).
+    names: list[str] = []
+    for match in template.pattern.finditer(template.template):
+        if match.group("invalid") is not None:
+            raise PromptError(f"malformed placeholder at offset {match.start('invalid')}")
+        name = match.group("named") or match.group("braced")
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """One version of one prompt.
+
+    Attributes:
+        name: Prompt name, e.g. ``critic_critique``.
+        version: Version number (the ``N`` of ``_vN``).
+        system: Raw system section.
+        user: Raw user section (text only).
+        image_slots: Names of the image values, in the order they open the user message.
+    """
+
+    name: str
+    version: int
+    system: str
+    user: str
+    image_slots: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        """Stable identifier recorded with every sample, e.g. ``critic_critique_v1``."""
+        return f"{self.name}_v{self.version}"
+
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        """Every value ``render`` needs: text placeholders, then image slots."""
+        text = _identifiers(string.Template(self.system)) + _identifiers(string.Template(self.user))
+        ordered = list(dict.fromkeys(text))
+        return tuple(ordered + [s for s in self.image_slots if s not in ordered])
+
+    def render(self, **values: str | ImageRef) -> list[ChatMessage]:
+        """Fill the template: a system message, then a user message (images first, then text).
+
+        Args:
+            **values: One ``str`` per text placeholder and one ``ImageRef`` per image slot.
+
+        Returns:
+            ``[system, user]`` chat messages.
+
+        Raises:
+            PromptError: A value is missing, unused, or of the wrong kind for its slot.
+        """
+        needed = set(self.placeholders)
+        missing = sorted(needed - values.keys())
+        unused = sorted(values.keys() - needed)
+        if missing or unused:
+            raise PromptError(f"{self.id}: missing values {missing}, unused values {unused}")
+        for slot in self.image_slots:
+            if not isinstance(values[slot], ImageRef):
+                raise PromptError(f"{self.id}: image slot {slot!r} needs an ImageRef")
+        texts = {k: v for k, v in values.items() if k not in self.image_slots}
+        for key, value in texts.items():
+            if not isinstance(value, str):
+                raise PromptError(f"{self.id}: value {key!r} must be a str, got {type(value)}")
+        system = string.Template(self.system).substitute(texts)
+        user = string.Template(self.user).substitute(texts)
+        images: list[TextPart | ImagePart] = [ImagePart(values[s]) for s in self.image_slots]
+        return [
+            ChatMessage("system", [TextPart(system)]),
+            ChatMessage("user", [*images, TextPart(user)]),
+        ]
+
+
+def _parse(name: str, version: int, text: str) -> PromptTemplate:
+    lines = text.split("\n")
+    if not lines or lines[0].strip() != _SYSTEM:
+        raise PromptError(f"{name}_v{version}: the file must start with {_SYSTEM!r}")
+    try:
+        user_at = next(i for i, line in enumerate(lines) if line.strip() == _USER)
+    except StopIteration:
+        raise PromptError(f"{name}_v{version}: no {_USER!r} section") from None
+    system = "\n".join(lines[1:user_at]).strip("\n")
+    user_lines = lines[user_at + 1 :]
+    slots: tuple[str, ...] = ()
+    if user_lines and user_lines[0].startswith(_IMAGES):
+        slots = tuple(user_lines[0][len(_IMAGES) :].split())
+        user_lines = user_lines[1:]
+    user = "\n".join(user_lines).strip("\n")
+    template = PromptTemplate(name, version, system, user, slots)
+    _identifiers(string.Template(system))
+    _identifiers(string.Template(user))
+    return template
+
+
+@cache
+def available_prompts() -> dict[str, tuple[int, ...]]:
+    """Prompt names shipped with the package and their versions, ascending."""
+    found: dict[str, list[int]] = {}
+    for entry in resources.files("hivig.prompts").iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.setdefault(match["name"], []).append(int(match["version"]))
+    return {name: tuple(sorted(versions)) for name, versions in sorted(found.items())}
+
+
+@cache
+def load_prompt(name: str, version: int | None = None) -> PromptTemplate:
+    """Load a prompt template by name.
+
+    Args:
+        name: Prompt name without version, e.g. ``critic_history``.
+        version: Version to load; the latest shipped one by default.
+
+    Returns:
+        The parsed template.
+
+    Raises:
+        PromptError: Unknown name or version, or a malformed file.
+    """
+    versions = available_prompts().get(name)
+    if not versions:
+        raise PromptError(f"unknown prompt {name!r}; known: {sorted(available_prompts())}")
+    chosen = versions[-1] if version is None else version
+    if chosen not in versions:
+        raise PromptError(f"prompt {name!r} has no version {version}; shipped: {list(versions)}")
+    text = resources.files("hivig.prompts").joinpath(f"{name}_v{chosen}.txt").read_text("utf-8")
+    return _parse(name, chosen, text)

@@ -1,0 +1,546 @@
+"""The SFT sample record shared by data_gen (writes), train (reads) and exports.
+
+One ``SFTRecord`` type serves both tasks (history and critique). Images are referenced by path with
+the marks to draw, never copied; ``record_messages`` turns a record into the chat messages that
+train and serve feed through ``hivig.vision.materialise``, so both see the same frames.
+
+Records are stored as Parquet shards (``part-00000.parquet``, ...) readable with
+``datasets.load_dataset("parquet", data_files=...)``. Writing the same records twice gives
+identical bytes: data_gen's resume check compares shard files.
+
+``to_sharegpt`` exports LlamaFactory ShareGPT rows. LlamaFactory cannot draw markers, so marked
+images are rendered (canonical frame + marks) into a directory the caller names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hivig.actions import PLATFORMS
+from hivig.logging import get_logger
+from hivig.media import (
+    ArrowMark,
+    ChatMessage,
+    ImagePart,
+    ImageRef,
+    Mark,
+    PointMark,
+    TextPart,
+)
+from hivig.taxonomy import lookup_dimension
+from hivig.vision import canonical_frame, encode_png
+
+logger = get_logger(__name__)
+
+Kind = Literal["history", "critique"]
+KINDS: tuple[str, ...] = ("history", "critique")
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+GENERATORS: tuple[str, ...] = ("programmatic", "annotator")
+SHARD_GLOB = "part-*.parquet"
+IMAGE_TOKEN = "<image>"
+"""LlamaFactory's image placeholder in ShareGPT text."""
+
+
+class RecordError(ValueError):
+    """A record is inconsistent, or a shard cannot be written or read."""
+
+
+@dataclass(frozen=True)
+class ImageSlot:
+    """Position of ``images[index]`` inside the user content."""
+
+    index: int
+
+
+UserPart = TextPart | ImageSlot
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What the sample teaches.
+
+    Attributes:
+        verdict: ``Good``/``Bad`` for critique samples, ``None`` for history samples.
+        error_dimension: Exact dimension name for Bad samples, else ``None``.
+        intent_masked: The proposed/executed step was shown without its ``Action:`` line.
+        generator: Family that produced a Bad step (``programmatic``/``annotator``), else ``None``.
+    """
+
+    verdict: Literal["Good", "Bad"] | None = None
+    error_dimension: str | None = None
+    intent_masked: bool = False
+    generator: Literal["programmatic", "annotator"] | None = None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where the target came from.
+
+    Attributes:
+        annotator_model: Model name of the annotator endpoint (``None`` for programmatic output).
+        annotator_kind: ``endpoint``, ``offline`` (deterministic ground-truth annotator), ...
+        request_hashes: Content hashes of the annotator requests behind this sample, in order.
+    """
+
+    annotator_model: str | None = None
+    annotator_kind: str | None = None
+    request_hashes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SFTRecord:
+    """One supervised sample: prompt (system + user parts), images, target, labels, provenance.
+
+    Attributes:
+        id: Stable sample id (per-sample seeds derive from it).
+        kind: ``history`` or ``critique``.
+        platform: ``windows``, ``mac``, ``ubuntu``, ``web`` or ``android``.
+        prompt_version: Id of the template the prompt was built from, e.g. ``critic_critique_v1``.
+        trajectory_id: Id of the source trajectory.
+        episode_key: Episode grouping key (splits never separate an episode).
+        step_index: Index of the step the sample is about.
+        split: ``train``, ``val`` or ``test``.
+        images: Referenced screenshots with their marks.
+        system: System prompt text.
+        user: User content in order: ``TextPart`` items and ``ImageSlot`` positions.
+        target: Assistant target text (``<think>`` + ``<summary>``/``<criticism>``).
+        labels: Verdict, dimension, masking and generator.
+        provenance: Annotator model/kind and request hashes.
+    """
+
+    id: str
+    kind: Kind
+    platform: str
+    prompt_version: str
+    trajectory_id: str
+    episode_key: str
+    step_index: int
+    split: str
+    images: tuple[ImageRef, ...]
+    system: str
+    user: tuple[UserPart, ...]
+    target: str
+    labels: Labels = field(default_factory=Labels)
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        """Reject inconsistent records at construction, naming the field."""
+        problem = _problem(self)
+        if problem:
+            raise RecordError(f"record {self.id!r}: {problem}")
+
+
+def _problem(r: SFTRecord) -> str | None:
+    if not r.id:
+        return "`id` is empty"
+    if r.platform not in PLATFORMS:
+        return f"`platform` must be one of {sorted(PLATFORMS)}, got {r.platform!r}"
+    if not r.prompt_version:
+        return "`prompt_version` is empty"
+    if r.step_index < 0:
+        return f"`step_index` must be >= 0, got {r.step_index}"
+    if r.kind not in KINDS:
+        return f"`kind` must be one of {KINDS}, got {r.kind!r}"
+    if r.split not in SPLITS:
+        return f"`split` must be one of {SPLITS}, got {r.split!r}"
+    slots = [p.index for p in r.user if isinstance(p, ImageSlot)]
+    if slots != list(range(len(r.images))):
+        return f"`user` must reference each of the {len(r.images)} images once, in order: {slots}"
+    if any(IMAGE_TOKEN in p.text for p in r.user if isinstance(p, TextPart)):
+        return f"`user` text contains the reserved token {IMAGE_TOKEN!r}"
+    return _label_problem(r.kind, r.labels)
+
+
+def _label_problem(kind: str, labels: Labels) -> str | None:
+    if kind == "history":
+        if labels.verdict is not None or labels.error_dimension is not None:
+            return "history samples carry no verdict or error dimension"
+        return None
+    if labels.verdict not in ("Good", "Bad"):
+        return f"`labels.verdict` must be Good or Bad, got {labels.verdict!r}"
+    if labels.generator is not None and labels.generator not in GENERATORS:
+        return f"`labels.generator` must be one of {GENERATORS}, got {labels.generator!r}"
+    if labels.verdict == "Good":
+        if labels.error_dimension is not None:
+            return "a Good sample has no error dimension"
+        return None
+    dim = lookup_dimension(labels.error_dimension or "")
+    if dim is None or dim.name != labels.error_dimension:
+        return (
+            f"`labels.error_dimension` must be an exact dimension name: {labels.error_dimension!r}"
+        )
+    if labels.intent_masked and not dim.maskable:
+        return f"{dim.name} samples must not be intent-masked"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+
+
+def record_messages(record: SFTRecord) -> list[ChatMessage]:
+    """The record as chat messages: system, user (``ImagePart(ImageRef)`` at slots), assistant.
+
+    This is the one conversion used by training and serving-side evaluation.
+
+    Args:
+        record: The sample.
+
+    Returns:
+        ``[system, user, assistant]`` messages.
+    """
+    user: list[TextPart | ImagePart] = [
+        ImagePart(record.images[p.index]) if isinstance(p, ImageSlot) else p for p in record.user
+    ]
+    return [
+        ChatMessage("system", [TextPart(record.system)]),
+        ChatMessage("user", user),
+        ChatMessage("assistant", [TextPart(record.target)]),
+    ]
+
+
+def record_from_messages(messages: Sequence[ChatMessage], target: str, **fields: Any) -> SFTRecord:
+    """Build a record from builder output (``[system, user]``) and its target.
+
+    Args:
+        messages: A system message (text only) and a user message whose images are ``ImageRef``.
+        target: The assistant target.
+        **fields: The remaining ``SFTRecord`` fields (``id``, ``kind``, ``platform``,
+            ``prompt_version``, ...).
+
+    Returns:
+        The record.
+
+    Raises:
+        RecordError: The messages are not ``[system, user]`` or hold non-``ImageRef`` images.
+    """
+    roles = [m.role for m in messages]
+    if roles != ["system", "user"]:
+        raise RecordError(f"expected [system, user] messages, got {roles}")
+    system, user_msg = messages
+    if system.images():
+        raise RecordError("the system message must not hold images")
+    images: list[ImageRef] = []
+    user: list[UserPart] = []
+    for part in user_msg.content:
+        if isinstance(part, ImagePart):
+            if not isinstance(part.image, ImageRef):
+                raise RecordError("records reference images; materialised images are not allowed")
+            user.append(ImageSlot(len(images)))
+            images.append(part.image)
+        else:
+            user.append(part)
+    return SFTRecord(
+        system=system.text(), user=tuple(user), images=tuple(images), target=target, **fields
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Parquet shards
+
+_MARK = pa.struct([("kind", pa.string()), ("coords", pa.list_(pa.int32()))])
+_IMAGE = pa.struct([("path", pa.string()), ("marks", pa.list_(_MARK)), ("size_class", pa.string())])
+_USER = pa.struct([("type", pa.string()), ("text", pa.string()), ("image", pa.int32())])
+SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("kind", pa.string()),
+        ("platform", pa.string()),
+        ("prompt_version", pa.string()),
+        ("trajectory_id", pa.string()),
+        ("episode_key", pa.string()),
+        ("step_index", pa.int64()),
+        ("split", pa.string()),
+        ("images", pa.list_(_IMAGE)),
+        ("system", pa.string()),
+        ("user", pa.list_(_USER)),
+        ("target", pa.string()),
+        (
+            "labels",
+            pa.struct(
+                [
+                    ("verdict", pa.string()),
+                    ("error_dimension", pa.string()),
+                    ("intent_masked", pa.bool_()),
+                    ("generator", pa.string()),
+                ]
+            ),
+        ),
+        (
+            "provenance",
+            pa.struct(
+                [
+                    ("annotator_model", pa.string()),
+                    ("annotator_kind", pa.string()),
+                    ("request_hashes", pa.list_(pa.string())),
+                ]
+            ),
+        ),
+    ]
+)
+"""Arrow schema of a shard (also what ``datasets`` sees)."""
+
+
+def _mark_row(mark: Mark) -> dict[str, Any]:
+    if isinstance(mark, PointMark):
+        return {"kind": "point", "coords": [mark.x, mark.y]}
+    return {"kind": "arrow", "coords": [mark.x1, mark.y1, mark.x2, mark.y2]}
+
+
+def _mark_from_row(row: dict[str, Any]) -> Mark:
+    coords = row["coords"]
+    if row["kind"] == "point" and len(coords) == 2:
+        return PointMark(*coords)
+    if row["kind"] == "arrow" and len(coords) == 4:
+        return ArrowMark(*coords)
+    raise RecordError(f"bad mark row {row!r}")
+
+
+def _to_row(r: SFTRecord) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "kind": r.kind,
+        "platform": r.platform,
+        "prompt_version": r.prompt_version,
+        "trajectory_id": r.trajectory_id,
+        "episode_key": r.episode_key,
+        "step_index": r.step_index,
+        "split": r.split,
+        "images": [
+            {"path": i.path, "marks": [_mark_row(m) for m in i.marks], "size_class": i.size_class}
+            for i in r.images
+        ],
+        "system": r.system,
+        "user": [
+            {"type": "image", "text": None, "image": p.index}
+            if isinstance(p, ImageSlot)
+            else {"type": "text", "text": p.text, "image": None}
+            for p in r.user
+        ],
+        "target": r.target,
+        "labels": {
+            "verdict": r.labels.verdict,
+            "error_dimension": r.labels.error_dimension,
+            "intent_masked": r.labels.intent_masked,
+            "generator": r.labels.generator,
+        },
+        "provenance": {
+            "annotator_model": r.provenance.annotator_model,
+            "annotator_kind": r.provenance.annotator_kind,
+            "request_hashes": list(r.provenance.request_hashes),
+        },
+    }
+
+
+def _from_row(row: dict[str, Any]) -> SFTRecord:
+    images = tuple(
+        ImageRef(
+            path=i["path"],
+            marks=tuple(_mark_from_row(m) for m in i["marks"]),
+            size_class=i["size_class"],
+        )
+        for i in row["images"]
+    )
+    user = tuple(
+        ImageSlot(p["image"]) if p["type"] == "image" else TextPart(p["text"]) for p in row["user"]
+    )
+    labels = row["labels"]
+    prov = row["provenance"]
+    return SFTRecord(
+        id=row["id"],
+        kind=row["kind"],
+        platform=row["platform"],
+        prompt_version=row["prompt_version"],
+        trajectory_id=row["trajectory_id"],
+        episode_key=row["episode_key"],
+        step_index=row["step_index"],
+        split=row["split"],
+        images=images,
+        system=row["system"],
+        user=user,
+        target=row["target"],
+        labels=Labels(**labels),
+        provenance=Provenance(
+            annotator_model=prov["annotator_model"],
+            annotator_kind=prov["annotator_kind"],
+            request_hashes=tuple(prov["request_hashes"]),
+        ),
+    )
+
+
+def write_records(
+    records: Iterable[SFTRecord],
+    out_dir: str | os.PathLike[str],
+    shard_size: int = 10_000,
+    *,
+    overwrite: bool = False,
+) -> list[Path]:
+    """Write records as Parquet shards ``part-00000.parquet``, ... in input order.
+
+    Each shard is written to a temporary file and renamed, so a crash never leaves a partial
+    shard. The same records give byte-identical shards.
+
+    Args:
+        records: Records to write; ids must be unique.
+        out_dir: Output directory (created if needed).
+        shard_size: Records per shard.
+        overwrite: Replace existing shards (stale ones beyond the new count are removed).
+
+    Returns:
+        The shard paths, in order.
+
+    Raises:
+        RecordError: Duplicate ids, a bad ``shard_size``, or shards already present.
+    """
+    if shard_size < 1:
+        raise RecordError(f"`shard_size` must be >= 1, got {shard_size}")
+    rows = list(records)
+    ids = [r.id for r in rows]
+    if len(set(ids)) != len(ids):
+        dupes = sorted({i for i in ids if ids.count(i) > 1})[:5]
+        raise RecordError(f"duplicate record ids, e.g. {dupes}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    existing = sorted(out.glob(SHARD_GLOB))
+    if existing and not overwrite:
+        raise RecordError(f"{out} already holds {len(existing)} shards (pass overwrite=True)")
+    for stale in existing:
+        stale.unlink()
+    paths: list[Path] = []
+    # At least one shard, so an empty dataset is still a readable (empty) table.
+    for n, start in enumerate(range(0, max(len(rows), 1), shard_size)):
+        chunk = rows[start : start + shard_size]
+        table = pa.Table.from_pylist([_to_row(r) for r in chunk], schema=SCHEMA)
+        path = out / f"part-{n:05d}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+        paths.append(path)
+    logger.info("wrote %d records in %d shards to %s", len(rows), len(paths), out)
+    return paths
+
+
+def read_records(path: str | os.PathLike[str]) -> list[SFTRecord]:
+    """Read records from one shard or from every ``part-*.parquet`` of a directory, in order.
+
+    Args:
+        path: A shard file or a directory of shards.
+
+    Returns:
+        The records.
+
+    Raises:
+        RecordError: No shards, an unreadable shard, or a row that is not a valid record.
+    """
+    src = Path(path)
+    files = sorted(src.glob(SHARD_GLOB)) if src.is_dir() else [src]
+    if not files or not files[0].exists():
+        raise RecordError(f"no record shards at {src}")
+    records: list[SFTRecord] = []
+    for file in files:
+        try:
+            table = pq.read_table(file, schema=SCHEMA)
+        except (OSError, pa.ArrowException) as e:
+            raise RecordError(f"{file}: cannot read shard: {e}") from e
+        for row in table.to_pylist():
+            try:
+                records.append(_from_row(row))
+            except (KeyError, TypeError) as e:
+                raise RecordError(f"{file}: malformed row: {e}") from e
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# LlamaFactory ShareGPT export
+
+
+def _marked_png(
+    ref: ImageRef, image_root: Path, marked_dir: Path, min_pixels: int, max_pixels: int
+) -> Path:
+    key = json.dumps(
+        [ref.path, [_mark_row(m) for m in ref.marks], ref.size_class, min_pixels, max_pixels]
+    )
+    out = marked_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.png"
+    if not out.exists():
+        src = Path(ref.path)
+        frame = canonical_frame(
+            src if src.is_absolute() else image_root / src,
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+            marks=ref.marks,
+            size_class=ref.size_class,
+        )
+        tmp = out.with_suffix(".png.tmp")
+        tmp.write_bytes(encode_png(frame))
+        os.replace(tmp, out)
+    return out
+
+
+def to_sharegpt(
+    records: Iterable[SFTRecord],
+    image_root: str | os.PathLike[str],
+    marked_dir: str | os.PathLike[str] | None = None,
+    *,
+    min_pixels: int = 65_536,
+    max_pixels: int = 1_048_576,
+) -> list[dict[str, Any]]:
+    """Export records as LlamaFactory ShareGPT rows.
+
+    Row shape: ``{"system", "conversations": [{"from": "human", "value"}, {"from": "gpt",
+    "value"}], "images": [...]}`` with one ``<image>`` token per image, where its slot is.
+    Clean images are referenced at ``image_root / path``. LlamaFactory cannot draw markers, so
+    images with marks are rendered once (canonical frame, then marks, as in training) into
+    ``marked_dir`` under a content-derived name and referenced there.
+
+    Args:
+        records: Records to export.
+        image_root: Directory relative image paths resolve against.
+        marked_dir: Where marked PNGs are written; required when any image has marks.
+        min_pixels: Canonical-frame lower bound for marked images, in pixels.
+        max_pixels: Canonical-frame upper bound for marked images, in pixels.
+
+    Returns:
+        One dict per record, in order (dump with ``json.dump`` for LlamaFactory).
+
+    Raises:
+        RecordError: A record has marked images and ``marked_dir`` is ``None``.
+    """
+    root = Path(image_root)
+    marked = Path(marked_dir) if marked_dir is not None else None
+    if marked is not None:
+        marked.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for r in records:
+        paths: list[str] = []
+        for ref in r.images:
+            if ref.marks:
+                if marked is None:
+                    raise RecordError(
+                        f"record {r.id!r} has marked images; LlamaFactory cannot draw marks, so "
+                        "pass `marked_dir` to render them"
+                    )
+                paths.append(str(_marked_png(ref, root, marked, min_pixels, max_pixels)))
+            else:
+                src = Path(ref.path)
+                paths.append(str(src if src.is_absolute() else root / src))
+        human = "".join(IMAGE_TOKEN if isinstance(p, ImageSlot) else p.text for p in r.user)
+        rows.append(
+            {
+                "system": r.system,
+                "conversations": [
+                    {"from": "human", "value": human},
+                    {"from": "gpt", "value": r.target},
+                ],
+                "images": paths,
+            }
+        )
+    return rows

@@ -1,0 +1,274 @@
+"""Offline test fixtures: a tiny random-weight Qwen3-VL, its processor and synthetic screenshots.
+
+Nothing is downloaded. The tokenizer is a byte-level BPE (the 256 byte symbols, no merges) with
+the Qwen special tokens; the model uses the validated tiny values of ``qwen3vl_training.md`` §4.2
+(about 288k parameters, forward + backward well under a second on CPU)::
+
+    processor = tiny_processor()
+    model = tiny_model(processor, seed=0)
+    ckpt = save_tiny_checkpoint(tmp_path / "tiny")   # loadable with AutoModelForImageTextToText
+
+Token ids differ from the real Qwen ids; code must read them from the tokenizer.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw
+from tokenizers import AddedToken
+from transformers import (
+    PreTrainedTokenizerBase,
+    Qwen2TokenizerFast,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+)
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.models.qwen_vl import assemble_processor, load_chat_template, token_ids
+from hivig.vision import canonical_frame
+
+TINY_MIN_PIXELS = 1024
+"""Default lower image budget of the tiny processor, in pixels (1 visual token)."""
+
+TINY_MAX_PIXELS = 65_536
+"""Default upper image budget of the tiny processor, in pixels (64 visual tokens)."""
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+"""Qwen control tokens of the tiny tokenizer, with ids 256.. in this order."""
+
+THINK_TOKENS = ("<think>", "</think>")
+"""Reasoning delimiters: added but not special, as in the real Qwen3 tokenizer (they survive
+``skip_special_tokens``)."""
+
+# Tiny Qwen3-VL (qwen3vl_training.md §4.1-4.2). More LLM layers (3) than DeepStack entries (2),
+# or the last projector's output lands after the final layer and gets no gradient; every
+# DeepStack index below the vision depth; out_hidden_size == text hidden size;
+# num_position_embeddings a perfect square; mrope_section sums to head_dim / 2.
+_TEXT_CONFIG = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    # The legacy rope_scaling form works in 4.57 and 5.x (5.x converts it to rope_parameters).
+    "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+    "rope_theta": 5e6,
+    "use_cache": False,
+}
+_VISION_CONFIG = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "in_channels": 3,
+    "out_hidden_size": 64,
+    "num_position_embeddings": 64,
+    "deepstack_visual_indexes": [0, 1],
+}
+
+
+@lru_cache(maxsize=1)
+def _byte_vocab() -> tuple[tuple[str, int], ...]:
+    # Byte b has id b; the symbols are the byte-level BPE alphabet (printable stand-ins).
+    alphabet = bytes_to_unicode()
+    return tuple((alphabet[b], b) for b in range(256))
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerBase:
+    """A byte-level Qwen2 tokenizer with the Qwen special tokens (fresh object per call).
+
+    Every byte is one token (ids 0–255); the control tokens follow in ``SPECIAL_TOKENS`` order,
+    then ``<think>``/``</think>``. Pad is ``<|endoftext|>`` and EOS ``<|im_end|>``, as in Qwen3-VL.
+
+    Returns:
+        A ``Qwen2TokenizerFast`` (the class 4.57's ``Qwen3VLProcessor`` type-checks).
+    """
+    vocab = dict(_byte_vocab())
+    vocab.update({tok: 256 + k for k, tok in enumerate(SPECIAL_TOKENS + THINK_TOKENS)})
+    tokenizer = Qwen2TokenizerFast(
+        vocab=vocab,
+        merges=[],
+        unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    return tokenizer
+
+
+def tiny_processor(
+    thinking: bool = False,
+    min_pixels: int = TINY_MIN_PIXELS,
+    max_pixels: int = TINY_MAX_PIXELS,
+) -> Qwen3VLProcessor:
+    """A real ``Qwen3VLProcessor`` with the tiny tokenizer, an explicit budget and our template.
+
+    Args:
+        thinking: Use the ``prefill_think`` chat template (generation prompt opens ``<think>``)
+            instead of the default one.
+        min_pixels: Lower bound on an image's area, in pixels.
+        max_pixels: Upper bound on an image's area, in pixels.
+
+    Returns:
+        A fresh processor (callers may change it).
+    """
+    policy = "prefill_think" if thinking else "default"
+    return assemble_processor(
+        tiny_tokenizer(),
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        chat_template=load_chat_template(policy),
+    )
+
+
+def tiny_config(processor: Qwen3VLProcessor) -> Qwen3VLConfig:
+    """The tiny Qwen3-VL config, with vocabulary and special ids from the processor's tokenizer."""
+    ids = token_ids(processor)
+    tokenizer = processor.tokenizer
+    text = dict(_TEXT_CONFIG, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    return Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(_VISION_CONFIG),
+        image_token_id=ids.image,
+        video_token_id=ids.video,
+        vision_start_token_id=ids.vision_start,
+        vision_end_token_id=ids.vision_end,
+        tie_word_embeddings=False,
+    )
+
+
+def tiny_model(
+    processor: Qwen3VLProcessor,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Qwen3VLForConditionalGeneration:
+    """A deterministic random-weight tiny Qwen3-VL (SDPA attention, ``use_cache=False``).
+
+    Args:
+        processor: Processor whose tokenizer fixes the vocabulary and special ids.
+        seed: Weight-initialisation seed; the global RNG state is left untouched.
+        dtype: Parameter dtype (fp32 for golden-value tests).
+
+    Returns:
+        The model in train mode.
+    """
+    config = tiny_config(processor)
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3VLForConditionalGeneration(config)
+    return model.to(dtype).train()
+
+
+def save_tiny_checkpoint(out_dir: str | Path, thinking: bool = False, seed: int = 0) -> Path:
+    """Write a tiny model and its processor as a normal Hugging Face checkpoint directory.
+
+    The model is saved first and the processor second, so the processor files (and the chat
+    template) are the ones left on disk (``qwen3vl_training.md`` §13.6).
+
+    Args:
+        out_dir: Target directory (created if missing).
+        thinking: Save the ``prefill_think`` chat template instead of the default one.
+        seed: Weight-initialisation seed.
+
+    Returns:
+        The checkpoint directory, loadable with ``AutoModelForImageTextToText`` and
+        ``AutoProcessor``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    processor = tiny_processor(thinking=thinking)
+    tiny_model(processor, seed=seed).save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def synthetic_screenshot(width: int, height: int, seed: int = 0) -> Image.Image:
+    """A small deterministic RGB "screen": title bar, panels, buttons and text-like strokes.
+
+    Args:
+        width: Width in pixels.
+        height: Height in pixels.
+        seed: Layout and colour seed.
+
+    Returns:
+        A new RGB image; the same arguments always give the same pixels.
+    """
+    if width <= 0 or height <= 0:
+        raise ValueError(f"sizes must be positive, got {width}x{height}")
+    rng = random.Random(seed)
+    image = Image.new("RGB", (width, height), (rng.randint(220, 250),) * 3)
+    draw = ImageDraw.Draw(image)
+    bar = max(2, height // 12)
+    draw.rectangle((0, 0, width - 1, bar), fill=(rng.randint(30, 90), rng.randint(60, 120), 160))
+    for _ in range(rng.randint(2, 5)):
+        x0, y0 = rng.randrange(width), rng.randrange(bar, height)
+        x1 = min(width - 1, x0 + rng.randint(4, max(5, width // 3)))
+        y1 = min(height - 1, y0 + rng.randint(4, max(5, height // 4)))
+        colour = (rng.randrange(256), rng.randrange(256), rng.randrange(256))
+        draw.rectangle((x0, y0, x1, y1), fill=colour, outline=(0, 0, 0))
+    for row in range(bar + 3, height - 2, max(3, height // 10)):
+        x, end = rng.randint(1, max(1, width // 8)), rng.randint(width // 3, width - 1)
+        draw.line((x, row, end, row), fill=(40, 40, 40), width=1)
+    return image
+
+
+def synthetic_conversation(
+    num_images: int = 1,
+    *,
+    seed: int = 0,
+    min_pixels: int = TINY_MIN_PIXELS,
+    max_pixels: int = TINY_MAX_PIXELS,
+    user_text: str = "Judge the last action of the agent.",
+) -> tuple[list[ChatMessage], str]:
+    """A critique-shaped conversation with canonical synthetic frames, and its target.
+
+    Args:
+        num_images: Screenshots in the user turn (stable parts first: system, images, text).
+        seed: Seed of the screenshots; image ``k`` uses ``seed + k`` and a size that varies with
+            ``k`` so grids differ.
+        min_pixels: Canonical-frame lower budget, in pixels.
+        max_pixels: Canonical-frame upper budget, in pixels.
+        user_text: Text after the images.
+
+    Returns:
+        ``(messages, target)``; the target follows the default think policy.
+    """
+    sizes = ((200, 90), (100, 60), (64, 64), (160, 120))
+    frames = [
+        canonical_frame(
+            synthetic_screenshot(*sizes[k % len(sizes)], seed=seed + k),
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+        )
+        for k in range(num_images)
+    ]
+    messages = [
+        ChatMessage("system", [TextPart("You are a critic of computer-use agents.")]),
+        ChatMessage("user", [*(ImagePart(f) for f in frames), TextPart(user_text)]),
+    ]
+    target = (
+        "<think>\nThe click hit the Save button.\n</think>\n\n"
+        "<criticism>\nOverall Grading: Good\nExplanation: The file is saved.\n</criticism>"
+    )
+    return messages, target

@@ -1,0 +1,64 @@
+"""Canonical frames, set-of-mark markers and screen fingerprints.
+
+One code path prepares every screenshot the model sees, at data-gen, train and serve time::
+
+    frame = canonical_frame("shot.png", min_pixels=65_536, max_pixels=1_048_576,
+                            marks=(PointMark(500, 554),), size_class="desktop")
+
+``materialise`` applies it to the ``ImageRef`` parts of prompt messages; ``encode_png`` gives
+deterministic bytes for storage or an HTTP backend.
+"""
+
+from hivig.vision._fingerprint import (
+    GridBox,
+    apply_masks,
+    exact_fingerprint,
+    hamming,
+    perceptual_hash,
+)
+from hivig.vision._frame import (
+    MAX_ASPECT_RATIO,
+    RESAMPLE,
+    ImageError,
+    canonical_frame,
+    encode_png,
+    load_image,
+    materialise,
+    reference_marked_image,
+    smart_resize,
+)
+from hivig.vision._markers import (
+    ARROW_COLOUR,
+    POINT_COLOUR,
+    DrawResult,
+    MarkerGeometry,
+    draw_marks,
+    marker_geometry,
+    size_class_for,
+    size_class_for_platform,
+)
+
+__all__ = [
+    "ARROW_COLOUR",
+    "MAX_ASPECT_RATIO",
+    "POINT_COLOUR",
+    "RESAMPLE",
+    "DrawResult",
+    "GridBox",
+    "ImageError",
+    "MarkerGeometry",
+    "apply_masks",
+    "canonical_frame",
+    "draw_marks",
+    "encode_png",
+    "exact_fingerprint",
+    "hamming",
+    "load_image",
+    "marker_geometry",
+    "materialise",
+    "perceptual_hash",
+    "reference_marked_image",
+    "size_class_for",
+    "size_class_for_platform",
+    "smart_resize",
+]

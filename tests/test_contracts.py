@@ -1,0 +1,447 @@
+"""Output contracts: tolerant parsing, strict content, exact round trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hivig.contracts import (
+    ContractError,
+    CritiqueOutput,
+    HistoryOutput,
+    JudgeOutput,
+    PerturbationOutput,
+    TransitionOutput,
+    parse_critique,
+    parse_history,
+    parse_judge,
+    parse_next_state,
+    parse_perturbation,
+    render_critique_target,
+    render_history_target,
+    split_think,
+)
+from hivig.taxonomy import DIMENSIONS, lookup_dimension
+
+GOOD = """<think>
+Action String Check: <tool_call>{"name": "computer_use"}</tool_call> - Syntax is Valid.
+
+The menu will open.
+
+This advances the goal.
+</think>
+<criticism>
+Overall Grading: Good
+Explanation: The File menu will drop down; menus open on a single click.
+</criticism>"""
+
+BAD = """<think>reasoning</think>
+<criticism>
+Overall Grading: Bad
+Error Dimension: Visual Hallucination
+Explanation: The click will land on empty canvas.
+Nothing on this screen offers a Rename entry.
+</criticism>"""
+
+
+def _err(result, reason):
+    assert isinstance(result, ContractError), result
+    assert result.reason == reason, result
+    assert result.message
+
+
+# -------------------------------------------------------------------------------------------
+# <think>
+
+
+def test_split_think_forms():
+    assert split_think("<think> a </think>rest") == ("a", "rest")
+    assert split_think("a\n</think>\nrest") == ("a", "\nrest")  # pre-filled opening tag
+    assert split_think("no reasoning") == (None, "no reasoning")
+    assert split_think("<THINK>x</Think>y") == ("x", "y")
+    _err(split_think(""), "empty")
+    _err(split_think("  \n "), "empty")
+    _err(split_think("<think>truncated"), "unclosed_think")
+    _err(split_think("</think>x<think>"), "unclosed_think")
+    _err(split_think("<think>a</think><think>b</think>"), "duplicate_think")
+    _err(split_think("preamble <think>a</think>b"), "text_before_think")
+
+
+# -------------------------------------------------------------------------------------------
+# critique
+
+
+def test_critique_good_and_bad():
+    good = parse_critique(GOOD)
+    assert isinstance(good, CritiqueOutput)
+    assert good.verdict == "Good" and good.dimension is None
+    assert good.explanation.startswith("The File menu")
+    assert good.think.startswith("Action String Check:")
+    bad = parse_critique(BAD)
+    assert bad.verdict == "Bad"
+    assert bad.dimension is lookup_dimension("Visual Hallucination")
+    # Multi-line explanation kept whole.
+    assert bad.explanation.endswith("Rename entry.")
+
+
+def test_critique_sloppy_formatting():
+    text = """</think>
+<Criticism>
+**Overall Grading:** good
+- **Error Dimension**: N/A
+* Explanation: __The dialog will close.__
+</criticism>
+"""
+    out = parse_critique(text)
+    assert out == CritiqueOutput("", "Good", None, "The dialog will close.")
+
+
+@pytest.mark.parametrize("dim", DIMENSIONS, ids=lambda d: d.key)
+@pytest.mark.parametrize(
+    "style",
+    ["{name}", "**{name}**", "{upper}", "{lower}", "`{name}`.", "{key}"],
+)
+def test_critique_every_dimension(dim, style):
+    shown = style.format(name=dim.name, upper=dim.name.upper(), lower=dim.name.lower(), key=dim.key)
+    text = (
+        "<think>t</think>\n<criticism>\nOverall Grading: **BAD**\n"
+        f"Error Dimension: {shown}\nExplanation: e\n</criticism>"
+    )
+    out = parse_critique(text)
+    assert isinstance(out, CritiqueOutput), out
+    assert out.dimension is dim
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Grounding Error", "Memory & State Tracking Error", "Semantic", "Visual Hallucinations"],
+)
+def test_critique_near_miss_dimension_fails(name):
+    text = (
+        "<think>t</think><criticism>\nOverall Grading: Bad\n"
+        f"Error Dimension: {name}\nExplanation: e\n</criticism>"
+    )
+    _err(parse_critique(text), "unknown_dimension")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("<think>t</think> Overall Grading: Good\nExplanation: e", "missing_tag"),
+        ("<think>t</think><criticism>Overall Grading: Good\nExplanation: e", "missing_tag"),
+        (
+            "<think>t</think><criticism>Overall Grading: Good\nExplanation: e</criticism>"
+            "<criticism>Overall Grading: Bad</criticism>",
+            "duplicate_tag",
+        ),
+        (
+            "<think>t</think><criticism>Overall Grading: Fine\nExplanation: e</criticism>",
+            "bad_verdict",
+        ),
+        (
+            "<think>t</think><criticism>Overall Grading: Good or Bad\nExplanation: e</criticism>",
+            "bad_verdict",
+        ),
+        ("<think>t</think><criticism>Explanation: e</criticism>", "missing_field"),
+        ("<think>t</think><criticism>Overall Grading: Good</criticism>", "missing_field"),
+        (
+            "<think>t</think><criticism>Overall Grading: Good\nExplanation:</criticism>",
+            "missing_field",
+        ),
+        (
+            "<think>t</think><criticism>Overall Grading: Bad\nExplanation: e</criticism>",
+            "missing_field",
+        ),
+        (
+            "<think>t</think><criticism>Overall Grading: Good\nError Dimension: Semantic Error\n"
+            "Explanation: e</criticism>",
+            "unexpected_dimension",
+        ),
+        (
+            "<think>t</think><criticism>Overall Grading: Good\nOverall Grading: Bad\n"
+            "Explanation: e</criticism>",
+            "duplicate_field",
+        ),
+        ("<think>t</think><think>u</think><criticism>x</criticism>", "duplicate_think"),
+        ("", "empty"),
+    ],
+)
+def test_critique_failures(text, reason):
+    _err(parse_critique(text), reason)
+
+
+def test_critique_label_inside_text_is_not_a_field():
+    # A label mentioned mid-line is content, not a second field.
+    text = (
+        "<think>t</think><criticism>\nOverall Grading: Good\n"
+        "Explanation: the Overall Grading: label is only a line start\n</criticism>"
+    )
+    assert parse_critique(text).explanation == "the Overall Grading: label is only a line start"
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [None, 3, "<criticism>", "</think></think>", "{", "<think><criticism></criticism></think>"],
+)
+def test_parsers_are_total(junk):
+    for parse in (parse_critique, parse_history, parse_next_state, parse_perturbation, parse_judge):
+        assert isinstance(parse(junk), ContractError)
+
+
+# -------------------------------------------------------------------------------------------
+# history
+
+
+def test_history_well_formed_and_sloppy():
+    text = (
+        "<think>diff</think>\n<summary>\nProgress Summary: Opened the inbox.\n"
+        "Last Action Result: The compose window opened.\n</summary>"
+    )
+    out = parse_history(text)
+    assert out == HistoryOutput("diff", "Opened the inbox.", "The compose window opened.")
+    assert out.summary.startswith("Progress Summary: Opened")
+    sloppy = (
+        "diff</think><SUMMARY>\n**progress summary:** Signed in.\nStill on page 1.\n"
+        "- **Last Action Result**: Nothing changed (silent failure).</summary>"
+    )
+    out = parse_history(sloppy)
+    assert out.progress == "Signed in.\nStill on page 1."
+    assert out.last_result == "Nothing changed (silent failure)."
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("<think>x</think>Progress Summary: a\nLast Action Result: b", "missing_tag"),
+        ("<think>x</think><summary>Progress Summary: a</summary>", "missing_field"),
+        ("<think>x</think><summary>Last Action Result: b</summary>", "missing_field"),
+        (
+            "<think>x</think><summary>Progress Summary:\nLast Action Result: b</summary>",
+            "missing_field",
+        ),
+        (
+            "<think>x</think><summary>Progress Summary: a\nProgress Summary: c\n"
+            "Last Action Result: b</summary>",
+            "duplicate_field",
+        ),
+    ],
+)
+def test_history_failures(text, reason):
+    _err(parse_history(text), reason)
+
+
+# -------------------------------------------------------------------------------------------
+# next_state
+
+
+def test_next_state_with_parts():
+    text = (
+        "<think>\n[Action Mechanism]: The step clicks the File menu.\n"
+        "**Structural Effect** A dropdown list appears under the menu bar.\n</think>\n"
+        "<next_state>A dropdown will open below the menu bar.</next_state>"
+    )
+    out = parse_next_state(text)
+    assert out == TransitionOutput(
+        think=out.think,
+        next_state="A dropdown will open below the menu bar.",
+        mechanism="The step clicks the File menu.",
+        effect="A dropdown list appears under the menu bar.",
+    )
+    plain = parse_next_state("<next_state> X will appear. </next_state>")
+    assert plain.mechanism is None and plain.effect is None and plain.think is None
+    _err(parse_next_state("<think>a</think><next_state> </next_state>"), "missing_field")
+    _err(parse_next_state("<think>a</think>A dropdown will open."), "missing_tag")
+
+
+# -------------------------------------------------------------------------------------------
+# perturbation
+
+
+def _perturbation(**over):
+    obj = {
+        "dimension_violated": "**Suboptimal Path**",
+        "rejected_thought": "The field is visible; I will delete characters one by one.",
+        "rejected_proposed_step": 'Action: press backspace\n<tool_call>\n{"name": "computer_use", '
+        '"arguments": {"action": "key", "keys": ["backspace"]}}\n</tool_call>',
+    }
+    obj.update(over)
+    return obj
+
+
+def test_perturbation_fenced_json_after_think():
+    body = json.dumps(_perturbation(), indent=2)
+    text = (
+        '<think>Chosen: {"action": "type"} vs rejected {"action": "key"}</think>\n'
+        f"```json\n{body}\n```\n"
+    )
+    out = parse_perturbation(text)
+    assert isinstance(out, PerturbationOutput)
+    assert out.dimension is lookup_dimension("Suboptimal Path")
+    assert out.rejected_proposed_step.startswith("Action: press backspace")
+
+
+def test_perturbation_without_think_uses_last_object():
+    # Untagged reasoning quoting tool-call JSON comes before the answer object.
+    text = 'Divergence: {"action": "type"} differs.\n' + json.dumps(_perturbation())
+    assert isinstance(parse_perturbation(text), PerturbationOutput)
+
+
+@pytest.mark.parametrize(
+    ("obj", "reason"),
+    [
+        (_perturbation(dimension_violated="Memory & State Tracking Error"), "unknown_dimension"),
+        (_perturbation(dimension_violated="Grounding Error"), "unknown_dimension"),
+        (_perturbation(rejected_thought=""), "bad_value"),
+        (_perturbation(rejected_thought=3), "bad_value"),
+        (_perturbation(rejected_proposed_step="Action: click"), "bad_value"),
+        ({"dimension_violated": "Semantic Error", "rejected_thought": "t"}, "missing_key"),
+    ],
+)
+def test_perturbation_failures(obj, reason):
+    _err(parse_perturbation("<think>r</think>" + json.dumps(obj)), reason)
+
+
+def test_perturbation_bad_json():
+    _err(parse_perturbation("<think>r</think>{'dimension_violated': 'Semantic Error'}"), "bad_json")
+    _err(parse_perturbation("<think>r</think>no json here"), "bad_json")
+
+
+# -------------------------------------------------------------------------------------------
+# judge
+
+
+def _judge(candidate="B", dim="Constraint Neglect"):
+    return json.dumps(
+        {
+            "better_candidate": candidate,
+            "predicted_error_dimension": dim,
+            "reasoning_summary": "A picks the wrong author.",
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("candidate", "expected"),
+    [("A", "A"), ("b", "B"), (" B ", "B"), ("Candidate B", "B"), ("**A**", "A"), ("'B'", "B")],
+)
+def test_judge_candidates(candidate, expected):
+    out = parse_judge("<think>Action A Raw: `x` - Syntax: Valid</think>" + _judge(candidate))
+    assert isinstance(out, JudgeOutput)
+    assert out.better_candidate == expected
+    assert out.dimension is lookup_dimension("Constraint Neglect")
+
+
+def test_judge_invalid_and_failures():
+    out = parse_judge(f"```\n{_judge(dim='Invalid')}\n```")
+    assert out.dimension is None and out.better_candidate == "B"
+    _err(parse_judge(_judge(candidate="AB")), "bad_value")
+    _err(parse_judge(_judge(candidate="C")), "bad_value")
+    _err(parse_judge(_judge(candidate="Candidate A or B")), "bad_value")
+    _err(parse_judge(_judge(dim="Memory & State Tracking Error")), "unknown_dimension")
+    _err(parse_judge('{"better_candidate": "A"}'), "missing_key")
+
+
+# -------------------------------------------------------------------------------------------
+# renderers
+
+
+@pytest.mark.parametrize("dim", [None, *DIMENSIONS], ids=lambda d: d.key if d else "good")
+def test_critique_round_trip(dim):
+    verdict = "Good" if dim is None else "Bad"
+    think = "Action String Check: <tool_call>{}</tool_call> - Syntax is Valid.\n\nP2\n\nP3"
+    explanation = "The list will scroll.\nLists move with the wheel."
+    text = render_critique_target(think, verdict, dim, explanation)
+    assert parse_critique(text) == CritiqueOutput(think, verdict, dim, explanation)
+
+
+def test_critique_render_exact_format():
+    dim = lookup_dimension("Visual Hallucination")
+    assert render_critique_target(" t ", "Bad", dim.name, "e") == (
+        "<think>\nt\n</think>\n<criticism>\nOverall Grading: Bad\n"
+        "Error Dimension: Visual Hallucination\nExplanation: e\n</criticism>"
+    )
+
+
+def test_history_round_trip_and_format():
+    text = render_history_target("diff", "Opened settings.", "The Wi-Fi page opened.")
+    assert text == (
+        "<think>\ndiff\n</think>\n<summary>\nProgress Summary: Opened settings.\n"
+        "Last Action Result: The Wi-Fi page opened.\n</summary>"
+    )
+    assert parse_history(text) == HistoryOutput(
+        "diff", "Opened settings.", "The Wi-Fi page opened."
+    )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: render_critique_target("t", "Good", "Semantic Error", "e"),
+        lambda: render_critique_target("t", "Bad", None, "e"),
+        lambda: render_critique_target("t", "Bad", "Grounding Error", "e"),
+        lambda: render_critique_target("t", "Meh", None, "e"),  # type: ignore[arg-type]
+        lambda: render_critique_target("t", "Good", None, ""),
+        lambda: render_critique_target("a </think> b", "Good", None, "e"),
+        lambda: render_critique_target("t", "Good", None, "e\nOverall Grading: Bad"),
+        lambda: render_history_target("t", "p\nLast Action Result: x", "y"),
+        lambda: render_history_target("t", "p", "</summary>"),
+        lambda: render_history_target("t", "", "y"),
+    ],
+)
+def test_renderers_refuse_what_would_not_round_trip(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+# -------------------------------------------------------------------------------------------
+# properties
+
+# Fragments that form (and break) tags, labels and JSON, joined at random.
+_TEXT = st.lists(
+    st.sampled_from(
+        ["a", " ", "\n", "<", ">", "/", "{", "}", '"', "*", ":", "think", "summary", "criticism"]
+        + ["next_state", "Overall Grading", "Error Dimension", "Explanation", "Bad", "Good"]
+    ),
+    max_size=40,
+).map("".join)
+_PARSERS = (parse_critique, parse_history, parse_next_state, parse_perturbation, parse_judge)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_TEXT)
+def test_parsers_never_raise(text):
+    for parse in _PARSERS:
+        parse(text)
+
+
+_FREE = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_FREE, _FREE, st.sampled_from([None, *DIMENSIONS]))
+def test_render_either_round_trips_or_refuses(think, explanation, dim):
+    verdict = "Good" if dim is None else "Bad"
+    try:
+        text = render_critique_target(think, verdict, dim, explanation)
+    except ValueError:
+        return
+    out = parse_critique(text)
+    assert out == CritiqueOutput(think.strip(), verdict, dim, explanation.strip())
+
+
+_PROSE = st.text(st.sampled_from(list("abcXYZ019 .,;'()-\n")), max_size=80).filter(
+    lambda s: any(c.isalnum() for c in s)
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_PROSE, _PROSE, _PROSE)
+def test_plain_prose_always_round_trips(think, progress, last):
+    # Ordinary prose must never be refused: the renderer only rejects text that would break tags.
+    text = render_history_target(think, progress, last)
+    assert parse_history(text) == HistoryOutput(think.strip(), progress.strip(), last.strip())
+    crit = render_critique_target(think, "Bad", DIMENSIONS[0], last)
+    assert parse_critique(crit).explanation == last.strip()

@@ -1,0 +1,246 @@
+"""Perturbation generators (all 12 dimensions) and the corpus-wide plan."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from data_gen.perturb import DRAFTERS, PROGRAMMATIC, GenParams, StepView, plan_corpus
+from data_gen.perturb.calls import marks_for_text, parse_calls, primary_point
+from data_gen.perturb.elements import Element, ElementIndex, target_at
+from data_gen.perturb.plan import eligible_dimensions, target_shares
+from hivig.actions import ActionError
+from hivig.media import ArrowMark, PointMark
+from hivig.taxonomy import DIMENSIONS
+
+P = GenParams()
+OK = Element("OK", "button", (400, 400, 500, 450))
+CANCEL = Element("Cancel", "button", (600, 400, 700, 450))
+NAME = Element("Name", "textbox", (100, 100, 400, 140))
+ROW1 = Element("Alpha", "listitem", (100, 600, 400, 640))
+ROW2 = Element("Beta", "listitem", (100, 640, 400, 680))
+DIALOG = Element("Save", "dialog", (50, 50, 950, 950))
+SCREEN = (DIALOG, OK, CANCEL, NAME, ROW1, ROW2)
+
+
+def view(calls, *, intent="Click OK to confirm", space="computer_use", elements=SCREEN, **kw):
+    return StepView(
+        sample_id=kw.pop("sample_id", "t:001"),
+        platform="android" if space == "mobile_use" else "windows",
+        space=space,
+        task="Save the file",
+        intent=intent,
+        calls=tuple(calls),
+        is_final=kw.pop("is_final", False),
+        elements=elements,
+        **kw,
+    )
+
+
+def rng():
+    return random.Random(0)
+
+
+CLICK_OK = {"action": "left_click", "coordinate": [450, 425]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Programmatic generators
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_parameter_vector_reverses_or_shrinks(seed):
+    bad = PROGRAMMATIC["Parameter Vector Miscalibration"](
+        view([{"action": "scroll", "pixels": -400}]), random.Random(seed), P
+    )
+    px = bad.calls[0]["pixels"]
+    assert px == 400 or (px < 0 and abs(px) < 400)
+    assert parse_calls(bad.text) == list(bad.calls)
+
+
+def test_parameter_vector_swipe_and_drag():
+    swipe = {"action": "swipe", "coordinate": [500, 800], "coordinate2": [500, 200]}
+    bad = PROGRAMMATIC["Parameter Vector Miscalibration"](view([swipe], space="mobile_use"), rng(), P)
+    assert bad.calls[0] != swipe and bad.calls[0]["coordinate"] in ([500, 800], [500, 200])
+    drag = [{"action": "mouse_move", "coordinate": [100, 100]},
+            {"action": "left_click_drag", "coordinate": [700, 100]}]
+    bad = PROGRAMMATIC["Parameter Vector Miscalibration"](view(drag), rng(), P)
+    marks = marks_for_text(bad.text)
+    assert isinstance(marks[-1], ArrowMark) and marks[-1] != ArrowMark(100, 100, 700, 100)
+    # Negative control: nothing to miscalibrate on a click.
+    assert PROGRAMMATIC["Parameter Vector Miscalibration"](view([CLICK_OK]), rng(), P) is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_action_formulation_error_is_an_invalid_call(seed):
+    bad = PROGRAMMATIC["Action Formulation Error"](view([CLICK_OK]), random.Random(seed), P)
+    assert bad.calls is None
+    assert isinstance(parse_calls(bad.text), ActionError)
+    assert bad.intent == "Click OK to confirm"
+
+
+def test_termination_variants():
+    gen = PROGRAMMATIC["Termination Misjudgment"]
+    early = gen(view([CLICK_OK]), rng(), P)
+    assert early.method == "premature_terminate" and early.calls[0]["action"] == "terminate"
+    answer = gen(view([{"action": "answer", "text": "42"}], is_final=True), rng(), P)
+    assert answer.method == "terminate_instead_of_answer"
+    # Terminate after an answer is the correct ending: its Bad is a redundant action, never
+    # another terminate.
+    done = gen(view([{"action": "terminate", "status": "success"}], is_final=True,
+                    answered_before=True), rng(), P)
+    assert done.method == "action_after_completion" and done.calls[0]["action"] != "terminate"
+
+
+def test_timing_needs_a_wait():
+    nxt = ({"action": "left_click", "coordinate": [100, 200]},)
+    bad = PROGRAMMATIC["Timing and Latency Neglect"](
+        view([{"action": "wait", "time": 2.0}], next_calls=nxt, next_intent="Click Next"), rng(), P
+    )
+    assert bad.calls == nxt and bad.intent == "Click Next"
+    assert PROGRAMMATIC["Timing and Latency Neglect"](view([CLICK_OK], next_calls=nxt), rng(), P) is None
+
+
+def test_prerequisite_types_without_focus():
+    typed = ({"action": "type", "text": "report"},)
+    bad = PROGRAMMATIC["Procedural Prerequisite Neglect"](
+        view([{"action": "left_click", "coordinate": [200, 120]}], next_calls=typed), rng(), P
+    )
+    assert bad.calls == typed
+    assert PROGRAMMATIC["Procedural Prerequisite Neglect"](view([CLICK_OK]), rng(), P) is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grounding_near_miss_is_outside_the_box_in_dead_space(seed):
+    bad = PROGRAMMATIC["Grounding/Spatial Error"](view([CLICK_OK]), random.Random(seed), P)
+    x, y = bad.calls[0]["coordinate"]
+    assert not OK.contains(x, y)
+    assert target_at(SCREEN, x, y) is None  # dead space, not another element
+    dist = max(OK.box[0] - x, x - OK.box[2], OK.box[1] - y, y - OK.box[3])
+    assert dist == P.near_miss_margin
+    assert marks_for_text(bad.text) == [PointMark(x, y)]
+
+
+def test_grounding_needs_a_verified_box():
+    assert PROGRAMMATIC["Grounding/Spatial Error"](view([CLICK_OK], elements=()), rng(), P) is None
+
+
+def test_misalignment_keeps_intent_and_moves_to_another_element():
+    bad = PROGRAMMATIC["Action-Operation Misalignment"](view([CLICK_OK]), rng(), P)
+    x, y = bad.calls[0]["coordinate"]
+    hit = target_at(SCREEN, x, y)
+    assert hit is not None and hit != OK
+    assert bad.intent == "Click OK to confirm"
+    assert PROGRAMMATIC["Action-Operation Misalignment"](view([CLICK_OK], intent=""), rng(), P) is None
+
+
+def test_hallucination_targets_an_element_gone_from_the_screen():
+    ghost = Element("Sign in", "button", (700, 800, 900, 850))
+    v = view([CLICK_OK], earlier_elements=((ghost, OK),))
+    bad = PROGRAMMATIC["Visual Hallucination"](v, rng(), P)
+    assert bad.calls[0]["coordinate"] == list(ghost.centre)
+    assert "Sign in" in bad.intent
+    # Negative control: the same element still on screen is no hallucination.
+    assert PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], earlier_elements=((OK,),)), rng(), P) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline drafters (annotator family)
+
+
+def test_offline_drafters_produce_divergent_valid_calls():
+    v = view([{"action": "left_click", "coordinate": [250, 620]}, {"action": "type", "text": "ab"}])
+    for dim, drafter in DRAFTERS.items():
+        draft = drafter(v, rng())
+        assert draft is not None, dim
+        intent, calls, thought, note = draft
+        assert intent and thought and note and calls
+        assert calls != list(v.calls)
+    semantic = DRAFTERS["Semantic Error"](v, rng())[1][0]["coordinate"]
+    assert target_at(SCREEN, *semantic) not in (None, ROW1)
+    constraint = DRAFTERS["Constraint Neglect"](v, rng())[1][0]["coordinate"]
+    assert target_at(SCREEN, *constraint) == ROW2  # the sibling of the same kind
+
+
+def test_drafters_decline_without_ground():
+    bare = view([{"action": "key", "keys": ["enter"]}], elements=())
+    assert all(d(bare, rng()) is None for d in DRAFTERS.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan
+
+
+def test_target_shares_floor():
+    shares = target_shares({"a": 100.0, "b": 1.0, "c": 0.0}, 0.2)
+    assert set(shares) == {"a", "b"} and shares["b"] == pytest.approx(0.2)
+    assert sum(shares.values()) == pytest.approx(1.0)
+
+
+def _views(n):
+    out = []
+    for i in range(n):
+        calls = [
+            [{"action": "left_click", "coordinate": [450, 425]}],
+            [{"action": "scroll", "pixels": -300}],
+            [{"action": "wait", "time": 1.0}],
+            [{"action": "left_click", "coordinate": [200, 120]}],
+            [{"action": "left_click", "coordinate": [250, 620]}],
+            [{"action": "type", "text": "hello"}],
+        ][i % 6]
+        out.append(view(
+            calls,
+            sample_id=f"t{i:04d}:000",
+            next_calls=({"action": "type", "text": "hello"},),
+            earlier_elements=((Element("Gone", "button", (700, 800, 900, 850)),),),
+        ))
+    return out
+
+
+def test_plan_covers_all_dimensions_and_masks_exactly():
+    views = _views(400)
+    maskable = {d.name: d.maskable for d in DIMENSIONS}
+    plan = plan_corpus(
+        views, seed=0, params=P, offline=True,
+        dimension_weights={d.name: 1.0 for d in DIMENSIONS}, min_share=0.03, bad_share=1.0,
+        platform_weights={}, intent_mask_rate=0.3, maskable=maskable,
+    )
+    dims = Counter(p.dimension for p in plan.values() if p.dimension)
+    assert set(dims) == {d.name for d in DIMENSIONS}
+    assert min(dims.values()) / sum(dims.values()) >= 0.03
+    samples = [(p.good_masked, None) for p in plan.values()]
+    samples += [(p.bad_masked, p.dimension) for p in plan.values() if p.dimension]
+    rate = sum(m for m, _ in samples) / len(samples)
+    assert abs(rate - 0.3) < 0.005
+    assert not any(m for m, d in samples if d in ("Action-Operation Misalignment", "Visual Hallucination"))
+    # Deterministic: the same inputs give the same plan.
+    again = plan_corpus(
+        list(reversed(views)), seed=0, params=P, offline=True,
+        dimension_weights={d.name: 1.0 for d in DIMENSIONS}, min_share=0.03, bad_share=1.0,
+        platform_weights={}, intent_mask_rate=0.3, maskable=maskable,
+    )
+    assert again == plan
+
+
+def test_eligibility_negative_control():
+    v = view([{"action": "key", "keys": ["enter"]}], elements=())
+    dims = eligible_dimensions(v, 0, P, offline=True)
+    assert "Grounding/Spatial Error" not in dims and "Parameter Vector Miscalibration" not in dims
+    assert "Action Formulation Error" in dims
+    # A model can attempt the semantic dimensions anywhere; the offline writer cannot.
+    assert set(DRAFTERS) <= set(eligible_dimensions(v, 0, P, offline=False))
+
+
+def test_element_sidecar_loading(tmp_path):
+    path = tmp_path / "elements.jsonl"
+    path.write_text(
+        '{"screenshot": "a.png", "elements": [{"label": "OK", "role": "button", "box": [1, 2, 3, 4]},'
+        ' {"label": "bad", "box": [5, 5, 1, 1]}]}\nnot json\n'
+    )
+    index = ElementIndex.load(path)
+    assert index.get("a.png") == (Element("OK", "button", (1, 2, 3, 4)),)
+    assert index.malformed == 2
+    assert ElementIndex.load(tmp_path / "missing.jsonl").get("a.png") == ()
+    assert primary_point([{"action": "type", "text": "x"}]) is None

@@ -1,0 +1,289 @@
+"""Model-free pieces of the training stage: packing, FLOPs/MFU, schedule, collation, config."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+import torch
+
+from hivig.config import ConfigError, load_config
+from train.collate import collate_pack, cu_seq_lens
+from train.config import TrainConfig
+from train.data import Sample, derive_grad_accum, epoch_order, mix_kinds, plan_epoch, rank_packs
+from train.flops import FlopShape, mfu, shape_from_config, step_flops
+from train.metrics import JsonlLogger, NullLogger, StdoutLogger, build_metric_logger
+from train.packing import group_into_steps, pad_to_longest_efficiency, plan_packs
+from train.sft import lr_factor
+
+# --------------------------------------------------------------------------------------------
+# Packing
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "first_fit"])
+def test_every_sample_is_packed_once_or_dropped_as_too_long(strategy):
+    lengths = [5, 12, 3, 9, 20, 1, 7, 7, 11, 4]
+    plan = plan_packs(lengths, budget=12, strategy=strategy, window=4)
+    placed = [i for p in plan.packs for i in p]
+    assert sorted(placed + plan.too_long) == list(range(len(lengths)))
+    assert plan.too_long == [4]  # 20 > 12: dropped, never truncated
+    assert all(sum(lengths[i] for i in p) <= 12 for p in plan.packs)
+    assert plan.tokens == sum(lengths) - 20
+
+
+def test_best_fit_decreasing_packs_tighter_than_one_per_row():
+    lengths = [6, 6, 4, 4, 2, 2, 5, 5, 1, 1]  # 36 tokens fit exactly in three rows of 12
+    plan = plan_packs(lengths, budget=12, strategy="best_fit")
+    assert len(plan.packs) == 3
+    assert plan.fill == pytest.approx(1.0)
+
+
+def test_first_fit_keeps_visiting_order_and_the_cap():
+    plan = plan_packs(
+        [1] * 8, budget=100, order=[7, 6, 5, 4, 3, 2, 1, 0], strategy="first_fit", max_per_pack=3
+    )
+    assert plan.packs == [[7, 6, 5], [4, 3, 2], [1, 0]]
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError):
+        plan_packs([1], budget=0)
+    with pytest.raises(ValueError):
+        plan_packs([1], budget=4, strategy="magic")
+
+
+def test_pad_to_longest_baseline():
+    # batches (4, 2) and (3, 3): real 12, allocated 8 + 6.
+    assert pad_to_longest_efficiency([4, 2, 3, 3], 2) == pytest.approx(12 / 14)
+
+
+def test_steps_give_ranks_disjoint_packs_with_the_same_union():
+    one = group_into_steps(9, world=1, packs_per_rank=4)
+    two = group_into_steps(9, world=2, packs_per_rank=2)
+    assert one == [[[0, 1, 2, 3]], [[4, 5, 6, 7]]]  # pack 8 does not fill a step
+    assert two == [[[0, 2], [1, 3]], [[4, 6], [5, 7]]]
+    for a, b in zip(one, two, strict=True):
+        assert sorted(a[0]) == sorted(b[0] + b[1])
+
+
+def test_plan_epoch_is_deterministic_and_counts_drops():
+    lengths = [30, 50, 10, 200, -1, 40, 60, 20, 10, 25]
+    kw = dict(budget=100, seed=3, world=2, grad_accum=1, strategy="best_fit")
+    a, b = plan_epoch(lengths, epoch=0, **kw), plan_epoch(lengths, epoch=0, **kw)
+    assert a.packs == b.packs and a.steps == b.steps
+    assert a.counts["dropped_too_long"] == 1  # 200; the -1 (quarantined) is not counted here
+    used = {i for s in a.steps for r in s for j in r for i in a.packs[j]}
+    partial = a.counts["dropped_partial_step"]
+    assert len(used) + partial == a.counts["samples"]
+    assert plan_epoch(lengths, epoch=1, **kw).packs != a.packs or len(a.packs) < 2
+
+
+def test_rank_packs_resume_from_a_step():
+    plan = plan_epoch([10] * 8, budget=10, seed=0, epoch=0, world=2, grad_accum=2)
+    assert len(rank_packs(plan, 0, 0)) == 4
+    assert rank_packs(plan, 1, 1) == rank_packs(plan, 1, 0)[2:]
+
+
+def test_epoch_order_same_for_same_seed_and_epoch():
+    assert epoch_order(50, 7, 0, True) == epoch_order(50, 7, 0, True)
+    assert epoch_order(50, 7, 0, True) != epoch_order(50, 7, 1, True)
+    assert epoch_order(5, 7, 0, False) == [0, 1, 2, 3, 4]
+
+
+def test_mix_kinds_reaches_the_ratio_and_keeps_order():
+    samples = [Sample(str(i), "history" if i < 30 else "critique", None) for i in range(100)]
+    mixed = mix_kinds(samples, 0.5, seed=0)
+    kinds = [s.kind for s in mixed]
+    assert kinds.count("history") == kinds.count("critique") == 30
+    assert [int(s.id) for s in mixed] == sorted(int(s.id) for s in mixed)
+    assert len(mix_kinds(samples, -1, seed=0)) == 100
+    assert all(s.kind == "critique" for s in mix_kinds(samples, 0.0, seed=0))
+
+
+def test_grad_accum_derived_from_global_batch():
+    assert derive_grad_accum(4.0, world=8, global_batch_samples=256, grad_accum=0) == 8
+    assert derive_grad_accum(4.0, world=8, global_batch_samples=256, grad_accum=3) == 3
+    assert derive_grad_accum(100.0, world=8, global_batch_samples=16, grad_accum=0) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs and MFU
+
+
+def _toy_shape(**trained) -> FlopShape:
+    return FlopShape(
+        llm_matmul_params=1000,
+        llm_layers=2,
+        llm_heads=4,
+        llm_head_dim=8,
+        vit_params=100,
+        vit_layers=3,
+        vit_hidden=16,
+        merger_params=50,
+        deepstack_params=20,
+        **trained,
+    )
+
+
+def test_step_flops_hand_computed():
+    # Two samples S = 10, 20; one image of P = 8 patches (2 merged tokens).
+    shape = _toy_shape()
+    llm = 6 * 1000 * 30  # 180,000
+    attn = 6 * 2 * 4 * 8 * (100 + 400)  # 192,000 (causal-exact)
+    vit = 1 * 2 * 100 * 8 + 1 * 4 * 3 * 16 * 64  # frozen ViT: 1,600 + 12,288
+    mergers = 3 * 2 * 50 * 2 + 1 * 2 * 20 * 2  # trained merger, frozen DeepStack: 600 + 80
+    assert step_flops(shape, [10, 20], [8]) == llm + attn + vit + mergers
+    assert step_flops(shape, [10, 20], [8], causal=False) == llm + 2 * attn + vit + mergers
+
+
+def test_step_flops_multipliers_follow_training_flags():
+    base = step_flops(_toy_shape(), [10], [4])
+    vit_on = step_flops(_toy_shape(vit_trained=True), [10], [4])
+    assert vit_on - base == 2 * (2 * 100 * 4 + 4 * 3 * 16 * 16)  # ×3 instead of ×1
+    lora = step_flops(_toy_shape(llm_trained=False), [10], [4])
+    assert base - lora == 2 * 1000 * 10  # 4·N·S instead of 6·N·S
+
+
+def test_qwen3vl_8b_numbers_match_the_reference_table():
+    # qwen3vl_training.md §3.4/§16.3: N_llm = 6.946e9 + 0.622e9, causal attention 91 TF at S=10,160.
+    text = dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    )
+    vision = dict(
+        depth=27,
+        hidden_size=1152,
+        intermediate_size=4304,
+        in_channels=3,
+        temporal_patch_size=2,
+        patch_size=16,
+        spatial_merge_size=2,
+        out_hidden_size=4096,
+        deepstack_visual_indexes=[8, 16, 24],
+    )
+    cfg = type(
+        "C", (), {"text_config": type("T", (), text), "vision_config": type("V", (), vision)}
+    )
+    shape = shape_from_config(cfg)
+    assert shape.llm_matmul_params == pytest.approx(7.568e9, rel=1e-3)
+    s = 10_160
+    llm_only = step_flops(shape, [s])
+    assert 6 * shape.llm_matmul_params * s == pytest.approx(461e12, rel=5e-3)
+    assert llm_only - 6 * shape.llm_matmul_params * s == pytest.approx(91.3e12, rel=5e-3)
+
+
+def test_mfu_definition():
+    assert mfu(989e12, 1.0, 1, 989.0) == pytest.approx(1.0)
+    assert mfu(4 * 0.4 * 989e12, 2.0, 2, 989.0) == pytest.approx(0.4)
+    assert mfu(1.0, 0.0, 1, 989.0) == 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Schedule
+
+
+def test_lr_schedule_warmup_then_cosine_to_floor():
+    f = [lr_factor(s, total=10, warmup=2, kind="cosine", min_ratio=0.1) for s in range(10)]
+    assert f[0] == pytest.approx(0.5) and f[1] == pytest.approx(1.0)
+    assert f[2] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[1:], f[2:], strict=False))
+    assert lr_factor(10, total=10, warmup=2, kind="cosine", min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_factor(5, total=10, warmup=0, kind="constant", min_ratio=0.0) == 1.0
+    assert lr_factor(5, total=10, warmup=0, kind="linear", min_ratio=0.0) == pytest.approx(0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# Collation
+
+
+def _sample(n: int, sup: int, images: int = 0) -> dict:
+    labels = torch.full((n,), -100)
+    labels[n - sup - 1 : n - 1] = 7
+    out = {
+        "input_ids": torch.arange(n) + 10,
+        "labels": labels,
+        "position_ids": torch.arange(n).repeat(4, 1),
+    }
+    if images:
+        out["pixel_values"] = torch.ones(4 * images, 1536)
+        out["image_grid_thw"] = torch.tensor([[1, 2, 2]] * images)
+    return out
+
+
+def test_collate_restarts_text_positions_per_sample():
+    batch = collate_pack(
+        [_sample(5, 2, images=1), _sample(3, 1), _sample(4, 2, images=2)], ["a", "b", "c"]
+    )
+    pos = batch.inputs["position_ids"]
+    assert pos.shape == (4, 1, 12)
+    assert pos[0, 0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]
+    assert batch.inputs["input_ids"].shape == batch.inputs["labels"].shape == (1, 12)
+    assert batch.inputs["pixel_values"].shape == (12, 1536)
+    assert batch.inputs["image_grid_thw"].shape == (3, 3)
+    assert batch.meta.supervised == 5 and batch.meta.seq_lens == [5, 3, 4]
+    assert batch.meta.image_patches == [4, 4, 4] and batch.meta.sample_ids == ["a", "b", "c"]
+    assert "pixel_values" not in collate_pack([_sample(3, 1)]).inputs
+
+
+def test_collate_prepends_text_row_to_three_row_mrope():
+    s = _sample(4, 1)
+    s["position_ids"] = torch.full((3, 4), 9)
+    pos = collate_pack([s]).inputs["position_ids"]
+    assert pos[0, 0].tolist() == [0, 1, 2, 3] and pos[1:, 0].eq(9).all()
+
+
+def test_collate_rejects_inconsistent_samples():
+    bad = _sample(4, 1)
+    bad["labels"] = bad["labels"][:3]
+    with pytest.raises(ValueError):
+        collate_pack([bad])
+    with pytest.raises(ValueError):
+        collate_pack([])
+
+
+def test_cu_seq_lens():
+    assert cu_seq_lens([3, 5, 2]).tolist() == [0, 3, 8, 10]
+    assert cu_seq_lens([3]).dtype == torch.int32
+
+
+# --------------------------------------------------------------------------------------------
+# Metric loggers and config
+
+
+def test_jsonl_logger_appends_and_keeps_nan_readable(tmp_path):
+    path = tmp_path / "m.jsonl"
+    for step in (1, 2):
+        lg = JsonlLogger(path)
+        lg.log({"loss": 1.5, "grad_norm": math.nan}, step)
+        lg.close()
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and rows[0]["grad_norm"] == "nan"
+
+
+def test_stdout_logger_and_rank_gate(tmp_path):
+    stream = io.StringIO()
+    StdoutLogger(stream).log({"loss": 0.5, "samples": 3}, 4)
+    assert stream.getvalue() == "step 4: loss=0.5 samples=3\n"
+    assert isinstance(build_metric_logger(["stdout"], tmp_path, is_main=False), NullLogger)
+    with pytest.raises(ValueError):
+        build_metric_logger(["carrier-pigeon"], tmp_path, is_main=True)
+
+
+def test_config_overrides_and_named_errors():
+    cfg = load_config(TrainConfig, None, ["data=/d", "out=/o", "optim.lr=1e-5"])
+    assert (cfg.data, cfg.out, cfg.optim.lr) == ("/d", "/o", 1e-5)
+    with pytest.raises(ConfigError, match="optim.warmup_ratio"):
+        load_config(TrainConfig, None, ["optim.warmup_ratio=1.5"])
+    with pytest.raises(ConfigError, match="dataset.token_budget"):
+        load_config(TrainConfig, None, ["dataset.token_budget=0"])
+    with pytest.raises(ConfigError, match="nothing to train"):
+        load_config(TrainConfig, None, ["model.train_llm=false", "model.train_merger=false"])
+    with pytest.raises(ConfigError):
+        load_config(TrainConfig, None, ["optim.no_such_field=1"])

@@ -1,0 +1,222 @@
+"""Resumable checkpoints, preemption signals and the final Hugging Face export.
+
+Layout under ``out/``::
+
+    checkpoints/step_000040/   model + optimizer (DeepSpeed engine files or state.pt),
+                               scheduler.pt, rng_<rank>.pt, trainer_state.json, config.yaml
+    final/                     HF checkpoint (weights, processor, chat template, generation config)
+
+A checkpoint is written into ``step_N.tmp`` and renamed by rank 0 after a barrier, so a job killed
+mid-save never leaves a directory that ``resume=auto`` would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hivig.config import write_run_description
+from hivig.distributed import rank_and_world
+from hivig.logging import get_logger
+
+log = get_logger(__name__)
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """Where the loop is: enough to continue at the exact next micro-batch."""
+
+    step: int = 0
+    """Optimizer steps completed."""
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    step_in_epoch: int = 0
+    """Optimizer steps completed within ``epoch``: the data position."""
+    samples_seen: int = 0
+    """Training samples consumed so far, all ranks."""
+    tokens_seen: int = 0
+    """Packed tokens consumed so far, all ranks."""
+
+
+def barrier() -> None:
+    """Synchronise ranks when running distributed; a no-op otherwise."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def checkpoint_dir(out: str | Path, step: int) -> Path:
+    """``out/checkpoints/step_000123``."""
+    return Path(out) / "checkpoints" / f"step_{step:06d}"
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The completed checkpoint with the highest step under ``out``, or ``None``."""
+    root = Path(out) / "checkpoints"
+    if not root.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return max(found)[1] if found else None
+
+
+def resolve_resume(resume: str, out: str | Path) -> Path | None:
+    """Map ``loop.resume`` (auto | never | path) to a checkpoint directory or ``None``."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(out)
+    path = Path(resume)
+    if not (path / "trainer_state.json").is_file():
+        raise FileNotFoundError(f"`loop.resume`: {path} is not a checkpoint directory")
+    return path
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _engine(accelerator: Any) -> Any:
+    wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+    return wrapped.engine if wrapped is not None else None
+
+
+def save_checkpoint(
+    out: str | Path,
+    accelerator: Any,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    state: TrainerState,
+    cfg: Any,
+    keep_last: int,
+) -> Path:
+    """Write a resumable checkpoint of every rank's state; returns its final directory."""
+    rank, _ = rank_and_world()
+    final = checkpoint_dir(out, state.step)
+    tmp = final.with_name(final.name + ".tmp")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    engine = _engine(accelerator)
+    if engine is not None:
+        # Every rank writes its own optimizer partition (ZeRO); the engine names the files.
+        engine.save_checkpoint(str(tmp), tag="engine")
+    elif rank == 0:
+        unwrapped = accelerator.unwrap_model(model)
+        payload = {"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict()}
+        torch.save(payload, tmp / "state.pt")
+    torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
+    if rank == 0:
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
+        write_run_description(tmp, cfg)
+    barrier()
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        _prune(Path(out), keep_last)
+        log.info("saved checkpoint %s", final)
+    barrier()
+    return final
+
+
+def _prune(out: Path, keep_last: int) -> None:
+    root = out / "checkpoints"
+    found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)))
+    for _, path in found[:-keep_last]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def load_checkpoint(
+    path: str | Path, accelerator: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any
+) -> TrainerState:
+    """Restore model, optimizer, scheduler, this rank's RNG and the loop position."""
+    path = Path(path)
+    rank, _ = rank_and_world()
+    engine = _engine(accelerator)
+    if engine is not None:
+        engine.load_checkpoint(str(path), tag="engine", load_lr_scheduler_states=False)
+    else:
+        payload = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        accelerator.unwrap_model(model).load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    rng = path / f"rng_{rank}.pt"
+    if rng.is_file():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    else:
+        log.warning("no RNG state for rank %d in %s (world size changed?)", rank, path)
+    state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
+    log.info("resumed from %s at step %d", path, state.step)
+    return state
+
+
+class PreemptionFlag:
+    """Set by SIGTERM/SIGUSR1; the loop checkpoints at the next step boundary and exits.
+
+    SLURM sends SIGUSR1 ahead of the time limit (``--signal=USR1@180``) and SIGTERM on
+    preemption. The handler only records the signal: saving happens in the loop, on all ranks
+    at the same step (``should_stop`` all-reduces the flag).
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)):
+        self.signum: int | None = None
+        self._previous = {s: signal.signal(s, self._handle) for s in signals}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def should_stop(self) -> bool:
+        """True on every rank once any rank has received a signal."""
+        flag = torch.tensor([1 if self.signum is not None else 0])
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_backend() == "nccl":
+                flag = flag.cuda()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def restore(self) -> None:
+        """Reinstall the previous handlers."""
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+
+def requeue_slurm_job(enabled: bool) -> None:
+    """Ask SLURM to requeue this job (rank 0, only inside a SLURM job and when enabled)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not enabled or job is None or rank_and_world()[0] != 0:
+        return
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if result.returncode != 0:
+        log.warning("scontrol requeue %s failed: %s", job, result.stderr.strip())
+    else:
+        log.info("requeued SLURM job %s", job)

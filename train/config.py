@@ -1,0 +1,245 @@
+"""Typed configuration of the SFT recipe, built from the shared parts in ``hivig.config``.
+
+YAML files under ``configs/train/`` hold values only; the command line adds dotlist overrides.
+Two override names are stable for scripts: ``data=DIR`` (a data_gen output directory) and
+``out=DIR`` (checkpoints and logs; the final checkpoint lands in ``DIR/final``)::
+
+    python -m train --config configs/train/tiny_cpu.yaml data=runs/gen out=runs/tiny
+    python -m train --config configs/train/qwen3vl_8b_full.yaml optim.lr=1e-5 --dry-run
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hivig.config import ConfigError, FrameConfig
+
+SCHEDULERS = ("cosine", "linear", "constant")
+PACK_STRATEGIES = ("best_fit", "first_fit")
+METRIC_SINKS = ("jsonl", "stdout", "tensorboard", "wandb", "null")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class ModelConfig:
+    """Which weights to start from and which parts of the model train."""
+
+    path: str = ""
+    """Hugging Face checkpoint directory. Empty means the tiny random model (CPU tests only)."""
+    tiny_seed: int = 0
+    """Weight seed of the tiny random model used when ``path`` is empty."""
+    dtype: str = "bfloat16"
+    """Parameter dtype: float32, bfloat16 or float16. fp32 is for exact CPU tests."""
+    attn_implementation: str = "flash_attention_2"
+    """Attention kernel for both towers (``qwen3vl_training.md`` §13.5); ``sdpa`` on CPU."""
+    gradient_checkpointing: bool = True
+    """Recompute LLM layer activations in backward (non-reentrant); the frozen ViT never is."""
+    train_vit: bool = False
+    """Train the vision blocks (patch_embed, pos_embed, blocks). HiViG: frozen."""
+    train_merger: bool = True
+    """Train the main 2x2 patch merger (the official 8B script trains it)."""
+    train_deepstack: bool = False
+    """Train the three DeepStack mergers (conservative default: frozen, §11)."""
+    train_llm: bool = True
+    """Train the language model and ``lm_head``."""
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters through peft; when enabled, every base weight is frozen."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of a full fine-tune."""
+    r: int = 64
+    """Adapter rank (official Qwen recipe: 64)."""
+    alpha: int = 128
+    """Adapter scaling numerator; the effective scale is alpha / r."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    """Module name suffixes that get adapters (LLM attention only; the ViT uses qkv/proj)."""
+
+
+@dataclass
+class DatasetConfig:
+    """Which samples are read and how they become packs."""
+
+    train_split: str = "train"
+    """Split read for training."""
+    eval_split: str = "val"
+    """Split read for held-out evaluation; missing means no evaluation."""
+    history_fraction: float = -1.0
+    """Fraction of history samples in the training mix, in [0, 1]; -1 keeps the natural mix."""
+    token_budget: int = 16384
+    """Packed row length per device, in LLM tokens (text + visual). Longer samples are dropped."""
+    max_samples_per_pack: int = 0
+    """Cap on samples per pack; 0 means no cap (the budget alone decides)."""
+    pack_strategy: str = "best_fit"
+    """``best_fit`` (best-fit-decreasing within a window) or ``first_fit`` (streaming, in order)."""
+    pack_window: int = 1024
+    """Samples considered together by best-fit; keeps the order mostly shuffled."""
+    shuffle: bool = True
+    """Shuffle samples each epoch with a seed derived from ``seed`` and the epoch."""
+    num_workers: int = 4
+    """Dataloader worker processes per device (image decoding and encoding run there)."""
+    prefetch_factor: int = 2
+    """Packs each worker prepares ahead."""
+    image_root: str = ""
+    """Directory that relative image paths of records resolve against; empty = ``data``."""
+    frame: FrameConfig = field(default_factory=FrameConfig)
+    """Canonical frame for every screenshot (same values as data_gen and serve)."""
+    max_samples: int = 0
+    """Read at most this many records per split (0 = all); for smoke tests."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, cosine schedule and the optimizer-step size (HiViG paper defaults)."""
+
+    lr: float = 5e-6
+    """Peak LR of the LLM group. HiViG: 5e-6."""
+    merger_lr: float = 0.0
+    """Peak LR of the merger groups; 0 means ``lr``."""
+    vit_lr: float = 2e-6
+    """Peak LR of the ViT when trained (public anchors: 1e-6 to 2e-6)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay; never applied to biases and norm weights."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Global gradient clipping threshold; 0 disables clipping."""
+    scheduler: str = "cosine"
+    """``cosine``, ``linear`` (decay to zero) or ``constant`` after warmup."""
+    warmup_ratio: float = 0.03
+    """Fraction of optimizer steps spent in linear warmup, in [0, 1)."""
+    min_lr_ratio: float = 0.0
+    """Final LR as a fraction of the peak, for cosine/linear."""
+    global_batch_samples: int = 256
+    """Samples per optimizer step across ranks and micro-steps. HiViG: 256."""
+    grad_accum: int = 0
+    """Packs per rank per optimizer step; 0 derives it from ``global_batch_samples``."""
+
+
+@dataclass
+class TrainLoopConfig:
+    """Length of the run, cadence of logging, evaluation and checkpoints."""
+
+    epochs: int = 1
+    """Passes over the training split. HiViG: 1."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (0 = run all epochs)."""
+    seed: int = 1234
+    """Seed for the data order and any sampling in the loop."""
+    loss_chunk_tokens: int = 2048
+    """Supervised positions per chunk of the chunked cross-entropy (bounds fp32 logits memory)."""
+    log_every_n_steps: int = 1
+    """Optimizer steps between metric records."""
+    eval_every_n_steps: int = 0
+    """Optimizer steps between held-out evaluations (0 = only at the end, if a split exists)."""
+    eval_max_packs: int = 64
+    """Held-out packs per evaluation, per rank."""
+    eval_generate_samples: int = 0
+    """Held-out critique samples scored by generation (verdict accuracy); 0 disables."""
+    eval_max_new_tokens: int = 512
+    """Generation budget per evaluated critique sample, in tokens."""
+    save_every_n_steps: int = 500
+    """Optimizer steps between resumable checkpoints (0 = only on signal and at the end)."""
+    keep_last_checkpoints: int = 2
+    """Resumable checkpoints kept on disk; older ones are deleted."""
+    resume: str = "auto"
+    """``auto`` (latest checkpoint in ``out``, if any), ``never``, or a checkpoint directory."""
+    requeue_on_signal: bool = True
+    """After a SIGUSR1 checkpoint inside SLURM, run ``scontrol requeue`` for this job."""
+    peak_tflops: float = 989.0
+    """Dense bf16 peak per device for MFU, in TFLOP/s (H100 SXM / H200: 989, A100: 312)."""
+    progress_bar: bool = True
+    """Show a tqdm bar on rank 0."""
+
+
+@dataclass
+class MetricsConfig:
+    """Where per-step metrics go (rank 0 only)."""
+
+    sinks: list[str] = field(default_factory=lambda: ["jsonl", "stdout"])
+    """Any of jsonl, stdout, tensorboard, wandb, null. JSONL is always written."""
+    wandb_project: str = "hivig"
+    """W&B project name when ``wandb`` is a sink."""
+
+
+@dataclass
+class TrainConfig:
+    """The whole SFT recipe; every field has a YAML value in ``configs/train/``."""
+
+    data: str = ""
+    """data_gen output directory holding ``sft/<split>/*.parquet`` (stable override ``data=``)."""
+    out: str = "outputs/train"
+    """Output directory: checkpoints, logs, final HF checkpoint in ``out/final`` (``out=``)."""
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    """Splits, mixing and packing."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Weights and freezing."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Optional LoRA adapters."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    loop: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    """Run length and cadence."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Metric sinks."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _validate(cfg: TrainConfig) -> None:
+    d, m, o, lp, lo = cfg.dataset, cfg.model, cfg.optim, cfg.loop, cfg.lora
+    _check(bool(cfg.out), "`out` must name an output directory")
+    _check(d.token_budget > 0, "`dataset.token_budget` must be positive (tokens per device)")
+    _check(d.max_samples_per_pack >= 0, "`dataset.max_samples_per_pack` must be >= 0")
+    _check(
+        d.pack_strategy in PACK_STRATEGIES, f"`dataset.pack_strategy` must be in {PACK_STRATEGIES}"
+    )
+    _check(d.pack_window > 0, "`dataset.pack_window` must be positive")
+    _check(d.num_workers >= 0, "`dataset.num_workers` must be >= 0")
+    _check(d.prefetch_factor > 0, "`dataset.prefetch_factor` must be positive")
+    _check(d.max_samples >= 0, "`dataset.max_samples` must be >= 0")
+    hf = d.history_fraction
+    _check(hf == -1.0 or 0.0 <= hf <= 1.0, "`dataset.history_fraction` must be -1 or in [0, 1]")
+    _check(m.dtype in DTYPES, f"`model.dtype` must be one of {DTYPES}")
+    _check(o.lr > 0, "`optim.lr` must be positive")
+    _check(o.merger_lr >= 0 and o.vit_lr >= 0, "`optim.merger_lr`/`optim.vit_lr` must be >= 0")
+    _check(o.weight_decay >= 0, "`optim.weight_decay` must be >= 0")
+    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "`optim.betas` needs 2 in [0,1)")
+    _check(o.max_grad_norm >= 0, "`optim.max_grad_norm` must be >= 0")
+    _check(o.scheduler in SCHEDULERS, f"`optim.scheduler` must be one of {SCHEDULERS}")
+    _check(0 <= o.warmup_ratio < 1, "`optim.warmup_ratio` must be in [0, 1)")
+    _check(0 <= o.min_lr_ratio <= 1, "`optim.min_lr_ratio` must be in [0, 1]")
+    _check(o.global_batch_samples > 0, "`optim.global_batch_samples` must be positive")
+    _check(o.grad_accum >= 0, "`optim.grad_accum` must be >= 0 (0 = derived)")
+    _check(lp.epochs > 0, "`loop.epochs` must be positive")
+    _check(lp.max_steps >= 0, "`loop.max_steps` must be >= 0")
+    _check(lp.loss_chunk_tokens > 0, "`loop.loss_chunk_tokens` must be positive")
+    _check(lp.log_every_n_steps > 0, "`loop.log_every_n_steps` must be positive")
+    for name in ("eval_every_n_steps", "save_every_n_steps", "eval_generate_samples"):
+        _check(getattr(lp, name) >= 0, f"`loop.{name}` must be >= 0")
+    _check(lp.eval_max_packs > 0, "`loop.eval_max_packs` must be positive")
+    _check(lp.keep_last_checkpoints > 0, "`loop.keep_last_checkpoints` must be positive")
+    _check(bool(lp.resume), "`loop.resume` must be auto, never or a checkpoint directory")
+    _check(lp.peak_tflops > 0, "`loop.peak_tflops` must be positive (TFLOP/s per device)")
+    bad = [s for s in cfg.metrics.sinks if s not in METRIC_SINKS]
+    _check(not bad, f"`metrics.sinks` has unknown entries {bad}; choose from {METRIC_SINKS}")
+    if lo.enabled:
+        _check(lo.r > 0 and lo.alpha > 0, "`lora.r` and `lora.alpha` must be positive")
+        _check(0 <= lo.dropout < 1, "`lora.dropout` must be in [0, 1)")
+        _check(bool(lo.target_modules), "`lora.target_modules` must not be empty")
+    elif not (m.train_vit or m.train_merger or m.train_deepstack or m.train_llm):
+        raise ConfigError("`model.train_*` freezes every group and LoRA is off: nothing to train")

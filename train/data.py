@@ -1,0 +1,280 @@
+"""From data_gen's SFT records to packed micro-batches, per rank and resumable.
+
+Flow: records (``<data>/sft/<split>/*.parquet``) → history/critique mix → per-sample encoding
+(canonical frames with markers via ``hivig.vision``, tokens/labels/positions via
+``hivig.models.qwen_vl``) → token lengths → seeded order → pack plan → optimizer steps × ranks →
+a ``DataLoader`` whose workers encode and collate whole packs.
+
+The plan is a pure function of (lengths, seed, epoch, world, accumulation), so every rank computes
+the same plan and takes its own packs, and a resumed run skips exactly the steps already done.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hivig.logging import get_logger
+from train.collate import PackedBatch, collate_pack
+from train.packing import group_into_steps, plan_packs
+
+log = get_logger(__name__)
+
+Encoder = Callable[[Any], Any]
+
+
+def _identity(x: Any) -> Any:
+    # Module-level (not a lambda) so worker processes can unpickle it under any start method.
+    return x
+
+
+@dataclass
+class Sample:
+    """One training sample before encoding: its id, kind and what the encoder needs."""
+
+    id: str
+    """Stable sample id (from the record)."""
+    kind: str
+    """``history`` or ``critique``."""
+    payload: Any
+    """The record (or, in tests, a ready message list) handed to the encoder."""
+
+
+@dataclass
+class Quarantine:
+    """Samples that could not be encoded, with the reason; written next to the run's outputs."""
+
+    entries: list[dict[str, str]] = field(default_factory=list)
+    """``{"id": ..., "reason": ..., "message": ...}`` per sample."""
+
+    def add(self, sample_id: str, reason: str, message: str) -> None:
+        """Record one excluded sample."""
+        self.entries.append({"id": sample_id, "reason": reason, "message": message})
+
+    def write(self, path: str | Path) -> None:
+        """Write JSONL (one entry per line); nothing is written when empty."""
+        if self.entries:
+            lines = "".join(json.dumps(e) + "\n" for e in self.entries)
+            Path(path).write_text(lines, encoding="utf-8")
+
+    def counts(self) -> dict[str, int]:
+        """``dropped_<reason>`` counters."""
+        out: dict[str, int] = {}
+        for e in self.entries:
+            out[f"dropped_{e['reason']}"] = out.get(f"dropped_{e['reason']}", 0) + 1
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Records and mixing
+
+
+def load_samples(data_dir: str | Path, split: str, max_samples: int = 0) -> list[Sample]:
+    """Read ``<data_dir>/sft/<split>`` as ``Sample``s (empty list when the split is absent)."""
+    from hivig.records import read_records
+
+    split_dir = Path(data_dir) / "sft" / split
+    if not split_dir.is_dir():
+        return []
+    samples = [Sample(id=str(r.id), kind=str(r.kind), payload=r) for r in read_records(split_dir)]
+    return samples[:max_samples] if max_samples else samples
+
+
+def mix_kinds(samples: Sequence[Sample], history_fraction: float, seed: int) -> list[Sample]:
+    """Subsample the more abundant kind so history samples make up ``history_fraction``.
+
+    ``-1`` keeps everything. The kind that limits the ratio is kept whole; the other is
+    subsampled with a seeded RNG, and the original order is preserved.
+    """
+    if history_fraction < 0:
+        return list(samples)
+    hist = [i for i, s in enumerate(samples) if s.kind == "history"]
+    crit = [i for i, s in enumerate(samples) if s.kind != "history"]
+    f = history_fraction
+    if f in (0.0, 1.0):
+        keep = set(crit if f == 0.0 else hist)
+    else:
+        # Largest (h, c) with h <= |hist|, c <= |crit| and h / (h + c) = f.
+        h = min(len(hist), int(len(crit) * f / (1 - f)))
+        c = min(len(crit), int(h * (1 - f) / f)) if h else 0
+        rng = random.Random(seed)
+        keep = set(rng.sample(hist, h)) | set(rng.sample(crit, c))
+    return [s for i, s in enumerate(samples) if i in keep]
+
+
+# ------------------------------------------------------------------------------------------------
+# Encoding and lengths
+
+
+def _length(encoded: Any) -> int:
+    ids = encoded["input_ids"] if isinstance(encoded, dict) else encoded.input_ids
+    return int(torch.as_tensor(ids).numel())
+
+
+class _EncodeDataset(Dataset):
+    def __init__(self, samples: Sequence[Sample], encoder: Encoder):
+        self.samples, self.encoder = samples, encoder
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[int, int, str, str]:
+        s = self.samples[i]
+        try:
+            return i, _length(self.encoder(s.payload)), "", ""
+        except (ValueError, OSError, KeyError, TypeError) as e:
+            # Bad records become quarantine entries with the reason, never a crash.
+            return i, -1, getattr(e, "reason", type(e).__name__), str(e)[:500]
+
+
+def compute_lengths(
+    samples: Sequence[Sample], encoder: Encoder, quarantine: Quarantine, num_workers: int = 0
+) -> list[int]:
+    """Token length of every sample (-1 for a sample that failed to encode, which is quarantined).
+
+    Encodes each sample once with the same encoder training uses, so the packer's lengths are
+    exact (``qwen3vl_training.md`` §6.5).
+    """
+    lengths = [-1] * len(samples)
+    loader = DataLoader(
+        _EncodeDataset(samples, encoder),
+        batch_size=None,
+        num_workers=num_workers,
+        collate_fn=_identity,
+    )
+    for i, n, reason, message in loader:
+        lengths[i] = n
+        if n < 0:
+            quarantine.add(samples[i].id, reason, message)
+    return lengths
+
+
+# ------------------------------------------------------------------------------------------------
+# Plans
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """Visiting order of one epoch; identical on every rank for a given (seed, epoch)."""
+    order = list(range(n))
+    if shuffle:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+@dataclass
+class EpochPlan:
+    """The packs of one epoch and their assignment to optimizer steps and ranks."""
+
+    packs: list[list[int]]
+    """Sample indices per pack."""
+    steps: list[list[list[int]]]
+    """``steps[s][rank]`` = pack indices of that rank's micro-batches in step ``s``."""
+    counts: dict[str, int]
+    """``packs``, ``samples``, ``dropped_too_long``, ``dropped_partial_step``, ``fill_permille``."""
+
+
+def derive_grad_accum(
+    mean_samples_per_pack: float, world: int, global_batch_samples: int, grad_accum: int
+) -> int:
+    """Packs per rank per step: explicit, or enough to reach ``global_batch_samples``."""
+    if grad_accum > 0:
+        return grad_accum
+    per_step = max(mean_samples_per_pack, 1e-9) * world
+    return max(1, round(global_batch_samples / per_step))
+
+
+def plan_epoch(
+    lengths: Sequence[int],
+    *,
+    budget: int,
+    seed: int,
+    epoch: int,
+    world: int,
+    grad_accum: int,
+    shuffle: bool = True,
+    strategy: str = "best_fit",
+    max_per_pack: int = 0,
+    window: int = 1024,
+) -> EpochPlan:
+    """Pack one epoch and split it into ``grad_accum`` packs per rank per step.
+
+    Samples with a negative length (quarantined) are skipped; over-budget ones are dropped and
+    counted as ``too_long``; packs that do not fill a whole last step are counted as
+    ``dropped_partial_step``.
+    """
+    order = [i for i in epoch_order(len(lengths), seed, epoch, shuffle) if lengths[i] >= 0]
+    plan = plan_packs(
+        lengths, budget, order=order, strategy=strategy, max_per_pack=max_per_pack, window=window
+    )
+    steps = group_into_steps(len(plan.packs), world, grad_accum)
+    used = len(steps) * world * grad_accum
+    counts = {
+        "packs": len(plan.packs),
+        "samples": plan.num_samples,
+        "dropped_too_long": len(plan.too_long),
+        "dropped_partial_step": sum(len(p) for p in plan.packs[used:]),
+        "fill_permille": int(1000 * plan.fill),
+    }
+    return EpochPlan(packs=plan.packs, steps=steps, counts=counts)
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading
+
+
+class PackDataset(Dataset):
+    """Item ``k`` = the ``k``-th micro-batch of this rank: its samples encoded and collated."""
+
+    def __init__(self, samples: Sequence[Sample], packs: Sequence[Sequence[int]], encoder: Encoder):
+        self.samples, self.packs, self.encoder = samples, list(packs), encoder
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def __getitem__(self, k: int) -> PackedBatch:
+        chosen = [self.samples[i] for i in self.packs[k]]
+        encoded = []
+        for s in chosen:
+            e = self.encoder(s.payload)
+            if isinstance(e, dict):
+                e = {**e, "kind": s.kind}
+            else:
+                e.kind = s.kind
+            encoded.append(e)
+        return collate_pack(encoded, [s.id for s in chosen])
+
+
+def rank_packs(plan: EpochPlan, rank: int, start_step: int) -> list[list[int]]:
+    """This rank's packs from ``start_step`` on, flattened in micro-step order."""
+    return [plan.packs[j] for step in plan.steps[start_step:] for j in step[rank]]
+
+
+def build_loader(
+    samples: Sequence[Sample],
+    packs: Sequence[Sequence[int]],
+    encoder: Encoder,
+    *,
+    num_workers: int,
+    prefetch_factor: int,
+    pin_memory: bool,
+) -> DataLoader:
+    """A loader yielding ``PackedBatch``es in plan order; workers encode whole packs."""
+    extra: dict[str, Any] = {}
+    if num_workers > 0:
+        extra["prefetch_factor"] = prefetch_factor
+    return DataLoader(
+        PackDataset(samples, packs, encoder),
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        collate_fn=_identity,
+        **extra,
+    )

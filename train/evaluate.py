@@ -1,0 +1,145 @@
+"""Periodic evaluation: held-out loss on packed batches and generation-based verdict accuracy.
+
+Both run on every rank (held-out packs are sharded like training packs) and return metric dicts
+for the run's ``MetricLogger``; the recipe calls them every ``loop.eval_every_n_steps`` and at
+the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hivig.contracts import ContractError, parse_critique
+from hivig.distributed import rank_and_world
+from hivig.logging import get_logger
+from hivig.models.qwen_vl import encode_sample
+from train.collate import collate_pack
+from train.packing import plan_packs
+
+log = get_logger(__name__)
+
+
+def _sum_across_ranks(values: list[float], device: torch.device | str) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: torch.nn.Module,
+    samples: Sequence[Any],
+    lengths: Sequence[int],
+    encoder: Any,
+    *,
+    budget: int,
+    max_packs: int,
+    device: torch.device | str,
+) -> dict[str, float]:
+    """Token-weighted held-out loss (Σ CE / Σ supervised tokens over all ranks).
+
+    Every rank runs the same number of packs (ZeRO-3 needs identical module calls on all ranks).
+
+    Args:
+        model: The ``CriticLoss`` module (possibly engine-wrapped): ``model(inputs)`` returns
+            ``(loss_sum, supervised_tokens)``.
+        samples: Held-out samples (``train.data.Sample``).
+        lengths: Their token lengths (-1 = quarantined, skipped).
+        encoder: ``RecordEncoder``.
+        budget: Tokens per pack.
+        max_packs: Packs per rank at most.
+        device: Where the model lives.
+
+    Returns:
+        ``{"eval_loss", "eval_tokens", "eval_samples"}``.
+    """
+    rank, world = rank_and_world()
+    order = [i for i, n in enumerate(lengths) if n >= 0]
+    plan = plan_packs(lengths, budget, order=order, strategy="first_fit")
+    per_rank = min(max_packs, len(plan.packs) // world)
+    mine = plan.packs[rank::world][:per_rank]
+    if not mine:
+        log.warning("held-out split too small for %d ranks: %d packs; no eval", world, len(plan.packs))
+        return {}
+    was_training = model.training
+    model.eval()
+    loss = tokens = count = 0.0
+    for pack in mine:
+        encoded = [encoder(samples[i].payload) for i in pack]
+        batch = collate_pack(encoded, [samples[i].id for i in pack]).to(device)
+        loss_sum, n = model(batch.inputs)
+        loss, tokens, count = loss + float(loss_sum), tokens + float(n), count + len(pack)
+    model.train(was_training)
+    loss, tokens, count = _sum_across_ranks([loss, tokens, count], device)
+    return {
+        "eval_loss": loss / tokens if tokens else float("nan"),
+        "eval_tokens": tokens,
+        "eval_samples": count,
+    }
+
+
+def _expected_verdict(sample: Any, target: str) -> str | None:
+    labels = getattr(sample.payload, "labels", None)
+    if labels is not None and getattr(labels, "verdict", None):
+        return str(labels.verdict)
+    parsed = parse_critique(target)
+    return None if isinstance(parsed, ContractError) else str(parsed.verdict)
+
+
+@torch.no_grad()
+def verdict_accuracy(
+    model: torch.nn.Module,
+    processor: Any,
+    samples: Sequence[Any],
+    encoder: Any,
+    *,
+    limit: int,
+    max_new_tokens: int,
+) -> dict[str, float]:
+    """Greedy-generate answers for up to ``limit`` critique samples and score the verdicts.
+
+    Runs on rank 0 only (other ranks return an empty dict): it is a small, optional check, not
+    a benchmark. Unparseable outputs count as wrong and are counted separately.
+
+    Returns:
+        ``{"eval_verdict_accuracy", "eval_verdict_unparsed", "eval_verdict_n"}``.
+    """
+    if rank_and_world()[0] != 0:
+        return {}
+    chosen = [s for s in samples if s.kind == "critique"][:limit]
+    right = unparsed = scored = 0
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    for sample in chosen:
+        messages, target = encoder.prompt_and_target(sample.payload)
+        expected = _expected_verdict(sample, target)
+        if expected is None:
+            continue
+        prompt = encode_sample(processor, encoder.materialise(messages))
+        inputs = {k: v.to(device) for k, v in prompt.model_inputs().items()}
+        # The 4-row training positions are for packed rows; generation computes its own.
+        inputs.pop("position_ids", None)
+        out = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True
+        )
+        text = processor.tokenizer.decode(
+            out[0, prompt.input_ids.numel() :], skip_special_tokens=False
+        )
+        parsed = parse_critique(text.split("<|im_end|>")[0])
+        scored += 1
+        if isinstance(parsed, ContractError):
+            unparsed += 1
+        elif str(parsed.verdict) == expected:
+            right += 1
+    model.train(was_training)
+    return {
+        "eval_verdict_accuracy": right / scored if scored else float("nan"),
+        "eval_verdict_unparsed": float(unparsed),
+        "eval_verdict_n": float(scored),
+    }
