@@ -33,8 +33,12 @@ def corpus(cache: Path, lines: int, seed: int) -> Path:
     root = cache / f"corpus-{episodes}-{seed}"
     if not (root / "meta.json").exists():
         t = time.perf_counter()
-        made = make_sample(root, SampleConfig(trajectories=episodes, seed=seed, **SIZES), progress=False)
-        print(f"generated {made.lines} lines, {made.images} images in {time.perf_counter() - t:.1f} s")
+        made = make_sample(
+            root, SampleConfig(trajectories=episodes, seed=seed, **SIZES), progress=False
+        )
+        print(
+            f"generated {made.lines} lines, {made.images} images in {time.perf_counter() - t:.1f} s"
+        )
     return root
 
 
@@ -42,7 +46,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=20_000, help="minimum corpus size in lines")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "hivig-bench-ingest"))
+    parser.add_argument(
+        "--cache", default=os.path.join(tempfile.gettempdir(), "hivig-bench-ingest")
+    )
     parser.add_argument("--verify-images", default="header", choices=("none", "header", "full"))
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the best is reported")
     parser.add_argument("--profile", action="store_true", help="print the top functions")

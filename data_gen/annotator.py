@@ -21,17 +21,22 @@ import asyncio
 import hashlib
 import json
 import os
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from data_gen.executor import atomic_write_text
+from PIL import Image
+
 from hivig.backends import BackendError, InferenceBackend, Sampling
+from hivig.contracts import render_critique_target
 from hivig.config import BackendConfig, FrameConfig
 from hivig.logging import get_logger
 from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart, mark_to_json
+from hivig.vision import ImageError, canonical_frame, draw_marks
 
 log = get_logger(__name__)
 
@@ -39,6 +44,9 @@ R = TypeVar("R")
 
 OFFLINE_MODEL = "hivig-offline-annotator"
 """Annotator name recorded on every sample the offline annotator wrote (never a real model)."""
+
+FRAME_CACHE_SIZE = 48
+"""Decoded canonical frames kept in memory (about 2.7 MB each at the default budget)."""
 
 # Bump when the cache key recipe changes so stale entries miss instead of answering a
 # differently shaped request.
@@ -247,6 +255,8 @@ class Annotator:
         self.concurrency = backend_cfg.concurrency
         self._digest = ImageDigests(corpus_root)
         self._semaphore: asyncio.Semaphore | None = None
+        self._frames: OrderedDict[str, Image.Image] = OrderedDict()
+        self._frames_lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         """Run-wide counters: ``requests`` (new, paid), ``cache_hits``, ``backend_errors``."""
 
@@ -287,6 +297,9 @@ class Annotator:
                 self.counts["backend_errors"] += 1
                 result.reason = f"annotator_{e.root_reason}"
                 result.message = str(e)
+                return result
+            except ImageError as e:
+                result.reason, result.message = "image_error", str(e)
                 return result
             result.attempts += 1
             result.request_hashes.append(rhash)
@@ -331,24 +344,51 @@ class Annotator:
         return text, reasoning, rhash
 
     async def _send(self, request: AnnotatorRequest) -> tuple[str, str | None, str]:
-        from hivig.vision import materialise
-
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.concurrency)
         async with self._semaphore:
             # Decoding and resizing are CPU work; a thread keeps the event loop free to overlap
             # other requests' network waits.
-            messages = await asyncio.to_thread(
-                materialise,
-                request.messages,
-                self.root,
+            messages = await asyncio.to_thread(self._materialise, request.messages)
+            assert self.backend is not None
+            gen = await self.backend.generate(messages, self.sampling)
+        return gen.text, gen.reasoning, gen.request_hash
+
+    def _materialise(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        out = []
+        for m in messages:
+            parts: list[TextPart | ImagePart] = [
+                ImagePart(self._frame(p.image))
+                if isinstance(p, ImagePart) and isinstance(p.image, ImageRef)
+                else p
+                for p in m.content
+            ]
+            out.append(ChatMessage(m.role, parts))
+        return out
+
+    def _frame(self, ref: ImageRef) -> Image.Image:
+        """The canonical frame of a screenshot with its marks (same pixels as ``materialise``).
+
+        Unmarked frames are kept in a small LRU: a screenshot is the after-image of one step and
+        the before-image of the next, and reappears in every later stage.
+        """
+        with self._frames_lock:
+            base = self._frames.get(ref.path)
+            if base is not None:
+                self._frames.move_to_end(ref.path)
+        if base is None:
+            path = Path(ref.path)
+            base = canonical_frame(
+                path if path.is_absolute() else self.root / path,
                 min_pixels=self.frame.min_pixels,
                 max_pixels=self.frame.max_pixels,
                 factor=self.frame.factor,
             )
-            assert self.backend is not None
-            gen = await self.backend.generate(messages, self.sampling)
-        return gen.text, gen.reasoning, gen.request_hash
+            with self._frames_lock:
+                self._frames[ref.path] = base
+                while len(self._frames) > FRAME_CACHE_SIZE:
+                    self._frames.popitem(last=False)
+        return draw_marks(base, ref.marks, ref.size_class).image if ref.marks else base
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,15 +487,11 @@ def _offline_rationale_good(o: dict[str, Any]) -> str:
         "Overall Grading: Good."
     )
     think = f"{p1}\n\n{p2}\n\n{p3}"
-    from hivig.contracts import render_critique_target
-
     explanation = f"{p2} Acting on the intended element is how this interface advances."
     return render_critique_target(think, "Good", None, explanation)
 
 
 def _offline_rationale_bad(o: dict[str, Any]) -> str:
-    from hivig.contracts import render_critique_target
-
     target = _describe_target(o)
     p1 = f"{_syntax_line(o)} The step targets {target}."
     if o.get("intent"):

@@ -1,8 +1,8 @@
 """A loopback OpenAI-compatible server that answers from a script, for tests and benchmarks.
 
-It is a real HTTP/1.1 server on 127.0.0.1 (a free port), an asyncio loop in a background thread,
-so clients are exercised over real sockets: latency, error statuses, timeouts, malformed bodies and the
-reasoning-field variants of vLLM/SGLang can all be scripted. It stops itself after
+It is a real HTTP/1.1 server on 127.0.0.1 (a free port) run by an asyncio loop in a background
+thread, so clients are exercised over real sockets: latency, error statuses, timeouts, malformed
+bodies and the reasoning-field variants of vLLM/SGLang can all be scripted. It stops itself after
 ``lifetime_s`` so a forgotten server never outlives its test.
 
 Example::
@@ -167,6 +167,7 @@ class ScriptedServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._port: int | None = None
         self._stopped = threading.Event()
+        self._expiry: asyncio.Future[None] | None = None
 
     # ----------------------------------------------------------------------------------------
     # Life cycle
@@ -209,8 +210,9 @@ class ScriptedServer:
             return
         if thread is threading.current_thread():
             raise RuntimeError("stop() cannot be called from the server's own loop")
-        if not loop.is_closed() and loop.is_running():
+        if loop.is_running():
             asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
         self._stopped.set()
@@ -221,11 +223,15 @@ class ScriptedServer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        asyncio.get_running_loop().stop()
 
     def _expire(self) -> None:
         logger.warning("scripted server reached its lifetime of %g s; stopping", self.lifetime_s)
-        asyncio.ensure_future(self._shutdown())
+
+        async def shutdown_and_stop() -> None:
+            await self._shutdown()
+            asyncio.get_running_loop().stop()
+
+        self._expiry = asyncio.ensure_future(shutdown_and_stop())
 
     def __enter__(self) -> ScriptedServer:
         return self.start()

@@ -527,3 +527,26 @@ def test_stopping_the_server_cuts_scripted_sleeps_short():
     with pytest.raises(BackendTransportError):
         _run(go())
     assert time.perf_counter() - start < 5.0
+
+
+def test_server_routes_and_bad_requests():
+    import httpx
+
+    with ScriptedServer(model="served", respond=lambda body: 42) as server:
+        root = f"http://127.0.0.1:{server.port}"
+        with httpx.Client() as http:
+            assert http.get(f"{root}/v1/models").json()["data"][0]["id"] == "served"
+            assert http.get(f"{root}/health").status_code == 200
+            assert http.get(f"{root}/nowhere").status_code == 404
+            chat = f"{server.base_url}/chat/completions"
+            assert http.post(chat, content=b"{oops").status_code == 400
+            # A respond() answer that is neither Reply nor str is recorded and answered 500.
+            assert http.post(chat, json={"messages": []}).status_code == 500
+            server.push("pushed")
+            answer = http.post(chat, json={"messages": []}, headers={"Connection": "close"})
+            assert answer.json()["choices"][0]["message"]["content"] == "pushed"
+        assert server.request_count == 3
+        assert server.requests[0] == {} and server.requests[1] == {"messages": []}
+        assert server.respond_errors == [
+            "TypeError: a scripted answer must be a Reply or a str, got int"
+        ]

@@ -396,7 +396,11 @@ def test_scales_per_file(tmp_path):
     trajs, quarantine, _, report = run(
         tmp_path,
         {
-            "internal_windows_navigation_grid": ("windows", "navigation", [*grid, *grid_b, *grid_c]),
+            "internal_windows_navigation_grid": (
+                "windows",
+                "navigation",
+                [*grid, *grid_b, *grid_c],
+            ),
             "internal_windows_navigation_unit": ("windows", "navigation", [*unit, *unit_b]),
         },
     )

@@ -283,6 +283,16 @@ def test_think_tags_in_text_are_allowed(processor):
     assert sample.num_supervised == 2
 
 
+def test_long_samples_are_never_truncated():
+    proc = tiny_processor()
+    proc.tokenizer.model_max_length = 32  # far below the sample length
+    messages, target = synthetic_conversation(2)
+    sample = encode_sample(proc, messages, target)
+    assert sample.input_ids.shape[0] > 200
+    assert sample.num_image_tokens == int(sample.image_grid_thw.prod(dim=-1).sum()) // 4
+    assert _supervised_text(proc, sample) == target + "<|im_end|>"
+
+
 def test_text_only_sample(processor):
     sample = encode_sample(processor, [ChatMessage("user", [TextPart("hi")])], "ok")
     assert sample.pixel_values is None and sample.image_grid_thw is None

@@ -158,6 +158,8 @@ class TrainLoopConfig:
     """Dense bf16 peak per device for MFU, in TFLOP/s (H100 SXM / H200: 989, A100: 312)."""
     progress_bar: bool = True
     """Show a tqdm bar on rank 0."""
+    ledger: bool = True
+    """Append the sample ids of every step to ``out/ledger/rank_<r>.jsonl`` (audits data order)."""
 
 
 @dataclass

@@ -64,7 +64,7 @@ def evaluate_loss(
     per_rank = min(max_packs, len(plan.packs) // world)
     mine = plan.packs[rank::world][:per_rank]
     if not mine:
-        log.warning("held-out split too small for %d ranks: %d packs; no eval", world, len(plan.packs))
+        log.warning("held-out split too small: %d packs for %d ranks", len(plan.packs), world)
         return {}
     was_training = model.training
     model.eval()

@@ -21,13 +21,14 @@ count of the optimizer step (§10.2), chunked cross-entropy (§14).
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -277,7 +278,6 @@ def setup(cfg: TrainConfig) -> Components:
     total = len(plan0.steps) * cfg.loop.epochs
     total = min(total, cfg.loop.max_steps) if cfg.loop.max_steps else total
     optimizer = _setup_optimizer(cfg, model)
-    scheduler = _setup_scheduler(cfg, optimizer, total)
     is_main = rank == 0
     if is_main:
         write_run_description(cfg.out, cfg)
@@ -297,6 +297,8 @@ def setup(cfg: TrainConfig) -> Components:
         # Accumulation is by hand: the loss is already scaled by W / N (§10.2).
         accelerator.gradient_accumulation_steps = grad_accum
     loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
+    # After prepare, so the schedule wraps the optimizer whose ``step`` the loop calls.
+    scheduler = _setup_scheduler(cfg, optimizer, total)
     metrics = build_metric_logger(
         cfg.metrics.sinks,
         cfg.out,
@@ -388,6 +390,7 @@ def train(c: Components) -> TrainResult:
     losses: list[float] = []
     total = c.scheduler.lr_lambdas[0].keywords["total"]
     bar = _progress(cfg, total, state.step, rank)
+    ledger = _open_ledger(cfg, rank)
     preempted = False
     model.train()
     while state.step < total and state.epoch < cfg.loop.epochs:
@@ -428,6 +431,10 @@ def train(c: Components) -> TrainResult:
             state.samples_seen += int(row["samples"])
             state.tokens_seen += int(row["tokens"])
             losses.append(row["loss"])
+            if ledger is not None:
+                ids = [i for b in micro for i in b.meta.sample_ids]
+                ledger.write(json.dumps({"step": state.step, "samples": ids}) + "\n")
+                ledger.flush()
             if state.step % cfg.loop.log_every_n_steps == 0:
                 c.metrics.log(row, state.step)
             if bar is not None:
@@ -449,6 +456,8 @@ def train(c: Components) -> TrainResult:
     signals.restore()
     if bar is not None:
         bar.close()
+    if ledger is not None:
+        ledger.close()
     if preempted:
         _save(c)
         ckpt.requeue_slurm_job(cfg.loop.requeue_on_signal and signals.signum != 15)
@@ -459,6 +468,14 @@ def train(c: Components) -> TrainResult:
     final_dir = save_final(c)
     c.metrics.close()
     return TrainResult(state=state, losses=losses, final_dir=final_dir)
+
+
+def _open_ledger(cfg: TrainConfig, rank: int) -> TextIO | None:
+    if not cfg.loop.ledger:
+        return None
+    path = Path(cfg.out) / "ledger" / f"rank_{rank}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("a", encoding="utf-8")
 
 
 def _loader(c: Components, packs: list[list[int]]) -> Any:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.resources
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ _MERGE_SIZE = 2
 _TEMPORAL_PATCH_SIZE = 2
 # Qwen3-VL normalises pixels to [-1, 1] (preprocessor config: mean = std = 0.5).
 _IMAGE_MEAN_STD = (0.5, 0.5, 0.5)
+_ROLES = ("system", "user", "assistant")
 # A 16:9 screen used to check that the processor resizes with our budget.
 _PROBE_HW = (1080, 1920)
 
@@ -109,6 +111,7 @@ def _template_file(think_policy: str, version: int) -> str:
     return f"{stem}_v{version}.jinja"
 
 
+@lru_cache(maxsize=16)
 def load_chat_template(think_policy: str = "default", version: int = CHAT_TEMPLATE_VERSION) -> str:
     """Read one of our Jinja chat templates from ``hivig/prompts``.
 
@@ -406,11 +409,7 @@ def _check_text(text: str, forbidden: set[str], where: str) -> None:
 def _to_conversation(messages: Sequence[ChatMessage], forbidden: set[str]) -> list[dict[str, Any]]:
     conversation = []
     for k, message in enumerate(messages):
-        if not isinstance(message, ChatMessage) or message.role not in (
-            "system",
-            "user",
-            "assistant",
-        ):
+        if not isinstance(message, ChatMessage) or message.role not in _ROLES:
             raise EncodeError("bad_message", f"message {k} is not a system/user/assistant turn")
         content: list[dict[str, Any]] = []
         for part in message.content:
@@ -803,7 +802,6 @@ def module_groups(model: nn.Module) -> dict[str, list[str]]:
 
 def apply_freezing(
     model: nn.Module,
-    *,
     train_vit: bool = False,
     train_merger: bool = True,
     train_deepstack: bool = False,
@@ -850,7 +848,6 @@ def _no_decay(name: str, param: nn.Parameter) -> bool:
 
 def parameter_groups(
     model: nn.Module,
-    *,
     lr_llm: float,
     lr_merger: float,
     lr_vit: float,

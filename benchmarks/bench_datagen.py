@@ -1,0 +1,149 @@
+"""data_gen throughput: the CPU part with the offline annotator, and the annotator stage's overlap.
+
+1. CPU part: the whole pipeline (plan, transitions, history, perturbation, judge, rationales,
+   export with ShareGPT images and the report) with the offline annotator on a generated corpus,
+   pinned to one core. Result: exported samples per second (median of ``--runs``), with and
+   without the export's image rendering (ShareGPT marked PNGs and report cards).
+2. Annotator stage: the state-transition stage against the loopback OpenAI-compatible server
+   with a fixed latency (default 0.2 s) and ``--concurrency`` requests in flight. The ideal rate is
+   concurrency / latency; the result is the achieved rate as a fraction of it (target >= 0.85).
+   The server runs in a child process, as a real inference server would.
+
+    python benchmarks/bench_datagen.py
+    python benchmarks/bench_datagen.py --trajectories 30 --runs 3 --concurrency 32 --latency 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from data_gen.annotator import Annotator
+from data_gen.config import DataGenConfig
+from data_gen.executor import StageStats
+from data_gen.ingest import ingest
+from data_gen.run import build_plan, gen_params, load_work, run
+from data_gen.sample_corpus import SampleConfig, make_sample
+from data_gen.steps import TransitionsStep
+from data_gen.steps._work import Context, LoopThread
+from data_gen.perturb import ElementIndex
+from hivig.backends import OpenAIClient
+from hivig.config import BackendConfig, load_config
+from hivig.scripted_server import Reply, ScriptedServer
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
+TARGET = 0.85
+TRANSITION = (
+    "<think>\n[Action Mechanism] The step acts on a button.\n[Structural Effect] A panel opens."
+    "\n</think>\n<next_state>\nA panel will open.\n</next_state>"
+)
+
+
+def _serve(latency_s: float, urls: mp.Queue, stop: mp.Event) -> None:
+    with ScriptedServer(default=Reply(content=TRANSITION), latency_s=latency_s, lifetime_s=900) as s:
+        urls.put(s.base_url)
+        stop.wait()
+
+
+def cpu_part(corpus: Path, trajs: Path, work: Path, runs: int, images: bool) -> tuple[float, int]:
+    rates, samples = [], 0
+    for i in range(runs):
+        cfg = load_config(DataGenConfig, DEMO, [
+            f"corpus={corpus}", f"out={work / f'cpu{int(images)}_{i}'}", f"trajectories={trajs}",
+            f"export.sharegpt={images}", f"export.report_cards={36 if images else 0}",
+        ])
+        t0 = time.perf_counter()
+        stats = run(cfg, None)
+        rates.append(stats["samples"] / (time.perf_counter() - t0))
+        samples = stats["samples"]
+    return statistics.median(rates), samples
+
+
+def annotator_stage(
+    corpus: Path, trajs: Path, work: Path, args: argparse.Namespace
+) -> tuple[float, int, float, float]:
+    urls: mp.Queue = mp.Queue()
+    stop = mp.Event()
+    server = mp.Process(target=_serve, args=(args.latency, urls, stop), daemon=True)
+    server.start()
+    url = urls.get(timeout=60)
+    fractions, cpu_ms, requests = [], [], 0
+    try:
+        for i in range(args.runs):
+            cfg = load_config(DataGenConfig, DEMO, [
+                f"corpus={corpus}", f"out={work / f'ann{i}'}", f"trajectories={trajs}",
+                f"frame.max_pixels={args.max_pixels}",
+                f"frame.min_pixels={min(args.max_pixels, 65536)}",
+            ])
+            backend_cfg = BackendConfig(kind="openai", base_url=url, model="scripted",
+                                        concurrency=args.concurrency)
+            client = OpenAIClient(url, "scripted", concurrency=args.concurrency, max_retries=0)
+            annotator = Annotator(backend_cfg, cfg.frame, corpus, None, 1, backend=client)
+            works = load_work(cfg)
+            elements = ElementIndex.load(corpus / cfg.elements_file)
+            loop = LoopThread()
+            ctx = Context(cfg, corpus, annotator, elements,
+                          build_plan(cfg, works, elements, False), gen_params(cfg), loop)
+            stats = StageStats("transitions")
+            t0, c0 = time.perf_counter(), time.process_time()
+            TransitionsStep(ctx).run(works, stats)
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+            loop.run(client.aclose())
+            loop.close()
+            requests = annotator.counts["requests"]
+            fractions.append((requests / elapsed) / (args.concurrency / args.latency))
+            cpu_ms.append(1000 * cpu / max(1, requests))
+    finally:
+        stop.set()
+        server.join(timeout=10)
+    return statistics.median(fractions), requests, min(fractions), statistics.median(cpu_ms)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trajectories", type=int, default=30)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--core", type=int, default=0, help="CPU core for the CPU-part runs")
+    parser.add_argument("--only", choices=("cpu", "annotator"), default=None)
+    parser.add_argument("--max-pixels", type=int, default=1_048_576,
+                        help="canonical-frame budget of the annotator-stage images, in pixels")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        corpus = work / "corpus"
+        make_sample(corpus, SampleConfig(trajectories=args.trajectories, seed=0), progress=False)
+        ingest(corpus, work / "ingest", progress=False)
+        trajs = work / "ingest" / "trajectories.jsonl"
+        steps = sum(1 for _ in trajs.open())
+        print(f"corpus: {args.trajectories} episodes, {steps} trajectories")
+        if args.only in (None, "cpu"):
+            affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {args.core})
+            full, samples = cpu_part(corpus, trajs, work, args.runs, images=True)
+            core, _ = cpu_part(corpus, trajs, work, args.runs, images=False)
+            os.sched_setaffinity(0, affinity)
+            print(f"CPU part, 1 core, offline annotator: {samples} samples exported")
+            print(f"  full export (ShareGPT PNGs + report): {full:8.1f} samples/s")
+            print(f"  without export image rendering      : {core:8.1f} samples/s")
+        if args.only in (None, "annotator"):
+            frac, requests, worst, cpu_ms = annotator_stage(corpus, trajs, work, args)
+            ideal = args.concurrency / args.latency
+            print(f"annotator stage (transitions): {requests} requests, concurrency "
+                  f"{args.concurrency}, latency {args.latency}s, ideal {ideal:.0f} req/s, "
+                  f"frames <= {args.max_pixels} px")
+            print(f"  achieved / ideal (median of {args.runs}): {frac:.3f}  (worst {worst:.3f}; "
+                  f"target >= {TARGET}); client CPU {cpu_ms:.1f} ms/request")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""The SFT recipe end to end on the tiny model: CLI, freezing, checkpoints, resume, LoRA."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hivig.config import load_config
+from hivig.testing import save_tiny_checkpoint, tiny_model, tiny_processor
+from train.config import TrainConfig
+from train.sft import setup, train
+from train.synthetic import write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_YAML = ROOT / "configs" / "train" / "tiny_cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gen")
+    return write_dataset(out, n_train=12, n_val=2, sizes=((64, 64), (96, 64)), words=(2, 12))
+
+
+def _cfg(data: Path, out: Path, *overrides: str) -> TrainConfig:
+    base = [
+        f"data={data}",
+        f"out={out}",
+        "dataset.token_budget=1024",
+        "optim.global_batch_samples=4",
+    ]
+    return load_config(TrainConfig, TINY_YAML, [*base, *overrides])
+
+
+def _metrics(out: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r]
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_dry_run_prints_the_resolved_config(data_dir, tmp_path, capsys):
+    from train._cli import main
+
+    assert main(["--config", str(TINY_YAML), f"data={data_dir}", "optim.lr=0.5", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "lr: 0.5" in printed and str(data_dir) in printed
+    assert main(["--config", str(TINY_YAML), "optim.warmup_ratio=2", "--dry-run"]) == 2
+    # `python -m train.sft` is the documented second entry point.
+    cmd = [sys.executable, "-m", "train.sft", "--config", str(TINY_YAML), "--dry-run", "out=X"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "out: X" in proc.stdout
+
+
+def test_trains_freezes_and_writes_a_loadable_hf_checkpoint(data_dir, tmp_path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    out = tmp_path / "run"
+    c = setup(_cfg(data_dir, out, "loop.max_steps=2"))
+    initial = _state(tiny_model(tiny_processor(), seed=0))
+    result = train(c)
+    assert result.state.step == 2 and len(result.losses) == 2
+    assert all(torch.isfinite(torch.tensor(result.losses)))
+    rows = _metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("lr", "grad_norm", "tokens_per_s_per_device", "mfu", "dataloader_wait_frac"):
+        assert key in rows[0]
+    # Every trainable parameter changed; every frozen one (ViT, DeepStack) did not.
+    trained = {k: p for k, p in c.model.model.named_parameters()}
+    changed = {k for k, p in trained.items() if not torch.equal(p.detach(), initial[k])}
+    trainable = {k for k, p in trained.items() if p.requires_grad}
+    assert trainable and changed == trainable
+    assert any(".deepstack_merger_list." in k for k in trained if k not in trainable)
+    assert any(".visual.blocks." in k for k in trained if k not in trainable)
+    # Resumable checkpoint and the HF export.
+    ckpt = out / "checkpoints" / "step_000002"
+    for name in ("state.pt", "scheduler.pt", "rng_0.pt", "trainer_state.json", "config.yaml"):
+        assert (ckpt / name).is_file(), name
+    final = out / "final"
+    model = AutoModelForImageTextToText.from_pretrained(final)
+    processor = AutoProcessor.from_pretrained(final)
+    assert processor.chat_template == c.processor.chat_template
+    assert processor.image_processor.size["longest_edge"] == 65536
+    reloaded = dict(model.named_parameters())
+    for k, p in trained.items():
+        torch.testing.assert_close(reloaded[k], p.detach(), msg=k)
+    ledger = [json.loads(x) for x in (out / "ledger" / "rank_0.jsonl").read_text().splitlines()]
+    assert sum(len(r["samples"]) for r in ledger) == sum(r["samples"] for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.invariant
+def test_one_pack_of_four_equals_four_accumulated_packs(data_dir, tmp_path):
+    common = (
+        "loop.max_steps=1",
+        "optim.max_grad_norm=0",
+        "dataset.pack_strategy=first_fit",
+        "dataset.token_budget=4096",
+    )
+    a = setup(
+        _cfg(
+            data_dir,
+            tmp_path / "a",
+            *common,
+            "dataset.max_samples_per_pack=4",
+            "optim.grad_accum=1",
+        )
+    )
+    b = setup(
+        _cfg(
+            data_dir,
+            tmp_path / "b",
+            *common,
+            "dataset.max_samples_per_pack=1",
+            "optim.grad_accum=4",
+        )
+    )
+    ra, rb = train(a), train(b)
+    ma, mb = _metrics(tmp_path / "a")[0], _metrics(tmp_path / "b")[0]
+    assert ma["samples"] == mb["samples"] == 4
+    assert ra.losses[0] == pytest.approx(rb.losses[0], rel=1e-6)
+    assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-5)
+    pa, pb = dict(a.model.model.named_parameters()), dict(b.model.model.named_parameters())
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def _launch(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "train", *args],
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
+    args = [
+        "--config",
+        str(TINY_YAML),
+        f"data={data_dir}",
+        "dataset.token_budget=1024",
+        "dataset.max_samples_per_pack=1",
+        "optim.grad_accum=2",
+        "loop.save_every_n_steps=0",
+    ]  # 12 samples → 6 steps of 2 micro-batches
+    ref = _launch([*args, f"out={tmp_path / 'ref'}"])
+    ref_log = ref.communicate(timeout=240)[0]
+    assert ref.returncode == 0, ref_log
+    out = tmp_path / "cut"
+    first = _launch([*args, f"out={out}"])
+    deadline = time.monotonic() + 180
+    while not (out / "metrics.jsonl").is_file() or not _metrics(out):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    log = first.communicate(timeout=120)[0]
+    assert first.returncode == 0, log
+    saved = json.loads((next((out / "checkpoints").iterdir()) / "trainer_state.json").read_text())
+    assert 1 <= saved["step"] < 6, "the signal arrived too late to test resuming"
+    assert not (out / "final").exists()
+    second = _launch([*args, f"out={out}"])
+    log = second.communicate(timeout=240)[0]
+    assert second.returncode == 0, log
+    ref_losses = [r["loss"] for r in _metrics(tmp_path / "ref")]
+    cut_losses = [r["loss"] for r in _metrics(out)]
+    assert len(ref_losses) == 6 and [r["step"] for r in _metrics(out)] == list(range(1, 7))
+    assert cut_losses == ref_losses  # exact: fp32, same threads, same data position and RNG
+
+
+@pytest.mark.slow
+def test_lora_trains_only_adapters_and_merges_to_the_same_logits(data_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from hivig.models.qwen_vl import encode_sample
+    from hivig.testing import synthetic_conversation
+    from train._cli import main
+
+    base = save_tiny_checkpoint(tmp_path / "base")
+    out = tmp_path / "lora"
+    c = setup(
+        _cfg(
+            data_dir,
+            out,
+            "loop.max_steps=2",
+            f"model.path={base}",
+            "model.attn_implementation=sdpa",
+            "lora.enabled=true",
+            "lora.r=4",
+            "lora.alpha=8",
+            "optim.lr=1e-2",
+        )
+    )
+    before = _state(c.model.model)
+    train(c)
+    peft_model = c.model.model
+    trainable = {k for k, p in peft_model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in k for k in trainable)
+    after = peft_model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed)
+    # Merge through the CLI and compare logits with the adapter model.
+    assert (
+        main(
+            [
+                "merge-lora",
+                "--adapter",
+                str(out / "final"),
+                "--out",
+                str(tmp_path / "m"),
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
+    merged = AutoModelForImageTextToText.from_pretrained(tmp_path / "m").eval()
+    adapter = PeftModel.from_pretrained(
+        AutoModelForImageTextToText.from_pretrained(base), str(out / "final")
+    ).eval()
+    messages, target = synthetic_conversation(2, seed=3)
+    inputs = encode_sample(c.processor, messages, target).model_inputs()
+    with torch.no_grad():
+        a, m = adapter(**inputs).logits, merged(**inputs).logits
+        plain = AutoModelForImageTextToText.from_pretrained(base).eval()(**inputs).logits
+    torch.testing.assert_close(m, a, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(plain, a, atol=1e-4), "the adapter changed nothing"
