@@ -7,7 +7,8 @@ achieved rate over several runs as a fraction of that ideal; the target is >= 0.
 By default the server runs in a thread of the benchmark process, as in the tests, so client and
 server share one interpreter lock; ``--server process`` moves it to a child process, as a real
 inference server would be, and so measures the client alone. "CPU ms/req" is this process's CPU
-time per request (client, plus the server in thread mode).
+time per request (client, plus the server in thread mode); "CPU wait s" is how long this
+process's threads were runnable but waiting for a CPU (Linux schedstat), the sign of a busy host.
 
     python benchmarks/bench_client.py
     python benchmarks/bench_client.py --server process
@@ -19,12 +20,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import glob
 import multiprocessing as mp
 import os
 import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from hivig.backends import OpenAIClient, Sampling
 from hivig.media import ChatMessage, TextPart
@@ -33,6 +36,22 @@ from hivig.scripted_server import Reply, ScriptedServer
 TARGET = 0.9
 REPLY = Reply(content="<summary>Progress Summary: ok</summary>", reasoning="fine")
 SERVER_LIFETIME_S = 600.0
+
+
+def _runqueue_wait_s() -> float:
+    """Seconds this process's threads have waited for a CPU while runnable (Linux; else NaN).
+
+    On a shared machine this is what separates "the client is slow" from "the client was not
+    scheduled": the second field of /proc/<pid>/task/<tid>/schedstat, summed over threads.
+    """
+    total_ns = 0
+    paths = glob.glob(f"/proc/{os.getpid()}/task/*/schedstat")
+    if not paths:
+        return float("nan")
+    for path in paths:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total_ns += int(Path(path).read_text().split()[1])
+    return total_ns / 1e9
 
 
 def _serve_in_child(latency_s: float, urls: mp.Queue, stop: mp.Event) -> None:
@@ -67,6 +86,7 @@ class RunResult:
     max_in_flight: int
     mean_latency_s: float
     cpu_ms_per_request: float
+    runqueue_wait_s: float
 
     def rate(self, n: int) -> float:
         return n / self.seconds
@@ -77,10 +97,11 @@ async def _one_run(url: str, n: int, concurrency: int, timeout_s: float) -> RunR
     client = OpenAIClient(url, "scripted", concurrency=concurrency, timeout_s=timeout_s)
     messages = [ChatMessage("user", [TextPart("Is this step correct?")])]
     requests = [(messages, Sampling(max_tokens=64, seed=i)) for i in range(n)]
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start, cpu_start, wait_start = time.perf_counter(), time.process_time(), _runqueue_wait_s()
     results = await client.generate_many(requests, return_exceptions=True)
     seconds = time.perf_counter() - start
     cpu_ms = (time.process_time() - cpu_start) * 1000 / n
+    wait_s = _runqueue_wait_s() - wait_start
     await client.aclose()
     latencies = [r.latency_s for r in results if not isinstance(r, Exception)]
     return RunResult(
@@ -90,6 +111,7 @@ async def _one_run(url: str, n: int, concurrency: int, timeout_s: float) -> RunR
         max_in_flight=0,
         mean_latency_s=statistics.fmean(latencies) if latencies else float("nan"),
         cpu_ms_per_request=cpu_ms,
+        runqueue_wait_s=wait_s,
     )
 
 
@@ -124,14 +146,14 @@ def main() -> None:
     )
     print(
         f"{'run':>3} {'seconds':>8} {'req/s':>8} {'of ideal':>8} {'ok':>5} {'failed':>6} "
-        f"{'mean lat ms':>11} {'CPU ms/req':>10} {'peak in flight':>14}"
+        f"{'mean lat ms':>11} {'CPU ms/req':>10} {'CPU wait s':>10} {'peak in flight':>14}"
     )
     for i, r in enumerate(rows, 1):
         rate = r.rate(args.requests)
         print(
             f"{i:>3} {r.seconds:>8.3f} {rate:>8.1f} {rate / ideal:>8.3f} {r.ok:>5} {r.failed:>6} "
             f"{r.mean_latency_s * 1000:>11.1f} {r.cpu_ms_per_request:>10.2f} "
-            f"{r.max_in_flight:>14}"
+            f"{r.runqueue_wait_s:>10.2f} {r.max_in_flight:>14}"
         )
     median_rate = statistics.median(r.rate(args.requests) for r in rows)
     fraction = median_rate / ideal

@@ -28,11 +28,11 @@ from data_gen.annotator import Annotator
 from data_gen.config import DataGenConfig
 from data_gen.executor import StageStats
 from data_gen.ingest import ingest
+from data_gen.perturb import ElementIndex
 from data_gen.run import build_plan, gen_params, load_work, run
 from data_gen.sample_corpus import SampleConfig, make_sample
 from data_gen.steps import TransitionsStep
 from data_gen.steps._work import Context, LoopThread
-from data_gen.perturb import ElementIndex
 from hivig.backends import OpenAIClient
 from hivig.config import BackendConfig, load_config
 from hivig.scripted_server import Reply, ScriptedServer
@@ -47,7 +47,9 @@ TRANSITION = (
 
 
 def _serve(latency_s: float, urls: mp.Queue, stop: mp.Event) -> None:
-    with ScriptedServer(default=Reply(content=TRANSITION), latency_s=latency_s, lifetime_s=900) as s:
+    with ScriptedServer(
+        default=Reply(content=TRANSITION), latency_s=latency_s, lifetime_s=900
+    ) as s:
         urls.put(s.base_url)
         stop.wait()
 
@@ -55,10 +57,17 @@ def _serve(latency_s: float, urls: mp.Queue, stop: mp.Event) -> None:
 def cpu_part(corpus: Path, trajs: Path, work: Path, runs: int, images: bool) -> tuple[float, int]:
     rates, samples = [], 0
     for i in range(runs):
-        cfg = load_config(DataGenConfig, DEMO, [
-            f"corpus={corpus}", f"out={work / f'cpu{int(images)}_{i}'}", f"trajectories={trajs}",
-            f"export.sharegpt={images}", f"export.report_cards={36 if images else 0}",
-        ])
+        cfg = load_config(
+            DataGenConfig,
+            DEMO,
+            [
+                f"corpus={corpus}",
+                f"out={work / f'cpu{int(images)}_{i}'}",
+                f"trajectories={trajs}",
+                f"export.sharegpt={images}",
+                f"export.report_cards={36 if images else 0}",
+            ],
+        )
         t0 = time.perf_counter()
         stats = run(cfg, None)
         rates.append(stats["samples"] / (time.perf_counter() - t0))
@@ -77,20 +86,39 @@ def annotator_stage(
     fractions, cpu_ms, requests = [], [], 0
     try:
         for i in range(args.runs):
-            cfg = load_config(DataGenConfig, DEMO, [
-                f"corpus={corpus}", f"out={work / f'ann{i}'}", f"trajectories={trajs}",
-                f"frame.max_pixels={args.max_pixels}",
-                f"frame.min_pixels={min(args.max_pixels, 65536)}",
-            ])
-            backend_cfg = BackendConfig(kind="openai", base_url=url, model="scripted",
-                                        concurrency=args.concurrency)
+            cfg = load_config(
+                DataGenConfig,
+                DEMO,
+                [
+                    f"corpus={corpus}",
+                    f"out={work / f'ann{i}'}",
+                    f"trajectories={trajs}",
+                    f"frame.max_pixels={args.max_pixels}",
+                    f"frame.min_pixels={min(args.max_pixels, 65536)}",
+                ],
+            )
+            backend_cfg = BackendConfig(
+                kind="openai", base_url=url, model="scripted", concurrency=args.concurrency
+            )
             client = OpenAIClient(url, "scripted", concurrency=args.concurrency, max_retries=0)
-            annotator = Annotator(backend_cfg, cfg.frame, corpus, None, 1, backend=client)
-            works = load_work(cfg)
+            works, _ = load_work(cfg)
+            shots = sorted({s.screenshot for w in works for s in w.trajectory.steps})
+            annotator = Annotator(
+                backend_cfg, cfg.frame, corpus, None, 1, backend=client, frame_cache=len(shots)
+            )
+            if args.prewarm:
+                annotator.warm(shots)
             elements = ElementIndex.load(corpus / cfg.elements_file)
             loop = LoopThread()
-            ctx = Context(cfg, corpus, annotator, elements,
-                          build_plan(cfg, works, elements, False), gen_params(cfg), loop)
+            ctx = Context(
+                cfg,
+                corpus,
+                annotator,
+                elements,
+                build_plan(cfg, works, elements, False),
+                gen_params(cfg),
+                loop,
+            )
             stats = StageStats("transitions")
             t0, c0 = time.perf_counter(), time.process_time()
             TransitionsStep(ctx).run(works, stats)
@@ -114,8 +142,17 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--core", type=int, default=0, help="CPU core for the CPU-part runs")
     parser.add_argument("--only", choices=("cpu", "annotator"), default=None)
-    parser.add_argument("--max-pixels", type=int, default=1_048_576,
-                        help="canonical-frame budget of the annotator-stage images, in pixels")
+    parser.add_argument(
+        "--prewarm",
+        action="store_true",
+        help="decode the screenshots before timing (isolates the request path)",
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=1_048_576,
+        help="canonical-frame budget of the annotator-stage images, in pixels",
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,11 +175,15 @@ def main() -> None:
         if args.only in (None, "annotator"):
             frac, requests, worst, cpu_ms = annotator_stage(corpus, trajs, work, args)
             ideal = args.concurrency / args.latency
-            print(f"annotator stage (transitions): {requests} requests, concurrency "
-                  f"{args.concurrency}, latency {args.latency}s, ideal {ideal:.0f} req/s, "
-                  f"frames <= {args.max_pixels} px")
-            print(f"  achieved / ideal (median of {args.runs}): {frac:.3f}  (worst {worst:.3f}; "
-                  f"target >= {TARGET}); client CPU {cpu_ms:.1f} ms/request")
+            print(
+                f"annotator stage (transitions): {requests} requests, concurrency "
+                f"{args.concurrency}, latency {args.latency}s, ideal {ideal:.0f} req/s, "
+                f"frames <= {args.max_pixels} px, prewarmed {args.prewarm}"
+            )
+            print(
+                f"  achieved / ideal (median of {args.runs}): {frac:.3f}  (worst {worst:.3f}; "
+                f"target >= {TARGET}); client CPU {cpu_ms:.1f} ms/request"
+            )
 
 
 if __name__ == "__main__":

@@ -71,10 +71,11 @@ def main() -> None:
     images = sum(1 for _ in root.glob("data/**/*.png"))
     print(json.dumps(stats))
     n = stats["lines"]
+    wall = f"wall {best_wall:.2f} s = {n / best_wall:,.0f} lines/s"
+    cpu = f"cpu {best_cpu:.2f} s = {n / best_cpu:,.0f} lines/s"
     print(
-        f"ingest: {n} lines ({n / images:.2f} lines per image), verify_images={args.verify_images}, "
-        f"one core, best of {args.repeats}: wall {best_wall:.2f} s = {n / best_wall:,.0f} lines/s; "
-        f"cpu {best_cpu:.2f} s = {n / best_cpu:,.0f} lines/s"
+        f"ingest: {n} lines ({n / images:.2f} lines per image), "
+        f"verify_images={args.verify_images}, one core, best of {args.repeats}: {wall}; {cpu}"
     )
     if args.profile:
         out = Path(tempfile.mkdtemp(prefix="bench-ingest-"))

@@ -69,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
         "ingest",
         parents=[common],
         help="ScaleCUA corpus -> trajectories, quarantine, stats",
-        description="Read CORPUS/meta.json and the annotation files it lists.",
+        description="Read CORPUS/meta.json and the annotation files it lists, rebuild "
+        "trajectories and write OUT/trajectories.jsonl, quarantine.jsonl (reason per rejected "
+        "line), stats.json (lines == steps_kept + sum of dropped) and report.json (scales, "
+        "scroll-sign decisions, image checks).",
     )
     p.add_argument("--root", required=True, help="corpus folder holding meta.json")
     p.add_argument("--out", required=True, help="output folder")

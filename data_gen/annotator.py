@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from data_gen.executor import atomic_write_text
 from PIL import Image
 
+from data_gen.executor import atomic_write_text
 from hivig.backends import BackendError, InferenceBackend, Sampling
-from hivig.contracts import render_critique_target
 from hivig.config import BackendConfig, FrameConfig
+from hivig.contracts import render_critique_target
 from hivig.logging import get_logger
 from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart, mark_to_json
 from hivig.vision import ImageError, canonical_frame, draw_marks
@@ -151,7 +151,11 @@ class RequestCache:
 
 
 class ImageDigests:
-    """SHA-256 of screenshot files by path, computed once per process."""
+    """SHA-256 of screenshot files by path, computed once per process.
+
+    An unreadable file gets ``missing:<path>`` (a stable key; sending it fails later with a
+    reason); ``readable`` tells the two apart.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -166,6 +170,10 @@ class ImageDigests:
                 # A missing file still needs a stable key; sending it fails later, with a reason.
                 self._memo[path] = f"missing:{path}"
         return self._memo[path]
+
+    def readable(self, path: str) -> bool:
+        """Whether the file could be read."""
+        return not self(path).startswith("missing:")
 
 
 def cache_key(
@@ -227,6 +235,7 @@ class Annotator:
         max_attempts: Answers per request before giving up on the contract.
         backend: The HTTP backend (``None`` for the offline annotator).
         offline: The offline writer (required when ``backend`` is ``None``).
+        frame_cache: Decoded canonical frames kept in memory.
     """
 
     def __init__(
@@ -238,6 +247,7 @@ class Annotator:
         max_attempts: int,
         backend: InferenceBackend | None = None,
         offline: OfflineWriter | None = None,
+        frame_cache: int = FRAME_CACHE_SIZE,
     ) -> None:
         if backend is None and offline is None:
             raise ValueError("an annotator needs a backend or an offline writer")
@@ -253,10 +263,12 @@ class Annotator:
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=s.seed
         )
         self.concurrency = backend_cfg.concurrency
-        self._digest = ImageDigests(corpus_root)
+        self.digest = ImageDigests(corpus_root)
+        """File digests by screenshot path (shared with the stages' no-change checks)."""
         self._semaphore: asyncio.Semaphore | None = None
         self._frames: OrderedDict[str, Image.Image] = OrderedDict()
         self._frames_lock = threading.Lock()
+        self._frame_cache = frame_cache
         self.counts: Counter[str] = Counter()
         """Run-wide counters: ``requests`` (new, paid), ``cache_hits``, ``backend_errors``."""
 
@@ -315,9 +327,11 @@ class Annotator:
 
     async def _answer(self, request: AnnotatorRequest, attempt: int) -> tuple[str, str | None, str]:
         use_cache = self.cache is not None
-        key = cache_key(
-            self.model, self.sampling.to_json(), self.frame, request, attempt, self._digest
-        )
+        key = ""
+        if use_cache or self.backend is None:
+            key = cache_key(
+                self.model, self.sampling.to_json(), self.frame, request, attempt, self.digest
+            )
         if use_cache:
             hit = self.cache.get(key)  # type: ignore[union-attr]
             if hit is not None:
@@ -354,6 +368,11 @@ class Annotator:
             gen = await self.backend.generate(messages, self.sampling)
         return gen.text, gen.reasoning, gen.request_hash
 
+    def warm(self, paths: list[str]) -> None:
+        """Decode and resize screenshots into the frame cache ahead of their requests."""
+        for path in paths:
+            self._frame(ImageRef(path))
+
     def _materialise(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         out = []
         for m in messages:
@@ -386,7 +405,7 @@ class Annotator:
             )
             with self._frames_lock:
                 self._frames[ref.path] = base
-                while len(self._frames) > FRAME_CACHE_SIZE:
+                while len(self._frames) > self._frame_cache:
                     self._frames.popitem(last=False)
         return draw_marks(base, ref.marks, ref.size_class).image if ref.marks else base
 

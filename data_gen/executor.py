@@ -1,6 +1,6 @@
 """A small datatrove-style executor: sharded, atomic, resumable, and accounting for every record.
 
-    python -m data_gen run --config configs/data_gen/demo.yaml corpus=C out=O            # all shards
+    python -m data_gen run --config configs/data_gen/demo.yaml corpus=C out=O  # all
     python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --shard 3/16
 
 Layout under ``out/``::

@@ -10,7 +10,8 @@
 The export reads every shard's final stage output, sorts samples by id and writes the folder in a
 temporary location that is renamed into place, so its bytes depend neither on the shard count nor
 on crashes and resumes. ShareGPT image paths are relative to the dataset folder (LlamaFactory's
-``media_dir``), corpus images included, so copying ``out/`` with its corpus sibling keeps them valid.
+``media_dir``), corpus images included, so copying ``out/`` together with its corpus sibling keeps
+them valid.
 """
 
 from __future__ import annotations

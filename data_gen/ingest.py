@@ -36,7 +36,7 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 
-from data_gen.quarantine import Ledger, jsonl, write_atomic
+from data_gen.quarantine import Ledger, jsonl, split_lines, write_atomic
 from hivig.actions import (
     Action,
     ActionError,
@@ -90,6 +90,10 @@ REASONS: dict[str, str] = {
     "after_bad_step": "an earlier step of the same trajectory was rejected",
 }
 """Quarantine reason codes (stable; counters and reports use them)."""
+LONG_OPERATION_WORDS = 40
+"""Operations longer than this are flagged (they tend to describe the screen, not the action)."""
+SCROLL_MIN_EVIDENCE = 5
+"""Classified scroll steps needed before any sign convention is decided (else kept as is)."""
 SCROLL_SHARE = 0.9
 """Share of classified scroll steps that must agree before a sign convention is adopted (§8.1)."""
 MIXED_SCALE_SHARE = 0.001
@@ -374,6 +378,8 @@ def scroll_decision(records: list[Record]) -> dict[str, Any]:
         agree += (clicks[0] > 0) == (direction == "up")
     if not classified:
         decision = "no_evidence"
+    elif classified < SCROLL_MIN_EVIDENCE:
+        decision = "too_few"  # a handful of texts must not flip the sign of a whole family
     else:
         share = agree / classified
         decision = (
@@ -635,6 +641,12 @@ class _FileIngest:
         path, result = self.images.check(self.entry.root, rec.image, (rec.width, rec.height))
         if isinstance(result[0], str) and result[0] != "unchecked":
             return result  # type: ignore[return-value]
+        # Data-quality counters of the format notes (§4.3, §6.1): positional arguments, aliases,
+        # and operations long enough to describe the screen rather than the action.
+        flags.update(f"positional:{c.name}" for c in rec.calls if c.positional)
+        flags.update(f"alias:{c.alias}" for c in rec.calls if c.alias)
+        if len(rec.operation.split()) > LONG_OPERATION_WORDS:
+            flags["long_operation"] += 1
         self.report.flags.update(flags)
         traj.steps.append(
             Step(len(traj.steps), path, rec.think, rec.operation, actions, rec.action_text)
@@ -688,7 +700,7 @@ class IngestResult:
 
 def _read_lines(path: Path) -> list[str]:
     # Undecodable bytes become U+FFFD so the line is still counted (and fails as bad_json).
-    return path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    return split_lines(path.read_bytes().decode("utf-8", errors="replace"))
 
 
 def ingest(

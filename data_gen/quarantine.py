@@ -74,6 +74,16 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     os.replace(tmp, target)
 
 
+def split_lines(text: str) -> list[str]:
+    """JSONL lines of ``text``: split on ``\\n`` only (``str.splitlines`` would also split on
+    U+2028, U+0085 and friends, which JSON strings may contain raw), one trailing ``\\r`` dropped.
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
 def jsonl(objects) -> str:
     """Objects as JSON lines (UTF-8 text, one object per line, trailing newline when non-empty)."""
     lines = [json.dumps(o, ensure_ascii=False) for o in objects]

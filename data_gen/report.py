@@ -127,7 +127,8 @@ def dataset_stats(
 
 _CSS = """
 body{font-family:sans-serif;margin:2em;max-width:1400px}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
+table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
 th:first-child,td:first-child{text-align:left}
 .card{border:1px solid #999;border-radius:6px;margin:1.5em 0;padding:1em}
 .card img{max-width:640px;border:1px solid #ccc;margin-right:8px}
@@ -168,7 +169,7 @@ def _card(spec: dict[str, Any], image_links: list[str]) -> str:
     )
     imgs = "".join(f"<img src='{html.escape(link)}' alt='screenshot'>" for link in image_links)
     user = "".join(
-        p["text"] if "text" in p else "[image]"
+        p.get("text", "[image]")
         for m in spec["messages"]
         if m["role"] == "user"
         for p in m["content"]

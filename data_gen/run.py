@@ -1,11 +1,11 @@
-"""The synthesis pipeline: transitions -> macro history -> perturbation -> judge -> rationales -> export.
+"""The synthesis pipeline: transitions, macro history, perturbation, judge, rationales, export.
 
     # whole corpus in one process, offline annotator (no model):
     python -m data_gen run --config configs/data_gen/demo.yaml corpus=CORPUS out=OUT
     # one shard of a SLURM array against a vLLM endpoint (the last shard to finish merges):
     python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --shard 3/16
     # merge only (after every shard has finished), and the resolved config:
-    python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --merge --shard 0/16
+    python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --merge --shard 0/8
     python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --dry-run
 
 Reruns resume: finished (shard, stage) pairs are loaded from their completion markers, paid
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ from data_gen.executor import (
     Shard,
     ShardError,
     atomic_write_text,
+    dumps_jsonl,
     merge_counts,
     summary_table,
 )
@@ -47,6 +49,7 @@ from data_gen.steps._work import (
     split_for,
     step_view,
 )
+from hivig.actions import ActionError
 from hivig.backends import build_backend
 from hivig.config import (
     ConfigError,
@@ -57,7 +60,7 @@ from hivig.config import (
 )
 from hivig.logging import configure_logging, get_logger
 from hivig.taxonomy import DIMENSIONS
-from hivig.trajectory import Trajectory, read_trajectories
+from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
 
 log = get_logger(__name__)
 
@@ -80,20 +83,57 @@ def trajectories_path(cfg: DataGenConfig) -> Path:
     return ingested
 
 
-def load_work(cfg: DataGenConfig) -> list[Work]:
-    """All trajectories of the corpus as work items, in id order, with their episode split."""
-    trajs: list[Trajectory] = sorted(read_trajectories(trajectories_path(cfg)), key=lambda t: t.id)
+def _unusable(traj: Trajectory) -> tuple[str, str] | None:
+    """Why a parsed trajectory cannot enter the pipeline, or ``None``."""
+    for step in traj.steps:
+        if not step.actions:
+            return "step_without_actions", f"step {step.index} has no action"
+        for action in step.actions:
+            try:
+                action.to_arguments()
+            except ActionError as e:
+                return "unrenderable_action", f"step {step.index}: {e}"
+    return None
+
+
+def load_work(cfg: DataGenConfig) -> tuple[list[Work], list[dict[str, Any]]]:
+    """All usable trajectories as work items in id order, and the quarantined input lines.
+
+    Unreadable lines, trajectories with an unusable step and duplicate ids are quarantined with
+    a reason (``out/input_quarantine.jsonl``), never silently skipped.
+    """
+    trajs: dict[str, Trajectory] = {}
+    quarantine: list[dict[str, Any]] = []
+    for line, item in scan_trajectories(trajectories_path(cfg)):
+        if isinstance(item, TrajectoryError):
+            quarantine.append({"line": line, "reason": item.reason, "message": item.message})
+            continue
+        problem = _unusable(item) or (
+            ("duplicate_id", "id already used") if item.id in trajs else None
+        )
+        if problem is not None:
+            quarantine.append(
+                {"line": line, "id": item.id, "reason": problem[0], "message": problem[1]}
+            )
+            continue
+        trajs[item.id] = item
+    ordered = [trajs[k] for k in sorted(trajs)]
     if cfg.max_trajectories:
-        trajs = trajs[: cfg.max_trajectories]
+        ordered = ordered[: cfg.max_trajectories]
     e = cfg.export
-    return [
+    works = [
         Work(
             t,
             split_for(t.episode_key, cfg.seed, e.val_share, e.test_share),
             [{"index": k} for k in range(len(t.steps))],
         )
-        for t in trajs
+        for t in ordered
     ]
+    if quarantine:
+        log.warning(
+            "quarantined %d input trajectories (see input_quarantine.jsonl)", len(quarantine)
+        )
+    return works, quarantine
 
 
 def build_plan(
@@ -208,8 +248,26 @@ def _lock_is_stale(path: Path) -> bool:
     return False
 
 
+def _inputs_digest(cfg: DataGenConfig, executor: Executor[Work], shards: list[Shard]) -> str:
+    """Digest of everything the export reads: config, every stage's output and exclusions."""
+    h = hashlib.sha256(config_to_yaml(cfg).encode("utf-8"))
+    for shard in shards:
+        for step in executor.steps:
+            for path in (
+                executor.marker_path(shard, step.name),
+                executor.output_path(shard, step.name),
+                executor.exclusion_path(shard, step.name),
+            ):
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def merge(
-    cfg: DataGenConfig, executor: Executor[Work], count: int, annotator: Annotator
+    cfg: DataGenConfig,
+    executor: Executor[Work],
+    count: int,
+    annotator: Annotator,
+    input_quarantined: int = 0,
 ) -> dict[str, Any] | None:
     """Export the dataset once every shard of ``count`` is complete; ``None`` if not yet."""
     shards = [Shard(i, count) for i in range(count)]
@@ -221,6 +279,12 @@ def merge(
         if not held:
             log.info("another process is merging")
             return None
+        digest = _inputs_digest(cfg, executor, shards)
+        marker, dataset = Path(cfg.out) / "completions" / "export.json", Path(cfg.out) / "dataset"
+        done = marker.exists() and (dataset / "stats.json").exists()
+        if done and json.loads(marker.read_text(encoding="utf-8")).get("inputs") == digest:
+            log.info("export is up to date with every shard's output; nothing to do")
+            return json.loads((dataset / "stats.json").read_text(encoding="utf-8"))
         works = sorted((w for s in shards for w in executor.load_output(s)), key=lambda w: w.id)
         per_shard = [executor.load_counters(s) for s in shards]
         counters = {
@@ -229,6 +293,7 @@ def merge(
         }
         run = {
             "annotator": annotator.describe(),
+            "input_trajectories_quarantined": input_quarantined,
             "configured": {
                 "critique_intent_mask_rate": cfg.rationale.intent_mask_rate,
                 "history_intent_mask_rate": cfg.history.intent_mask_rate,
@@ -236,6 +301,7 @@ def merge(
             },
         }
         stats = export_dataset(cfg, works, counters, executor.merged_exclusions(shards), run)
+        atomic_write_text(marker, json.dumps({"inputs": digest}) + "\n")
         log.info(
             "dataset written to %s\n%s", Path(cfg.out) / "dataset", summary_table(stats["stages"])
         )
@@ -267,7 +333,8 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
     shard = shard or Shard(0, 1)
     # Host, git revision, package versions and SLURM ids of this process, per shard.
     write_run_description(Path(cfg.out) / "runs" / shard.name, cfg)
-    works = load_work(cfg)
+    works, quarantine = load_work(cfg)
+    atomic_write_text(Path(cfg.out) / "input_quarantine.jsonl", dumps_jsonl(quarantine))
     elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
     annotator = build_annotator(cfg)
     loop = LoopThread()
@@ -284,7 +351,7 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
         executor: Executor[Work] = Executor(cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC)
         if not merge_only:
             executor.run_shard(shard, [w for w in works if shard.owns(w.id)])
-        stats = merge(cfg, executor, shard.count, annotator)
+        stats = merge(cfg, executor, shard.count, annotator, len(quarantine))
         log.info("annotator: %s", json.dumps(dict(annotator.counts), sort_keys=True))
         return stats
     finally:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_gen.quarantine import Ledger, jsonl, write_atomic
+from data_gen.quarantine import Ledger, jsonl, split_lines, write_atomic
 
 SPLITS = ("train", "val", "test")
 
@@ -81,7 +81,7 @@ def split(inp: str | Path, out: str | Path, cfg: SplitConfig) -> dict[str, Any]:
         SplitError: The input file cannot be read.
     """
     try:
-        lines = Path(inp).read_text(encoding="utf-8").splitlines()
+        lines = split_lines(Path(inp).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise SplitError(f"cannot read {inp}: {exc}") from exc
     ledger = Ledger()

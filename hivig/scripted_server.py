@@ -334,16 +334,21 @@ class ScriptedServer:
             body = json.loads(raw)
         except ValueError:
             body = None
-        reply = self._begin(body if isinstance(body, dict) else {})
+        if not isinstance(body, dict):
+            # Counted and recorded, but answered without consuming the script.
+            self._record({})
+            await _write(writer, 400, _error_body(400, "request body is not a JSON object"))
+            self._done()
+            return True
+        self._record(body)
         try:
+            reply = self._next_reply(body)
             delay = self.latency_s + reply.delay_s
             if delay > 0:
                 await asyncio.sleep(delay)
             if reply.drop_connection:
                 return False
-            if not isinstance(body, dict):
-                await _write(writer, 400, _error_body(400, "request body is not a JSON object"))
-            elif reply.raw_body is not None:
+            if reply.raw_body is not None:
                 await _write(writer, reply.status, reply.raw_body, reply.headers)
             elif reply.status != 200:
                 await _write(
@@ -353,15 +358,21 @@ class ScriptedServer:
                 await _write(writer, 200, self._completion(reply), reply.headers)
             return True
         finally:
-            with self._lock:
-                self._in_flight -= 1
+            self._done()
 
-    def _begin(self, body: dict[str, Any]) -> Reply:
+    def _record(self, body: dict[str, Any]) -> None:
         with self._lock:
             self._count += 1
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
             self._bodies.append(body)
+
+    def _done(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply:
+        with self._lock:
             if self._queue:
                 return self._queue.popleft()
         if self._respond is None:

@@ -110,6 +110,21 @@ def test_unmaterialised_image_is_a_type_error():
         request_hash("m", [ChatMessage("user", [ImagePart(ImageRef("a.png"))])], Sampling())
 
 
+def test_backend_errors_survive_pickling():
+    import pickle
+
+    last = BackendHTTPError("HTTP 503", attempts=3, status=503, retry_after_s=1.5)
+    err = pickle.loads(pickle.dumps(RetriesExhausted(last, attempts=3)))
+    assert isinstance(err, RetriesExhausted) and isinstance(err.last, BackendHTTPError)
+    assert (err.reason, err.root_reason, err.attempts, err.status) == (
+        "retries_exhausted",
+        "http_status",
+        3,
+        503,
+    )
+    assert err.last.retry_after_s == 1.5 and str(err) == str(RetriesExhausted(last, attempts=3))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"temperature": -0.1}, {"top_p": 0.0}, {"max_tokens": 0}, {"extra": {"temperature": 1.0}}],
@@ -403,21 +418,21 @@ class _EdgeRandom(random.Random):
         return b if self.high else a
 
 
-@pytest.mark.parametrize("high", [True, False])
-def test_backoff_is_exponential_with_full_jitter(high):
-    # Caps are 0.2 s then 0.4 s; jitter pinned high sleeps both, pinned low sleeps neither.
+def _time_exhausting_retries(rng: random.Random) -> float:
     with ScriptedServer(default=Reply(status=500)) as server:
-        client = OpenAIClient(
-            server.base_url, "m", max_retries=2, backoff_s=0.2, rng=_EdgeRandom(high)
-        )
+        client = OpenAIClient(server.base_url, "m", max_retries=2, backoff_s=0.2, rng=rng)
         start = time.perf_counter()
         with pytest.raises(RetriesExhausted):
             _run(_generate(client))
-        elapsed = time.perf_counter() - start
-    if high:
-        assert 0.6 <= elapsed < 3.0
-    else:
-        assert elapsed < 0.5
+        return time.perf_counter() - start
+
+
+def test_backoff_is_exponential_with_full_jitter():
+    # Caps are 0.2 s then 0.4 s: jitter pinned high sleeps both, pinned low sleeps neither.
+    high = _time_exhausting_retries(_EdgeRandom(high=True))
+    low = _time_exhausting_retries(_EdgeRandom(high=False))
+    assert high >= 0.6
+    assert high - low >= 0.5
 
 
 def test_generate_many_keeps_failures_in_place():
@@ -476,7 +491,7 @@ def test_server_sustains_32_concurrent_slow_requests():
         assert server.max_in_flight == 32 and server.request_count == 32
     assert all(r.text == "ok" for r in results)
     # Serial handling would take 16 s; concurrent handling one latency plus overhead.
-    assert elapsed < 1.5
+    assert elapsed < 4.0
 
 
 def test_client_survives_a_new_event_loop():

@@ -1,5 +1,7 @@
-"""data_gen against a real loopback OpenAI-compatible server with scripted answers: validation
-retries, transport retries, slow answers, permanent errors, drop accounting and the request cache."""
+"""data_gen against a real loopback OpenAI-compatible server with scripted answers.
+
+Covers validation retries, transport retries, slow answers, permanent errors, drop accounting and
+the request cache."""
 
 from __future__ import annotations
 
@@ -83,15 +85,22 @@ class Script:
     def _perturbation(self, text: str, h: int) -> str:
         dim = re.search(r"Candidate Error Dimensions:\n- ([^:]+):", text).group(1)
         name = "click" if '"mobile_use"' in text else "left_click"
-        call = json.dumps({"name": "mobile_use" if name == "click" else "computer_use",
-                           "arguments": {"action": name, "coordinate": [h % 900 + 50, h % 700 + 150]}})
+        call = json.dumps(
+            {
+                "name": "mobile_use" if name == "click" else "computer_use",
+                "arguments": {"action": name, "coordinate": [h % 900 + 50, h % 700 + 150]},
+            }
+        )
         if dim == "Action Formulation Error":
             call = call[:-1]
         step = f"Action: Try something else\n<tool_call>\n{call}\n</tool_call>"
         with self.lock:
             self.bad_calls[call] = dim
-        obj = {"dimension_violated": dim, "rejected_thought": "Looks right.",
-               "rejected_proposed_step": step}
+        obj = {
+            "dimension_violated": dim,
+            "rejected_thought": "Looks right.",
+            "rejected_proposed_step": step,
+        }
         return f"<think>Divergence proof.</think>\n{json.dumps(obj)}"
 
     def _judge(self, text: str, h: int, image: str) -> str:
@@ -106,11 +115,17 @@ class Script:
         if h % 6 == 0:
             better, dim = bad_slot, dim  # the judge is fooled: the pair must be dropped
         elif h % 6 == 1:
-            better, dim = expert, "Suboptimal Path" if dim != "Suboptimal Path" else "Semantic Error"
+            better, dim = (
+                expert,
+                "Suboptimal Path" if dim != "Suboptimal Path" else "Semantic Error",
+            )
         else:
             better = expert
-        obj = {"better_candidate": better, "predicted_error_dimension": dim,
-               "reasoning_summary": "One candidate is wrong."}
+        obj = {
+            "better_candidate": better,
+            "predicted_error_dimension": dim,
+            "reasoning_summary": "One candidate is wrong.",
+        }
         return f"<think>Syntax check.</think>\n{json.dumps(obj)}"
 
 
@@ -136,13 +151,24 @@ def corpus(tmp_path_factory):
 
 def _cfg(corpus, out, server, cache):
     c, t = corpus
-    return load_config(DataGenConfig, DEFAULT, [
-        f"corpus={c}", f"out={out}", f"trajectories={t}", f"annotator.cache_dir={cache}",
-        f"annotator.backend.base_url={server.base_url}", "annotator.backend.model=scripted",
-        "annotator.backend.concurrency=8", "annotator.backend.timeout_s=10",
-        "annotator.backend.max_retries=3", "annotator.backend.backoff_s=0.01",
-        "export.sharegpt=false", "export.report_cards=4",
-    ])
+    return load_config(
+        DataGenConfig,
+        DEFAULT,
+        [
+            f"corpus={c}",
+            f"out={out}",
+            f"trajectories={t}",
+            f"annotator.cache_dir={cache}",
+            f"annotator.backend.base_url={server.base_url}",
+            "annotator.backend.model=scripted",
+            "annotator.backend.concurrency=8",
+            "annotator.backend.timeout_s=10",
+            "annotator.backend.max_retries=3",
+            "annotator.backend.backoff_s=0.01",
+            "export.sharegpt=false",
+            "export.report_cards=4",
+        ],
+    )
 
 
 def test_scripted_endpoint_retries_drops_and_cache(corpus, tmp_path):
@@ -163,7 +189,10 @@ def test_scripted_endpoint_retries_drops_and_cache(corpus, tmp_path):
     for stage, counts in st.items():
         dropped = sum(v for k, v in counts.items() if k.startswith("dropped_"))
         assert counts["in"] == counts["kept"] + dropped, stage
-    exclusions = [json.loads(x) for x in (tmp_path / "a" / "dataset" / "exclusions.jsonl").read_text().splitlines()]
+    exclusions = [
+        json.loads(x)
+        for x in (tmp_path / "a" / "dataset" / "exclusions.jsonl").read_text().splitlines()
+    ]
     judged = [e for e in exclusions if e["reason"] == "judge_preferred_perturbed"]
     assert judged and all(e["raw_responses"] for e in judged)
     # The records name the real endpoint's model, not the offline annotator.

@@ -63,7 +63,13 @@ def test_counters_balance_and_detect_loss():
     stats.drop("x", "bad_thing", "why", raw=["raw answer"])
     stats.check()
     assert stats.exclusions == [
-        {"stage": "s", "id": "x", "reason": "bad_thing", "message": "why", "raw_responses": ["raw answer"]}
+        {
+            "stage": "s",
+            "id": "x",
+            "reason": "bad_thing",
+            "message": "why",
+            "raw_responses": ["raw answer"],
+        }
     ]
     stats.seen()  # an item that was neither kept nor dropped
     with pytest.raises(AssertionError, match="do not balance"):

@@ -62,10 +62,14 @@ def test_parameter_vector_reverses_or_shrinks(seed):
 
 def test_parameter_vector_swipe_and_drag():
     swipe = {"action": "swipe", "coordinate": [500, 800], "coordinate2": [500, 200]}
-    bad = PROGRAMMATIC["Parameter Vector Miscalibration"](view([swipe], space="mobile_use"), rng(), P)
+    bad = PROGRAMMATIC["Parameter Vector Miscalibration"](
+        view([swipe], space="mobile_use"), rng(), P
+    )
     assert bad.calls[0] != swipe and bad.calls[0]["coordinate"] in ([500, 800], [500, 200])
-    drag = [{"action": "mouse_move", "coordinate": [100, 100]},
-            {"action": "left_click_drag", "coordinate": [700, 100]}]
+    drag = [
+        {"action": "mouse_move", "coordinate": [100, 100]},
+        {"action": "left_click_drag", "coordinate": [700, 100]},
+    ]
     bad = PROGRAMMATIC["Parameter Vector Miscalibration"](view(drag), rng(), P)
     marks = marks_for_text(bad.text)
     assert isinstance(marks[-1], ArrowMark) and marks[-1] != ArrowMark(100, 100, 700, 100)
@@ -89,8 +93,11 @@ def test_termination_variants():
     assert answer.method == "terminate_instead_of_answer"
     # Terminate after an answer is the correct ending: its Bad is a redundant action, never
     # another terminate.
-    done = gen(view([{"action": "terminate", "status": "success"}], is_final=True,
-                    answered_before=True), rng(), P)
+    done = gen(
+        view([{"action": "terminate", "status": "success"}], is_final=True, answered_before=True),
+        rng(),
+        P,
+    )
     assert done.method == "action_after_completion" and done.calls[0]["action"] != "terminate"
 
 
@@ -100,7 +107,10 @@ def test_timing_needs_a_wait():
         view([{"action": "wait", "time": 2.0}], next_calls=nxt, next_intent="Click Next"), rng(), P
     )
     assert bad.calls == nxt and bad.intent == "Click Next"
-    assert PROGRAMMATIC["Timing and Latency Neglect"](view([CLICK_OK], next_calls=nxt), rng(), P) is None
+    assert (
+        PROGRAMMATIC["Timing and Latency Neglect"](view([CLICK_OK], next_calls=nxt), rng(), P)
+        is None
+    )
 
 
 def test_prerequisite_types_without_focus():
@@ -133,7 +143,9 @@ def test_misalignment_keeps_intent_and_moves_to_another_element():
     hit = target_at(SCREEN, x, y)
     assert hit is not None and hit != OK
     assert bad.intent == "Click OK to confirm"
-    assert PROGRAMMATIC["Action-Operation Misalignment"](view([CLICK_OK], intent=""), rng(), P) is None
+    assert (
+        PROGRAMMATIC["Action-Operation Misalignment"](view([CLICK_OK], intent=""), rng(), P) is None
+    )
 
 
 def test_hallucination_targets_an_element_gone_from_the_screen():
@@ -143,7 +155,10 @@ def test_hallucination_targets_an_element_gone_from_the_screen():
     assert bad.calls[0]["coordinate"] == list(ghost.centre)
     assert "Sign in" in bad.intent
     # Negative control: the same element still on screen is no hallucination.
-    assert PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], earlier_elements=((OK,),)), rng(), P) is None
+    assert (
+        PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], earlier_elements=((OK,),)), rng(), P)
+        is None
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,12 +205,14 @@ def _views(n):
             [{"action": "left_click", "coordinate": [250, 620]}],
             [{"action": "type", "text": "hello"}],
         ][i % 6]
-        out.append(view(
-            calls,
-            sample_id=f"t{i:04d}:000",
-            next_calls=({"action": "type", "text": "hello"},),
-            earlier_elements=((Element("Gone", "button", (700, 800, 900, 850)),),),
-        ))
+        out.append(
+            view(
+                calls,
+                sample_id=f"t{i:04d}:000",
+                next_calls=({"action": "type", "text": "hello"},),
+                earlier_elements=((Element("Gone", "button", (700, 800, 900, 850)),),),
+            )
+        )
     return out
 
 
@@ -203,9 +220,16 @@ def test_plan_covers_all_dimensions_and_masks_exactly():
     views = _views(400)
     maskable = {d.name: d.maskable for d in DIMENSIONS}
     plan = plan_corpus(
-        views, seed=0, params=P, offline=True,
-        dimension_weights={d.name: 1.0 for d in DIMENSIONS}, min_share=0.03, bad_share=1.0,
-        platform_weights={}, intent_mask_rate=0.3, maskable=maskable,
+        views,
+        seed=0,
+        params=P,
+        offline=True,
+        dimension_weights={d.name: 1.0 for d in DIMENSIONS},
+        min_share=0.03,
+        bad_share=1.0,
+        platform_weights={},
+        intent_mask_rate=0.3,
+        maskable=maskable,
     )
     dims = Counter(p.dimension for p in plan.values() if p.dimension)
     assert set(dims) == {d.name for d in DIMENSIONS}
@@ -214,12 +238,21 @@ def test_plan_covers_all_dimensions_and_masks_exactly():
     samples += [(p.bad_masked, p.dimension) for p in plan.values() if p.dimension]
     rate = sum(m for m, _ in samples) / len(samples)
     assert abs(rate - 0.3) < 0.005
-    assert not any(m for m, d in samples if d in ("Action-Operation Misalignment", "Visual Hallucination"))
+    assert not any(
+        m for m, d in samples if d in ("Action-Operation Misalignment", "Visual Hallucination")
+    )
     # Deterministic: the same inputs give the same plan.
     again = plan_corpus(
-        list(reversed(views)), seed=0, params=P, offline=True,
-        dimension_weights={d.name: 1.0 for d in DIMENSIONS}, min_share=0.03, bad_share=1.0,
-        platform_weights={}, intent_mask_rate=0.3, maskable=maskable,
+        list(reversed(views)),
+        seed=0,
+        params=P,
+        offline=True,
+        dimension_weights={d.name: 1.0 for d in DIMENSIONS},
+        min_share=0.03,
+        bad_share=1.0,
+        platform_weights={},
+        intent_mask_rate=0.3,
+        maskable=maskable,
     )
     assert again == plan
 
@@ -236,7 +269,8 @@ def test_eligibility_negative_control():
 def test_element_sidecar_loading(tmp_path):
     path = tmp_path / "elements.jsonl"
     path.write_text(
-        '{"screenshot": "a.png", "elements": [{"label": "OK", "role": "button", "box": [1, 2, 3, 4]},'
+        '{"screenshot": "a.png", "elements": '
+        '[{"label": "OK", "role": "button", "box": [1, 2, 3, 4]},'
         ' {"label": "bad", "box": [5, 5, 1, 1]}]}\nnot json\n'
     )
     index = ElementIndex.load(path)

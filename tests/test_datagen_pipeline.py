@@ -40,7 +40,9 @@ def corpus(tmp_path_factory):
 
 def _cfg(corpus, out, *extra):
     c, t = corpus
-    return load_config(DataGenConfig, DEMO, [f"corpus={c}", f"out={out}", f"trajectories={t}", *extra])
+    return load_config(
+        DataGenConfig, DEMO, [f"corpus={c}", f"out={out}", f"trajectories={t}", *extra]
+    )
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -128,7 +130,9 @@ def test_masking_keeps_calls_and_spares_intent_dimensions(one_shard):
         assert "Action:" not in _proposed_step_text(r)
     unmasked = [r for r in critique if not r.labels.intent_masked]
     assert any("Action:" in _proposed_step_text(r) for r in unmasked)
-    assert stats["critique_intent_mask_rate"] == pytest.approx(len(masked) / len(critique), abs=1e-4)
+    assert stats["critique_intent_mask_rate"] == pytest.approx(
+        len(masked) / len(critique), abs=1e-4
+    )
 
 
 def _proposed_step_text(record) -> str:
@@ -183,8 +187,17 @@ def test_cli_errors_are_typed(tmp_path, capsys):
 
 def _cli(corpus, out) -> list[str]:
     c, t = corpus
-    return [sys.executable, "-m", "data_gen", "run", "--config", str(DEMO),
-            f"corpus={c}", f"out={out}", f"trajectories={t}"]
+    return [
+        sys.executable,
+        "-m",
+        "data_gen",
+        "run",
+        "--config",
+        str(DEMO),
+        f"corpus={c}",
+        f"out={out}",
+        f"trajectories={t}",
+    ]
 
 
 @pytest.mark.slow
@@ -195,8 +208,13 @@ def test_killed_runs_resume_to_identical_output(one_shard, corpus, tmp_path):
     rng = random.Random(7)
     kills = 0
     for _ in range(4):
-        proc = subprocess.Popen(_cli(corpus, out), cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _cli(corpus, out),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(2.0, 9.0))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)

@@ -23,7 +23,10 @@ from data_gen.ingest import (
 from hivig.trajectory import Trajectory
 
 HEAD = "Please generate the next move according to the UI screenshot, task and previous operations."
-EVAL_HEAD = "Please generate the next move according to the UI screenshot, the task and previous operations."
+EVAL_HEAD = (
+    "Please generate the next move according to the UI screenshot, the task and previous "
+    "operations."
+)
 
 # Example A of the format notes, verbatim (third step of an Android planning_cot trajectory).
 EXAMPLE_A = {
@@ -56,7 +59,8 @@ EXAMPLE_B = {
             "from": "human",
             "value": "<image>\nPlease generate the next move according to the UI screenshot, task "
             "and previous operations.\n\nTask: Rename the sheet 'Sheet1' to 'Budget'.\n\nPrevious "
-            "operations:\nStep 1: Double-click the 'Sheet1' tab at the bottom left to edit its name",
+            "operations:\nStep 1: Double-click the 'Sheet1' tab at the bottom left to edit its "
+            "name",
         },
         {
             "from": "gpt",
@@ -250,7 +254,7 @@ def test_eval_wording_quotes_and_action_variants(tmp_path):
             ("Enter", "press(keys='enter')"),
         ],
     )
-    trajs, quarantine, _, _ = run(
+    trajs, quarantine, _, report = run(
         tmp_path,
         {
             "internal_windows_navigation_1": ("windows", "navigation", desk),
@@ -266,6 +270,8 @@ def test_eval_wording_quotes_and_action_variants(tmp_path):
         [{"action": "terminate", "status": "failure"}],
     ]
     assert d["outcome"] == "failure"
+    flags = report["files"]["annotations/internal_windows_navigation_1.jsonl"]["flags"]
+    assert flags["positional:hotkey"] == 2 and flags["status_fail"] == 1
     assert by_task["Scroll the page"]["steps"][0]["actions"] == [
         {"action": "scroll", "pixels": -500}
     ]
@@ -425,7 +431,7 @@ def test_scales_per_file(tmp_path):
 )
 def test_scroll_sign_is_decided_from_operation_text(tmp_path, words, decision, pixels):
     lines = []
-    for i in range(4):
+    for i in range(6):
         lines += episode(
             f"s/{i}", f"T{i}", [(f"Scroll {words} the list", "scroll(clicks=3, x=0.5, y=0.5)")]
         )
@@ -437,6 +443,19 @@ def test_scroll_sign_is_decided_from_operation_text(tmp_path, words, decision, p
         {"action": "mouse_move", "coordinate": [500, 500]},
         {"action": "scroll", "pixels": pixels},
     ]
+
+
+def test_scroll_sign_needs_enough_evidence(tmp_path):
+    lines = []
+    for i in range(3):
+        lines += episode(
+            f"s/{i}", f"T{i}", [("Scroll down the list", "scroll(clicks=3, x=0.5, y=0.5)")]
+        )
+    trajs, _, _, report = run(
+        tmp_path, {"internal_ubuntu_navigation_s": ("ubuntu", "navigation", lines)}
+    )
+    assert report["scroll_sign"]["ubuntu/navigation"]["decision"] == "too_few"
+    assert trajs[0]["steps"][0]["actions"][1] == {"action": "scroll", "pixels": 300}
 
 
 def test_scroll_direction_words():

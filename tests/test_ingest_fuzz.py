@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_gen.ingest import REASONS, IngestConfig, Record, ingest, parse_line
+from data_gen.quarantine import split_lines
 from data_gen.sample_corpus import SampleConfig, make_sample
 
 SMALL = {"desktop_size": (320, 180), "web_size": (320, 200), "phone_size": (180, 400)}
@@ -45,6 +46,8 @@ def _salt_lines(lines: list[str], rng: random.Random) -> list[str]:
             out.append(line.replace("click(", "clack(", 1))
         elif roll < 0.20:
             out.append(json.dumps({"image": 5, "conversations": "no"}))
+        elif roll < 0.21:
+            out.append(line.replace("Task: ", "Task: \u2028", 1))  # raw separator inside JSON
         elif roll < 0.22:
             out.append("".join(chr(rng.randrange(1, 0x3000)) for _ in range(rng.randrange(0, 60))))
         else:
@@ -84,7 +87,7 @@ def test_salted_corpus_never_crashes_and_counts_balance(clean, tmp_path, seed, m
     res = ingest(root, tmp_path / "out", IngestConfig(verify_images=mode), progress=False)
     s = res.stats
     raw_lines = sum(
-        len((root / e["annotation"]).read_text(errors="replace").splitlines())
+        len(split_lines((root / e["annotation"]).read_text(errors="replace")))
         for e in json.loads((root / "meta.json").read_text()).values()
         if (root / e["annotation"]).exists()
     )
@@ -102,7 +105,7 @@ def test_salted_corpus_never_crashes_and_counts_balance(clean, tmp_path, seed, m
         res.report["skipped_entries"]["internal_web_navigation_20990101"]
         == "missing_annotation_file"
     )
-    trajs = [json.loads(x) for x in (res.out_dir / "trajectories.jsonl").read_text().splitlines()]
+    trajs = [json.loads(x) for x in split_lines((res.out_dir / "trajectories.jsonl").read_text())]
     assert sum(len(t["steps"]) for t in trajs) == s["steps_kept"]
     assert all(t["steps"] for t in trajs)
 

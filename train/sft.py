@@ -386,6 +386,8 @@ def train(c: Components) -> TrainResult:
     # the × G below cancels. Either way each micro-step contributes Σ CE × W / N (§10.2).
     backward_kwargs = {"scale_wrt_gas": False} if ds else {}
     undo_ga = 1.0 if ds else float(G)
+    # accelerate keeps accumulation in a process-wide singleton: pin it to this run's G.
+    acc.gradient_accumulation_steps = G
     signals = ckpt.PreemptionFlag()
     losses: list[float] = []
     total = c.scheduler.lr_lambdas[0].keywords["total"]

@@ -12,8 +12,6 @@ the critic prompt with the same inputs and the annotator's answer as its target.
 
 from __future__ import annotations
 
-import asyncio
-
 from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats, unit_float
 from data_gen.steps._work import (
@@ -25,7 +23,7 @@ from data_gen.steps._work import (
     sample_spec,
     step_text,
 )
-from data_gen.steps.transitions import file_digest, joined
+from data_gen.steps.transitions import joined
 from hivig.contracts import ContractError, HistoryOutput, parse_history, render_history_target
 from hivig.prompts import build_history_annotation_messages, build_history_messages
 
@@ -76,9 +74,11 @@ class HistoryStep:
         ctx, traj = self.ctx, work.trajectory
         sid = sample_id(traj.id, k)
         before, after = traj.steps[k].screenshot, traj.steps[k + 1].screenshot
-        d0, d1 = file_digest(ctx.corpus / before), file_digest(ctx.corpus / after)
-        if d0 is None or d1 is None:
-            return None, ("missing_image", f"cannot read {before if d0 is None else after}", [])
+        digest = ctx.annotator.digest
+        d0, d1 = digest(before), digest(after)
+        if not digest.readable(before) or not digest.readable(after):
+            missing = after if digest.readable(before) else before
+            return None, ("missing_image", f"cannot read {missing}", [])
         masked = unit_float(ctx.seed, sid, "history_intent_mask") < ctx.cfg.history.intent_mask_rate
         text = step_text(traj, k, mask_intent=masked)
         args = (traj.task, traj.platform, previous, image(traj, before), image(traj, after), text)

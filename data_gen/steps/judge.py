@@ -9,7 +9,6 @@ and its Good sample is vetoed (dropped in the rationale stage, counted there).
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 from data_gen.annotator import AnnotatorRequest, Rejected

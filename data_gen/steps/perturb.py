@@ -10,7 +10,6 @@ step must differ from the expert's.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,6 @@ from data_gen.perturb.calls import parse_calls, render_calls
 from data_gen.steps._work import (
     Context,
     Work,
-    calls_of,
     image,
     past_trajectory,
     raw_step_text,
@@ -41,7 +39,7 @@ _FIRST_CALL = re.compile(r"<tool_call>", re.IGNORECASE)
 
 
 def split_proposed_step(step: str) -> tuple[str, str]:
-    """``(intent, tool-call text)`` of an ``Action: ...`` line followed by ``<tool_call>`` blocks."""
+    """``(intent, calls text)`` of an ``Action: ...`` line followed by ``<tool_call>`` blocks."""
     m = _FIRST_CALL.search(step)
     head, calls = (step[: m.start()], step[m.start() :]) if m else (step, "")
     intent = ""
@@ -173,8 +171,3 @@ class PerturbStep:
             note=oracle.get("note", parsed.rejected_thought),
             extra={"request_hashes": result.request_hashes, "prompt_version": messages.prompt_id},
         )
-
-
-def expert_calls(work: Work, k: int) -> list[dict[str, Any]]:
-    """The expert's calls of step ``k`` (argument dicts)."""
-    return calls_of(work.trajectory, k)

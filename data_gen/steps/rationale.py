@@ -10,7 +10,6 @@ expected verdict and dimension.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 

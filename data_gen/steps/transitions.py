@@ -9,9 +9,6 @@ final step that does not (a truncated trajectory) has no after-screenshot and is
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-from pathlib import Path
 from typing import Any
 
 from data_gen.annotator import AnnotatorRequest, Rejected
@@ -46,14 +43,6 @@ def joined(text: str, reasoning: str | None) -> str:
     if reasoning is None or "<think>" in text.lower():
         return text
     return f"<think>\n{reasoning}\n</think>\n{text}"
-
-
-def file_digest(path: Path) -> str | None:
-    """SHA-256 of a file, or ``None`` when it cannot be read."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
 
 
 def target_oracle(ctx: Context, screenshot: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -104,9 +93,11 @@ class TransitionsStep:
             stats.kept()
             return
         before, after = traj.steps[k].screenshot, traj.steps[k + 1].screenshot
-        d0, d1 = file_digest(self.ctx.corpus / before), file_digest(self.ctx.corpus / after)
-        if d0 is None or d1 is None:
-            stats.drop(sid, "missing_image", f"cannot read {before if d0 is None else after}")
+        digest = self.ctx.annotator.digest
+        d0, d1 = digest(before), digest(after)
+        if not digest.readable(before) or not digest.readable(after):
+            missing = after if digest.readable(before) else before
+            stats.drop(sid, "missing_image", f"cannot read {missing}")
             return
         no_change = d0 == d1
         messages = build_transition_messages(

@@ -163,6 +163,18 @@ class BackendError(RuntimeError):
     def __str__(self) -> str:
         return f"[{self.reason}, attempts={self.attempts}] {super().__str__()}"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take keyword-only arguments, which default exception pickling cannot pass;
+        # errors must survive crossing to worker processes intact.
+        return (_restore_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore_error(cls: type[BackendError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
 
 class BackendTimeout(BackendError):
     """The request did not finish within the per-request timeout."""

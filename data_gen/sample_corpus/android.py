@@ -1,0 +1,209 @@
+"""Android scenarios: an alarm in the Clock app, a contact found by swiping a list."""
+
+from __future__ import annotations
+
+from data_gen.sample_corpus._base import (
+    APPS,
+    PEOPLE,
+    Ctx,
+    Episode,
+    at,
+    step,
+    terminate,
+)
+from data_gen.sample_corpus.screens import Box, Screen, phone
+
+
+def _home(scr: Screen, box: Box) -> None:
+    u = scr.u
+    for i, app in enumerate(APPS):
+        col, row = i % 4, i // 4
+        x = box[0] + u(30) + col * u(124)
+        y = box[1] + u(60) + row * u(140)
+        scr.rect((x, y, x + u(88), y + u(88)), "#d0bcff", radius=24)
+        scr.text_centered((x, y, x + u(88), y + u(88)), app[:2], 26, "#21005d")
+        scr.text_centered((x - u(16), y + u(92), x + u(104), y + u(118)), app, 15)
+        scr.element(app, "icon", (x, y, x + u(88), y + u(118)))
+
+
+def set_alarm(ctx: Ctx) -> Episode:
+    """Clock app: open it, add an alarm, type a label, save."""
+    (w, h), rng = ctx.size, ctx.rng
+    hour, minute = rng.choice((6, 7, 8)), rng.choice((0, 15, 30, 45))
+    label = rng.choice(("Gym", "Meds", "Standup", "School run", "Call mum"))
+    when = f"{hour}:{minute:02d} AM"
+
+    def frame(k: int, view: str, text: str = "", alarms: tuple[str, ...] = ("6:00 AM", "9:30 AM")):
+        scr, box = phone(w, h, ctx.clock(k))
+        u = scr.u
+        if view == "home":
+            _home(scr, box)
+            return scr
+        scr.text((box[0] + u(24), box[1] + u(40)), "Alarm", 26)
+        if view == "new":
+            scr.text((box[0] + u(24), box[1] + u(120)), when, 40)
+            scr.field(
+                (box[0] + u(24), box[1] + u(200), box[2] - u(24), box[1] + u(256)),
+                "Label",
+                text,
+                focused=bool(text),
+            )
+            scr.button(
+                (box[2] - u(240), box[1] + u(300), box[2] - u(140), box[1] + u(350)), "Cancel"
+            )
+            scr.button(
+                (box[2] - u(124), box[1] + u(300), box[2] - u(24), box[1] + u(350)), "Save", True
+            )
+            return scr
+        scr.rows(
+            (box[0] + u(16), box[1] + u(80), box[2] - u(16), box[3] - u(140)),
+            list(alarms),
+            0,
+            88,
+            role="alarm",
+        )
+        scr.button((box[2] - u(110), box[3] - u(120), box[2] - u(30), box[3] - u(40)), "+")
+        return scr
+
+    s0 = frame(0, "home")
+    s1 = frame(1, "list")
+    s2 = frame(2, "new")
+    s3 = frame(3, "new", label)
+    s4 = frame(4, "list", alarms=("6:00 AM", "9:30 AM", f"{when}  {label}"))
+    ep = Episode(
+        "set_alarm",
+        "android",
+        "Clock",
+        [
+            f"Set an alarm for {when} labelled {label}.",
+            f"Create a {when} alarm called {label} in the Clock app.",
+            f"Add a new alarm at {when} with the label {label}.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            "The home screen shows the Clock app icon.",
+            "Open the Clock app",
+            at(ctx, s0, "click", "Clock"),
+        ),
+        step(
+            s1,
+            "The Alarm list is open; the + button adds a new alarm.",
+            "Tap the + button to create a new alarm",
+            at(ctx, s1, "click", "+"),
+        ),
+        step(
+            s2,
+            f"The new alarm is set to {when}; the label is still empty.",
+            f"Tap the Label field and type {label}",
+            at(ctx, s2, "click", "Label"),
+            f"write(message={label!r})",
+        ),
+        step(s3, "The label is filled in.", "Tap Save", at(ctx, s3, "click", "Save")),
+        step(
+            s4,
+            f"The list now contains the {when} alarm labelled {label}.",
+            "The alarm is set, the task is complete",
+            terminate(True, rng),
+        ),
+    ]
+    return ep
+
+
+def find_contact(ctx: Ctx) -> Episode:
+    """Contacts: open the app, swipe the list (from/to coordinates), read a phone number."""
+    (w, h), rng = ctx.size, ctx.rng
+    people = sorted(rng.sample(PEOPLE, 20))
+    missing = rng.random() < 0.25
+    person = "Zack Tremont" if missing else people[rng.randint(12, 19)]
+    phones = [f"+1 555 01{rng.randint(10, 99)}" for _ in people]
+
+    def frame(k: int, view: str, offset: int = 0):
+        scr, box = phone(w, h, ctx.clock(k))
+        u = scr.u
+        if view == "home":
+            _home(scr, box)
+        elif view == "list":
+            scr.text((box[0] + u(24), box[1] + u(36)), "Contacts", 26)
+            scr.rows(
+                (box[0] + u(8), box[1] + u(72), box[2] - u(8), box[3] - u(8)),
+                people,
+                offset,
+                64,
+                role="contact",
+            )
+        else:
+            scr.text((box[0] + u(24), box[1] + u(60)), person, 28)
+            scr.text(
+                (box[0] + u(24), box[1] + u(120)), f"Mobile {phones[people.index(person)]}", 18
+            )
+            scr.button(
+                (box[0] + u(24), box[1] + u(160), box[0] + u(164), box[1] + u(210)), "Call", True
+            )
+        return scr
+
+    s0 = frame(0, "home")
+    s1 = frame(1, "list")
+    lst = s1.find("list").box
+    visible = sum(1 for e in s1.elements if e.role == "contact")
+    shift = len(people) - visible
+    # The finger moves up by exactly `shift` rows, so the next screen shows the list that far down.
+    fy, ty = 0.8, 0.8 - shift * s1.u(64) / h
+    fx = round((lst[0] + lst[2]) / 2 / w, 4)
+    swipe = (f"swipe(from_coord=[{fx}, {fy}], to_coord=[{fx}, {round(ty, 4)}])", "list")
+    s2 = frame(2, "list", shift)
+    ep = Episode(
+        "find_contact",
+        "android",
+        "Contacts",
+        [
+            f"Look up the mobile number of {person} in Contacts.",
+            f"What is {person}'s phone number?",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            "The home screen is visible.",
+            "Open the Contacts app",
+            "open_app(app_name='Contacts')",
+        ),
+        step(
+            s1,
+            f"The contact list is alphabetical and {person} is further down.",
+            "Swipe up on the list to scroll down",
+            swipe,
+        ),
+    ]
+    if missing:
+        ep.outcome = "failure"
+        s3 = frame(3, "home")
+        ep.steps += [
+            step(
+                s2,
+                f"The end of the list is reached and {person} is not there.",
+                "Go back, the contact does not exist",
+                "navigate_back()",
+            ),
+            step(
+                s3,
+                "Back on the home screen; the contact could not be found.",
+                "Stop, the contact is not saved",
+                terminate(False, rng),
+            ),
+        ]
+        return ep
+    number = phones[people.index(person)]
+    s3, s4 = frame(3, "detail"), frame(4, "detail")
+    ep.steps += [
+        step(s2, f"{person} is now visible.", f"Tap {person}", at(ctx, s2, "click", person)),
+        step(
+            s3,
+            f"The contact page shows the number {number}.",
+            f"Answer {number}",
+            f"response(answer={number!r})",
+        ),
+        step(s4, "The number has been reported.", "The task is complete", terminate(True, rng)),
+    ]
+    return ep

@@ -1,0 +1,317 @@
+"""Desktop scenarios (Windows, macOS, Ubuntu): menus, dialogs, file lists, drags, shortcuts."""
+
+from __future__ import annotations
+
+from data_gen.sample_corpus._base import (
+    SENTENCES,
+    WORDS,
+    Ctx,
+    Episode,
+    at,
+    file_names,
+    step,
+    terminate,
+)
+from data_gen.sample_corpus.screens import Box, Screen, desktop, font, status_bar
+
+
+def _app_name(platform: str, kind: str) -> str:
+    table = {
+        "editor": {"windows": "Notepad", "mac": "TextEdit", "ubuntu": "Text Editor"},
+        "files": {"windows": "File Explorer", "mac": "Finder", "ubuntu": "Files"},
+    }
+    return table[kind][platform]
+
+
+def _document(scr: Screen, box: Box, lines: list[str], selected: bool = False) -> None:
+    for i, line in enumerate(lines):
+        y = box[1] + scr.u(24) + i * scr.u(24)
+        if selected:
+            width = scr.draw.textlength(line, font=font(scr.u(14)))
+            scr.rect(
+                (box[0] + scr.u(14), y - scr.u(10), box[0] + scr.u(18) + width, y + scr.u(10)),
+                "#9ec5f0",
+            )
+        scr.text((box[0] + scr.u(16), y), line, 14, "#111111")
+    scr.element(
+        "Document", "document", (box[0], box[1], box[2], box[1] + scr.u(24) * (len(lines) + 1))
+    )
+
+
+def save_as(ctx: Ctx) -> Episode:
+    """Editor: File menu → Save As… → type the name and press Enter in the dialog."""
+    p, (w, h), rng = ctx.platform, ctx.size, ctx.rng
+    app = _app_name(p, "editor")
+    name = f"{rng.choice(WORDS)}_{rng.randint(2, 30)}.txt"
+    lines = rng.sample(SENTENCES, 5)
+
+    def frame(k: int, title: str, status: str, menu: bool = False, dialog: str | None = None):
+        scr, content = desktop(p, w, h, ctx.clock(k), f"{title} - {app}")
+        content = status_bar(scr, content, status)
+        _document(scr, content, lines)
+        if menu:
+            f = scr.find("File").box
+            scr.dropdown(f[0], f[3], ["New", "Open...", "Save", "Save As...", "Exit"])
+        if dialog is not None:
+            body = scr.dialog(520, 260, "Save As")
+            scr.rows(
+                (body[0], body[1], body[2], body[1] + scr.u(110)),
+                ["Desktop", "Documents", "Downloads"],
+                0,
+                34,
+                role="folder",
+                selected="Documents",
+            )
+            y = body[1] + scr.u(126)
+            scr.text((body[0], y + scr.u(14)), "File name:", 13)
+            scr.field((body[0] + scr.u(90), y, body[2], y + scr.u(28)), "File name", dialog, True)
+            scr.button(
+                (body[2] - scr.u(200), body[3] - scr.u(34), body[2] - scr.u(110), body[3]),
+                "Save",
+                primary=True,
+            )
+            scr.button((body[2] - scr.u(96), body[3] - scr.u(34), body[2], body[3]), "Cancel")
+        return scr
+
+    s0 = frame(0, "Untitled", "Ln 1, Col 1")
+    s1 = frame(1, "Untitled", "Ln 1, Col 1", menu=True)
+    s2 = frame(2, "Untitled", "Ln 1, Col 1", dialog="")
+    s3 = frame(3, name, f"Saved {name}")
+    ep = Episode(
+        "save_as",
+        p,
+        app,
+        [
+            f"Save the current document as {name}.",
+            f"Use Save As to store this note under the name {name}.",
+            f"In {app}, save the open text with the file name {name}.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            f"{app} shows an unsaved document titled Untitled. Saving under a new name starts "
+            "from the File menu in the menu bar.",
+            "Open the File menu in the menu bar",
+            at(ctx, s0, "click", "File"),
+        ),
+        step(
+            s1,
+            "The File menu is open and lists Save As..., which lets me choose the name.",
+            "Click Save As... in the File menu",
+            at(ctx, s1, "click", "Save As..."),
+        ),
+        step(
+            s2,
+            "The Save As dialog is open with the file name field focused and empty.",
+            f"Type {name} into the file name field and press Enter to save",
+            f"write(message={name!r})",
+            "press(keys='enter')",
+        ),
+        step(
+            s3,
+            f"The title bar now reads {name}, so the document was saved.",
+            "The document is saved, the task is complete",
+            terminate(True, rng),
+        ),
+    ]
+    return ep
+
+
+def open_file(ctx: Ctx) -> Episode:
+    """File manager: scroll a long list, open a file and report its size (or fail if absent)."""
+    p, (w, h), rng = ctx.platform, ctx.size, ctx.rng
+    app = _app_name(p, "files")
+    files = file_names(rng, 34)
+    sizes = [f"{rng.randint(2, 900)} KB" for _ in files]
+    missing = rng.random() < 0.3
+    target = (
+        "quarterly_review.pptx" if missing else files[rng.randint(len(files) // 2, len(files) - 2)]
+    )
+
+    def frame(k: int, offset: int, opened: bool = False):
+        scr, content = desktop(p, w, h, ctx.clock(k), f"Documents - {app}")
+        content = status_bar(scr, content, f"{len(files)} items")
+        box = (
+            content[0] + scr.u(10),
+            content[1] + scr.u(10),
+            content[2] - scr.u(10),
+            content[3] - scr.u(10),
+        )
+        scr.rows(box, files, offset, 30, role="file", details=sizes)
+        if opened:
+            body = scr.dialog(420, 200, f"{target} Properties")
+            scr.text((body[0], body[1] + scr.u(30)), f"Name: {target}", 13)
+            scr.text((body[0], body[1] + scr.u(60)), f"Size: {sizes[files.index(target)]}", 13)
+            scr.button((body[2] - scr.u(90), body[3] - scr.u(34), body[2], body[3]), "OK", True)
+        return scr
+
+    s0 = frame(0, 0)
+    visible = sum(1 for e in s0.elements if e.role == "file")
+    last = max(0, len(files) - visible)
+    shift = last if missing else min(last, files.index(target) - visible + 3)
+    s1 = frame(1, shift)
+    ep = Episode(
+        "open_file",
+        p,
+        app,
+        [
+            f"Open {target} from the Documents folder and tell me its size.",
+            f"What is the size of the file {target} in Documents?",
+            f"Find {target} in {app} and report how large it is.",
+        ],
+    )
+    # pyautogui convention: negative clicks scroll the view down (one click = one row here).
+    scroll = at(ctx, s0, "scroll", "list", f"clicks={-shift}")
+    ep.steps = [
+        step(
+            s0,
+            f"The Documents folder lists {len(files)} files sorted by name; {target} is "
+            "not visible yet, so I need to scroll down the list.",
+            "Scroll down the file list to reveal more files",
+            scroll,
+        )
+    ]
+    if missing:
+        ep.outcome = "failure"
+        ep.steps.append(
+            step(
+                s1,
+                f"The list is at its end and {target} is not in the folder.",
+                f"Stop, because {target} does not exist in this folder",
+                terminate(False, rng, f"{target} is not in Documents"),
+            )
+        )
+        return ep
+    s2 = frame(2, shift, opened=True)
+    s3 = frame(3, shift, opened=True)
+    size = sizes[files.index(target)]
+    ep.steps += [
+        step(
+            s1,
+            f"{target} is now visible in the list.",
+            f"Double-click {target} to open it",
+            at(ctx, s1, "doubleClick", target),
+        ),
+        step(
+            s2,
+            f"The properties dialog shows the size {size}.",
+            f"Report that the size is {size}",
+            f"response(answer={size!r})",
+        ),
+        step(s3, "The answer has been given.", "The task is complete", terminate(True, rng)),
+    ]
+    return ep
+
+
+def drag_file(ctx: Ctx) -> Episode:
+    """File manager: drag a file from the list onto a sidebar folder (moveTo + dragTo)."""
+    p, (w, h), rng = ctx.platform, ctx.size, ctx.rng
+    app = _app_name(p, "files")
+    files = file_names(rng, 8)
+    target = rng.choice(files)
+    folder = rng.choice(("Archive", "Projects", "Shared"))
+
+    def frame(k: int, items: list[str], status: str):
+        scr, content = desktop(p, w, h, ctx.clock(k), f"Downloads - {app}")
+        content = status_bar(scr, content, status)
+        side = (
+            content[0] + scr.u(8),
+            content[1] + scr.u(8),
+            content[0] + scr.u(200),
+            content[3] - scr.u(8),
+        )
+        scr.rows(
+            side,
+            ["Desktop", "Downloads", "Archive", "Projects", "Shared"],
+            0,
+            32,
+            role="folder",
+            selected="Downloads",
+        )
+        scr.rows(
+            (side[2] + scr.u(10), side[1], content[2] - scr.u(8), side[3]),
+            items,
+            0,
+            30,
+            role="file",
+        )
+        return scr
+
+    s0 = frame(0, files, f"{len(files)} items")
+    s1 = frame(1, [f for f in files if f != target], f"Moved 1 item to {folder}")
+    ep = Episode(
+        "drag_file",
+        p,
+        app,
+        [
+            f"Move {target} from Downloads into the {folder} folder by dragging it.",
+            f"Drag the file {target} onto {folder} in the sidebar.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            f"{target} is in the Downloads list and {folder} is in the sidebar.",
+            f"Drag {target} onto the {folder} folder in the sidebar",
+            at(ctx, s0, "moveTo", target),
+            at(ctx, s0, "dragTo", folder),
+        ),
+        step(
+            s1,
+            f"The status bar confirms the file was moved to {folder}.",
+            "The file has been moved, the task is complete",
+            terminate(True, rng),
+        ),
+    ]
+    return ep
+
+
+def copy_text(ctx: Ctx) -> Episode:
+    """Editor: click into the text, select all and copy with positional ``hotkey`` calls."""
+    p, (w, h), rng = ctx.platform, ctx.size, ctx.rng
+    app = _app_name(p, "editor")
+    mod = "command" if p == "mac" else "ctrl"
+    lines = rng.sample(SENTENCES, 4)
+
+    def frame(k: int, selected: bool, status: str):
+        scr, content = desktop(p, w, h, ctx.clock(k), f"notes.txt - {app}")
+        content = status_bar(scr, content, status)
+        _document(scr, content, lines, selected)
+        return scr
+
+    s0 = frame(0, False, "Ln 1, Col 1")
+    s1 = frame(1, False, "Ln 2, Col 8")
+    s2 = frame(2, True, f"{len(lines)} lines selected")
+    s3 = frame(3, True, "Copied to clipboard")
+    ep = Episode(
+        "copy_text",
+        p,
+        app,
+        [
+            "Copy the whole text of notes.txt to the clipboard.",
+            "Select everything in the open note and copy it.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            "The note is open; the text area needs focus before the shortcut works.",
+            "Click inside the document text to focus it",
+            at(ctx, s0, "click", "Document"),
+        ),
+        step(
+            s1,
+            "The caret is in the document.",
+            "Select all text with the keyboard shortcut",
+            f"hotkey({mod!r}, 'a')",
+        ),
+        step(s2, "All lines are highlighted.", "Copy the selected text", f"hotkey({mod!r}, 'c')"),
+        step(
+            s3,
+            "The status bar says the text was copied.",
+            "The text is copied, the task is complete",
+            terminate(True, rng),
+        ),
+    ]
+    return ep
