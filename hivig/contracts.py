@@ -123,44 +123,111 @@ class JudgeOutput:
 # ---------------------------------------------------------------------------------------------
 # Reasoning split
 
-_THINK_OPEN = re.compile(r"<think>", re.IGNORECASE)
-_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
+_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
 
 
-def split_think(text: str) -> tuple[str | None, str] | ContractError:
-    """Split off the reasoning block.
+def _answer_start(text: str, answer_tag: str | None) -> int:
+    """Where the answer region starts: the last opening answer tag, else the end of the text.
+
+    The last one, because the reasoning may mention the tag while describing the format.
+    """
+    if answer_tag is None:
+        return len(text)
+    found = list(re.finditer(rf"<{re.escape(answer_tag)}\s*>", text, re.IGNORECASE))
+    return found[-1].start() if found else len(text)
+
+
+def split_think(text: str, *, answer_tag: str | None = None) -> tuple[str | None, str] | ContractError:
+    """Split off the reasoning block; the canonical think splitter of the project.
 
     Accepts ``<think>…</think>`` first, a lone ``</think>`` (Thinking chat templates pre-fill the
-    opening tag, so the model only emits the closing one), or no reasoning at all. A second
-    reasoning block is rejected rather than resolved by position.
+    opening tag, so the model only emits the closing one), or no reasoning at all. The block runs
+    from the first ``<think>`` to the *last* ``</think>`` before the answer, so reasoning that
+    quotes the tags (``the format is <think>…</think> then …``) stays whole. Structure that is
+    still malformed is rejected: a second block opened after the first one closed (a ``<think>``
+    at nesting depth zero), text before the opening tag, or an opening tag never closed.
 
     Args:
         text: Raw model output.
+        answer_tag: Name of the answer's opening tag (``criticism``, ``summary``, ...). The last
+            ``</think>`` before its last occurrence ends the reasoning, so ``</think>`` quoted
+            inside the answer is left to the answer. ``None``: the last ``</think>`` of the text.
 
     Returns:
-        ``(think, rest)`` with ``think`` stripped (``None`` when absent), or a ``ContractError``.
+        ``(think, rest)`` with ``think`` stripped (``None`` when absent, ``""`` when the block is
+        blank), or a ``ContractError`` (``empty``, ``unclosed_think``, ``text_before_think``,
+        ``duplicate_think``).
     """
     if not isinstance(text, str) or not text.strip():
         return ContractError(EMPTY, "empty output")
-    opens = list(_THINK_OPEN.finditer(text))
-    closes = list(_THINK_CLOSE.finditer(text))
-    if len(opens) > 1 or len(closes) > 1:
-        return ContractError(DUPLICATE_THINK, "more than one <think> block")
-    if not opens and not closes:
+    answer_at = _answer_start(text, answer_tag)
+    tags = list(_THINK_TAG.finditer(text, 0, answer_at))
+    closes = [t for t in tags if t.group(1)]
+    if not closes and answer_at < len(text):
+        # Every </think> sits after the last answer tag: that tag was a mention in the reasoning.
+        answer_at = len(text)
+        tags = list(_THINK_TAG.finditer(text))
+        closes = [t for t in tags if t.group(1)]
+    if not tags:
         return None, text
     if not closes:
         return ContractError(UNCLOSED_THINK, "<think> is never closed (truncated output?)")
-    close = closes[0]
-    if opens:
-        start = opens[0]
-        if start.start() > close.start():
+    close = closes[-1]
+    explicit = not tags[0].group(1)
+    if explicit and text[: tags[0].start()].strip():
+        if tags[0].start() > closes[0].start():
             return ContractError(UNCLOSED_THINK, "</think> before the opening <think>")
-        if text[: start.start()].strip():
-            return ContractError(TEXT_BEFORE_THINK, "text before the opening <think>")
-        inner = text[start.end() : close.start()]
-    else:
-        inner = text[: close.start()]
-    return inner.strip(), text[close.end() :]
+        return ContractError(TEXT_BEFORE_THINK, "text before the opening <think>")
+    problem = _think_structure(tags, close, explicit)
+    if problem is not None:
+        return problem
+    after = [t for t in tags if t.start() > close.start()]
+    if after:
+        # Only openings can follow the last </think> before the answer: a block never closed.
+        return ContractError(UNCLOSED_THINK, "<think> after the reasoning is never closed")
+    start = tags[0].end() if explicit else 0
+    return text[start : close.start()].strip(), text[close.end() :]
+
+
+def _think_structure(
+    tags: list[re.Match[str]], close: re.Match[str], explicit: bool
+) -> ContractError | None:
+    """Reject a ``<think>`` that opens once the first block has closed (nesting depth zero)."""
+    depth = 1
+    inner = tags[1:] if explicit else tags
+    for tag in inner:
+        if tag.start() >= close.start():
+            break
+        if tag.group(1):
+            depth -= 1
+        elif depth <= 0:
+            return ContractError(DUPLICATE_THINK, "a second <think> block after the first one")
+        else:
+            depth += 1
+    if not explicit and depth > 1:
+        # A pre-filled block that closes less often than it opens: an opening tag after text.
+        return ContractError(TEXT_BEFORE_THINK, "text before the opening <think>")
+    return None
+
+
+def _reasoning(
+    text: str, reasoning: str | None, answer_tag: str | None
+) -> tuple[str | None, str] | ContractError:
+    """Reasoning and answer, from a separate ``reasoning`` field when given, else from ``text``."""
+    if reasoning is not None and not isinstance(reasoning, str):
+        return ContractError(EMPTY, "reasoning must be a string or None")
+    if reasoning is None or not reasoning.strip():
+        return split_think(text, answer_tag=answer_tag)
+    if not isinstance(text, str) or not text.strip():
+        return ContractError(EMPTY, "empty answer")
+    # Delivered separately (e.g. vLLM ``reasoning_content``): trusted as is, never scanned.
+    return reasoning.strip(), text
+
+
+def _check_think(think: str | None, require_think: bool) -> ContractError | None:
+    if require_think and (think is None or not think.strip()):
+        return ContractError(MISSING_THINK, "the output has no reasoning")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,17 +20,9 @@ SCHEMAS = {
     "serve": "serve.config:ServeConfig",
 }
 
-STAGE_YAMLS = sorted(
-    p
-    for d in SCHEMAS
-    for p in (ROOT / "configs" / d).glob("*.yaml")
-    if (ROOT / "configs" / d).is_dir()
-)
-LAUNCHER_FILES = (
-    sorted((ROOT / "configs" / "accelerate").glob("*"))
-    if (ROOT / "configs" / "accelerate").is_dir()
-    else []
-)
+ALL_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file())
+STAGE_YAMLS = [p for p in ALL_FILES if p.relative_to(ROOT / "configs").parts[0] in SCHEMAS]
+LAUNCHER_FILES = [p for p in ALL_FILES if p.relative_to(ROOT / "configs").parts[0] == "accelerate"]
 
 
 def _schema(stage: str):
@@ -52,6 +44,17 @@ def test_launcher_files_parse(path):
     text = path.read_text(encoding="utf-8")
     data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     assert isinstance(data, dict) and data
+
+
+def test_every_config_file_is_checked():
+    # A file in a directory nobody maps, or with an odd suffix, would otherwise go untested.
+    unchecked = [
+        str(p.relative_to(ROOT))
+        for p in ALL_FILES
+        if (p not in STAGE_YAMLS and p not in LAUNCHER_FILES)
+        or (p in STAGE_YAMLS and p.suffix != ".yaml")
+    ]
+    assert not unchecked, f"config files no test loads: {unchecked}"
 
 
 def test_there_are_configs_to_check():

@@ -251,3 +251,23 @@ def test_must_show_sixty_trajectories(tmp_path):
     for r in critique:
         assert split_of_step.setdefault((r.trajectory_id, r.step_index), r.split) == r.split
     assert stats["samples"] == len(records)
+
+
+def test_bad_input_lines_are_quarantined_not_fatal(corpus, tmp_path):
+    c, t = corpus
+    lines = t.read_text().splitlines()
+    broken = json.loads(lines[0])
+    broken["steps"][0]["actions"] = []
+    dup = lines[1]
+    bad = tmp_path / "trajectories.jsonl"
+    bad.write_text("\n".join(["{not json", json.dumps(broken), lines[1], dup, lines[2]]) + "\n")
+    out = tmp_path / "out"
+    cfg = load_config(DataGenConfig, DEMO, [f"corpus={c}", f"out={out}", f"trajectories={bad}"])
+    stats = run(cfg, None)
+    quarantine = [json.loads(x) for x in (out / "input_quarantine.jsonl").read_text().splitlines()]
+    assert [q["reason"] for q in quarantine] == ["bad_json", "step_without_actions", "duplicate_id"]
+    assert stats["run"]["input_trajectories_quarantined"] == 3
+    assert {r.trajectory_id for r in _records(out)} == {
+        json.loads(lines[1])["id"],
+        json.loads(lines[2])["id"],
+    }

@@ -246,3 +246,11 @@ def test_lora_trains_only_adapters_and_merges_to_the_same_logits(data_dir, tmp_p
         plain = AutoModelForImageTextToText.from_pretrained(base).eval()(**inputs).logits
     torch.testing.assert_close(m, a, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(plain, a, atol=1e-4), "the adapter changed nothing"
+
+
+def test_non_finite_loss_stops_training_with_the_sample_ids(data_dir, tmp_path):
+    c = setup(_cfg(data_dir, tmp_path / "nan", "loop.max_steps=1"))
+    with torch.no_grad():
+        c.model.model.lm_head.weight[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 1; samples \['train-"):
+        train(c)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from hivig.config import ConfigError, load_config
 from train.collate import collate_pack, cu_seq_lens
@@ -16,7 +18,7 @@ from train.data import Sample, derive_grad_accum, epoch_order, mix_kinds, plan_e
 from train.flops import FlopShape, mfu, shape_from_config, step_flops
 from train.metrics import JsonlLogger, NullLogger, StdoutLogger, build_metric_logger
 from train.packing import group_into_steps, pad_to_longest_efficiency, plan_packs
-from train.sft import lr_factor
+from train.schedule import lr_factor
 
 # --------------------------------------------------------------------------------------------
 # Packing
@@ -287,3 +289,44 @@ def test_config_overrides_and_named_errors():
         load_config(TrainConfig, None, ["model.train_llm=false", "model.train_merger=false"])
     with pytest.raises(ConfigError):
         load_config(TrainConfig, None, ["optim.no_such_field=1"])
+
+
+# --------------------------------------------------------------------------------------------
+# Committed config files
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "configs" / "train").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_train_yaml_validates_and_documents_its_launch(path):
+    cfg = load_config(TrainConfig, path, ["data=/data"])
+    text = path.read_text()
+    assert text.startswith("#")
+    assert "python -m train" in text or "accelerate launch" in text
+    assert cfg.data == "/data"
+
+
+def test_paper_defaults_in_the_8b_config():
+    cfg = load_config(TrainConfig, ROOT / "configs" / "train" / "qwen3vl_8b_full.yaml")
+    assert (cfg.optim.lr, cfg.optim.scheduler, cfg.loop.epochs) == (5e-6, "cosine", 1)
+    assert cfg.optim.global_batch_samples == 256 and not cfg.model.train_vit
+    lora = load_config(TrainConfig, ROOT / "configs" / "train" / "qwen3vl_8b_lora.yaml")
+    assert lora.lora.enabled and lora.optim.lr == 1e-4
+
+
+@pytest.mark.parametrize("name", ["zero2", "zero3", "ddp"])
+def test_accelerate_configs_parse_and_point_at_deepspeed_files(name):
+    launch = yaml.safe_load((ROOT / "configs" / "accelerate" / f"{name}.yaml").read_text())
+    if name == "ddp":
+        assert launch["distributed_type"] == "MULTI_GPU"
+        return
+    assert launch["distributed_type"] == "DEEPSPEED"
+    ds = json.loads((ROOT / launch["deepspeed_config"]["deepspeed_config_file"]).read_text())
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == int(name[-1]) and zero["overlap_comm"] is False
+    assert "optimizer" not in ds  # AdamW is built in code with our parameter groups
+    assert ds["bf16"]["enabled"] is True
+    if name == "zero3":
+        assert zero["stage3_gather_16bit_weights_on_model_save"] is True

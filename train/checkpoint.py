@@ -220,3 +220,30 @@ def requeue_slurm_job(enabled: bool) -> None:
         log.warning("scontrol requeue %s failed: %s", job, result.stderr.strip())
     else:
         log.info("requeued SLURM job %s", job)
+
+
+def export_final(
+    out: Path, accelerator: Any, model: torch.nn.Module, processor: Any, cfg: Any, lora: bool
+) -> Path:
+    """Save a standard Hugging Face checkpoint directory (what transformers and vLLM load).
+
+    ``model`` is the prepared ``CriticLoss``; its ``.model`` is saved. Under ZeRO-3 the state dict
+    is gathered to 16 bit first. LoRA runs save the adapter (merge with ``train merge-lora``).
+    """
+    # Collective under ZeRO-3 (every rank gathers); the plain state dict elsewhere.
+    state_dict = accelerator.get_state_dict(model)
+    if rank_and_world()[0] == 0:
+        inner = accelerator.unwrap_model(model).model
+        prefix = "model."
+        weights = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if lora:
+            inner.save_pretrained(out)
+        else:
+            inner.save_pretrained(out, state_dict=weights, safe_serialization=True)
+        # Processor after the model, so the tokenizer files cannot overwrite the processor's
+        # (qwen3vl_training.md §13.6).
+        processor.save_pretrained(out)
+        write_run_description(out, cfg)
+        log.info("final checkpoint in %s", out)
+    barrier()
+    return out

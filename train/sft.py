@@ -26,7 +26,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -59,6 +58,7 @@ from train.evaluate import evaluate_loss, verdict_accuracy
 from train.flops import FlopShape, mfu, shape_from_config, step_flops
 from train.loss import CriticLoss, normalise
 from train.metrics import MetricLogger, build_metric_logger
+from train.schedule import build_scheduler
 
 log = get_logger(__name__)
 
@@ -83,6 +83,8 @@ class Components:
     eval_lengths: list[int]
     grad_accum: int
     plan0: EpochPlan
+    total_steps: int
+    """Optimizer steps of the whole run (epochs × steps per epoch, capped by ``max_steps``)."""
     flop_shape: FlopShape
     metrics: MetricLogger
     state: ckpt.TrainerState = field(default_factory=ckpt.TrainerState)
@@ -220,29 +222,6 @@ def _setup_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Op
     return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=False)
 
 
-def lr_factor(step: int, *, total: int, warmup: int, kind: str, min_ratio: float) -> float:
-    """LR multiplier at optimizer step ``step``: linear warmup, then cosine/linear/constant."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    if kind == "constant" or total <= warmup:
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    decay = 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1 - progress
-    return min_ratio + (1 - min_ratio) * decay
-
-
-def _setup_scheduler(cfg: TrainConfig, optimizer: Any, total_steps: int) -> LambdaLR:
-    warmup = int(cfg.optim.warmup_ratio * total_steps)
-    fn = partial(
-        lr_factor,
-        total=total_steps,
-        warmup=warmup,
-        kind=cfg.optim.scheduler,
-        min_ratio=cfg.optim.min_lr_ratio,
-    )
-    return LambdaLR(optimizer, fn)
-
-
 def _configure_deepspeed(accelerator: Accelerator, cfg: TrainConfig, grad_accum: int) -> None:
     """Fill the DeepSpeed batch keys ourselves: accelerate would use its own (wrong on CPU) world.
 
@@ -298,7 +277,7 @@ def setup(cfg: TrainConfig) -> Components:
         accelerator.gradient_accumulation_steps = grad_accum
     loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
     # After prepare, so the schedule wraps the optimizer whose ``step`` the loop calls.
-    scheduler = _setup_scheduler(cfg, optimizer, total)
+    scheduler = build_scheduler(optimizer, cfg.optim, total)
     metrics = build_metric_logger(
         cfg.metrics.sinks,
         cfg.out,
@@ -320,6 +299,7 @@ def setup(cfg: TrainConfig) -> Components:
         eval_lengths=eval_lengths,
         grad_accum=grad_accum,
         plan0=plan0,
+        total_steps=total,
         flop_shape=flop_shape,
         metrics=metrics,
     )
@@ -390,7 +370,7 @@ def train(c: Components) -> TrainResult:
     acc.gradient_accumulation_steps = G
     signals = ckpt.PreemptionFlag()
     losses: list[float] = []
-    total = c.scheduler.lr_lambdas[0].keywords["total"]
+    total = c.total_steps
     bar = _progress(cfg, total, state.step, rank)
     ledger = _open_ledger(cfg, rank)
     preempted = False
@@ -591,26 +571,10 @@ def _save(c: Components) -> None:
 
 
 def save_final(c: Components) -> Path:
-    """Write ``out/final``: HF weights (or the LoRA adapter), then processor, chat template."""
-    acc, out = c.accelerator, Path(c.cfg.out) / "final"
-    # Under ZeRO-3 this gathers the 16-bit weights; elsewhere it is the plain state dict.
-    state_dict = acc.get_state_dict(c.model)
-    rank, _ = rank_and_world()
-    if rank == 0:
-        inner = acc.unwrap_model(c.model).model
-        prefix = "model."
-        weights = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        if c.cfg.lora.enabled:
-            inner.save_pretrained(out)  # the adapter; `python -m train merge-lora` merges it
-        else:
-            inner.save_pretrained(out, state_dict=weights, safe_serialization=True)
-        # Processor after the model, so the tokenizer files cannot overwrite the processor's
-        # (qwen3vl_training.md §13.6).
-        c.processor.save_pretrained(out)
-        write_run_description(out, c.cfg)
-        log.info("final checkpoint in %s", out)
-    ckpt.barrier()
-    return out
+    """Write ``out/final``: HF weights (or the LoRA adapter), processor and chat template."""
+    return ckpt.export_final(
+        Path(c.cfg.out) / "final", c.accelerator, c.model, c.processor, c.cfg, c.cfg.lora.enabled
+    )
 
 
 def run(cfg: TrainConfig) -> TrainResult:

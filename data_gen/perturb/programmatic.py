@@ -296,7 +296,8 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     valid = [
         (px, py)
         for px, py in candidates
-        if 0 <= px <= 1000 and 0 <= py <= 1000 and target_at(view.elements, px, py) is None
+        # Keep the marker on screen: a point on the very edge would draw a clipped X.
+        if m <= px <= 1000 - m and m <= py <= 1000 - m and target_at(view.elements, px, py) is None
     ]
     if not valid:
         return None

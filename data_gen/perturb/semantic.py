@@ -30,6 +30,11 @@ ANNOTATOR_DIMENSIONS = (
 Draft = tuple[str, list[Call], str, str]
 Drafter = Callable[[StepView, random.Random], "Draft | None"]
 
+# Observation Neglect: a downward search gesture. Desktop wheel amounts are in pixels (negative =
+# down, Qwen3-VL computer_use); the phone swipe moves the finger up by 45 % of the screen height.
+SEARCH_SCROLL_PIXELS = (300, 500, 800)
+SEARCH_SWIPE = ([500, 750], [500, 300])
+
 _LIST_ROLES = frozenset({"listitem", "menuitem", "option", "row", "tab", "checkbox", "radio"})
 
 
@@ -107,10 +112,10 @@ def observation_neglect(view: StepView, rng: random.Random) -> Draft | None:
         return None
     _, _, el = found
     if view.space == "mobile_use":
-        call: Call = {"action": "swipe", "coordinate": [500, 750], "coordinate2": [500, 300]}
+        start, end = SEARCH_SWIPE
+        call: Call = {"action": "swipe", "coordinate": list(start), "coordinate2": list(end)}
     else:
-        # Negative pixels scroll down in the Qwen3-VL computer_use convention.
-        call = {"action": "scroll", "pixels": -rng.choice([300, 500, 800])}
+        call = {"action": "scroll", "pixels": -rng.choice(SEARCH_SCROLL_PIXELS)}
     intent = f"Scroll down to look for '{el.label}'."
     thought = f"'{el.label}' is probably further down the page, so I need to scroll to find it."
     note = f"scrolled away although '{el.label}' was already visible"

@@ -109,6 +109,16 @@ def _load_transformers_backend(
     return TransformersBackend(model.to(device).eval(), processor, model_name=checkpoint)
 
 
+def __getattr__(name: str) -> object:
+    # ``TransformersBackend`` loads on first use: importing transformers takes seconds, which
+    # HTTP-only users should not pay.
+    if name == "TransformersBackend":
+        from hivig.backends.transformers_backend import TransformersBackend
+
+        return TransformersBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BackendBadResponse",
     "BackendError",
@@ -123,6 +133,7 @@ __all__ = [
     "RetriesExhausted",
     "Sampling",
     "SyncBackend",
+    "TransformersBackend",
     "Usage",
     "build_backend",
     "generate_many",

@@ -1,0 +1,212 @@
+"""Training throughput on one GPU: tokens/s/GPU and MFU of a random-init Qwen3-VL of a given shape.
+
+    python benchmarks/bench_train_gpu.py                          # Qwen3-VL-8B shape, H100/H200
+    python benchmarks/bench_train_gpu.py --images 1 --text 2000 --samples-per-pack 4
+    python benchmarks/bench_train_gpu.py --preset tiny --device cpu --steps 2   # smoke test
+
+One packed row per step (the recipe's micro-batch): ``--samples-per-pack`` samples, each with
+``--images`` screenshots of ``--screen`` resized to the canonical frame plus ``--text`` text
+tokens of which ``--answer`` are supervised. The step is the recipe's: frozen ViT, trained merger
+and LLM, bf16, FA2 (falls back to SDPA), LLM gradient checkpointing, chunked CE, AdamW. MFU uses
+the causal-exact FLOP count of ``train.flops`` against ``--peak-tflops`` (989 for H100 SXM/H200).
+Weights are random: the numbers are speed, not quality. Single GPU, no DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import torch
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+from hivig.config import FrameConfig
+from hivig.models.qwen_vl import apply_freezing, mrope_position_ids, parameter_groups
+from hivig.vision import smart_resize
+from train.collate import PackedBatch, collate_pack
+from train.flops import mfu, shape_from_config, step_flops
+from train.loss import CriticLoss
+
+# Qwen3-VL-8B (qwen3vl_training.md §3.1-3.2); token ids are the Qwen3VLConfig defaults.
+QWEN3VL_8B = {
+    "text_config": {
+        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+        "rope_theta": 5_000_000.0,
+        "rope_scaling": {
+            "rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True,
+        },
+    },
+    "vision_config": {
+        "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3,
+        "out_hidden_size": 4096, "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [8, 16, 24],
+    },
+}  # fmt: skip
+
+
+def _parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=("8b", "tiny"), default="8b")
+    p.add_argument("--layers", type=int, default=0, help="override LLM depth (0 = preset)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--samples-per-pack", type=int, default=2)
+    p.add_argument("--images", type=int, default=4, help="screenshots per sample")
+    p.add_argument("--screen", default="1920x1080")
+    p.add_argument("--max-pixels", type=int, default=FrameConfig().max_pixels)
+    p.add_argument("--text", type=int, default=2000, help="text tokens per sample")
+    p.add_argument("--answer", type=int, default=1500, help="supervised tokens per sample")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--chunk", type=int, default=4096, help="chunked-CE rows")
+    p.add_argument("--no-checkpointing", action="store_true")
+    p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument("--json", default=None, help="also write the result here")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> Qwen3VLConfig:
+    if args.preset == "tiny":
+        from hivig.testing import tiny_config, tiny_processor
+
+        config = tiny_config(tiny_processor())
+    else:
+        config = Qwen3VLConfig(**QWEN3VL_8B, tie_word_embeddings=False, use_cache=False)
+    if args.layers:
+        config.text_config.num_hidden_layers = args.layers
+    return config
+
+
+def synthetic_sample(config: Qwen3VLConfig, args: argparse.Namespace, seed: int) -> dict:
+    """Token ids, pre-shifted labels, 4-row positions and random patches of one sample."""
+    g = torch.Generator().manual_seed(seed)
+    vc = config.vision_config
+    factor = vc.patch_size * vc.spatial_merge_size
+    w, h = (int(v) for v in args.screen.split("x"))
+    rh, rw = smart_resize(h, w, factor, FrameConfig().min_pixels, args.max_pixels)
+    grid = torch.tensor([[1, rh // vc.patch_size, rw // vc.patch_size]] * args.images)
+    per_image = int(grid[0].prod()) // vc.spatial_merge_size**2
+    special = {config.image_token_id, config.vision_start_token_id, config.vision_end_token_id}
+    vocab = config.text_config.vocab_size
+
+    def text(n: int) -> list[int]:
+        ids = torch.randint(0, min(vocab, 150_000), (n,), generator=g).tolist()
+        return [i if i not in special else 0 for i in ids]
+
+    ids: list[int] = text(8)
+    for _ in range(args.images):
+        ids += [config.vision_start_token_id, *([config.image_token_id] * per_image)]
+        ids += [config.vision_end_token_id]
+    ids += text(args.text)
+    input_ids = torch.tensor(ids)
+    labels = torch.full_like(input_ids, -100)
+    labels[-args.answer - 1 : -1] = input_ids[-args.answer :]
+    mrope = mrope_position_ids(
+        input_ids,
+        grid,
+        image_token_id=config.image_token_id,
+        spatial_merge_size=vc.spatial_merge_size,
+    )
+    dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
+    patches = int(grid.prod(dim=-1).sum())
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": torch.cat([torch.arange(len(ids))[None], mrope]),
+        "pixel_values": torch.randn(patches, dim, generator=g),
+        "image_grid_thw": grid,
+    }
+
+
+def build_model(config: Qwen3VLConfig, args: argparse.Namespace) -> Any:
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    attn = "sdpa"
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+
+            attn = "flash_attention_2"
+        except ImportError:
+            attn = "sdpa"
+    config._attn_implementation = attn
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # build in bf16 directly: an fp32 8B copy would need 35 GB
+    try:
+        with device:
+            model = Qwen3VLForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(previous)
+    apply_freezing(model, train_vit=False, train_merger=True, train_deepstack=False, train_llm=True)
+    if not args.no_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train(), attn
+
+
+def run(argv: list[str] | None = None) -> dict[str, float]:
+    args = _parse(argv)
+    config = build_config(args)
+    model, attn = build_model(config, args)
+    loss_fn = CriticLoss(model, chunk_tokens=args.chunk)
+    groups = parameter_groups(model, lr_llm=1e-6, lr_merger=1e-6, lr_vit=1e-6, weight_decay=0.0)
+    fused = args.device.startswith("cuda")
+    optimizer = torch.optim.AdamW(groups, lr=1e-6, fused=fused)
+    samples = [synthetic_sample(config, args, seed=k) for k in range(args.samples_per_pack)]
+    batch: PackedBatch = collate_pack(samples)
+    dtype = next(model.parameters()).dtype
+    batch.inputs["pixel_values"] = batch.inputs["pixel_values"].to(dtype)
+    batch = batch.to(args.device)
+    shape = shape_from_config(config, merger_trained=True)
+    flops = step_flops(shape, batch.meta.seq_lens, batch.meta.image_patches)
+    times = []
+    for step in range(args.warmup + args.steps):
+        _sync(args.device)
+        t0 = time.perf_counter()
+        loss_sum, n = loss_fn(batch.inputs)
+        (loss_sum / n).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(args.device)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+        if not torch.isfinite(loss_sum):
+            raise FloatingPointError(f"non-finite loss at step {step}")
+    t = statistics.median(times)
+    result = {
+        "preset": args.preset,
+        "attn": attn,
+        "tokens_per_pack": batch.meta.tokens,
+        "step_time_s": t,
+        "tokens_per_s_per_gpu": batch.meta.tokens / t,
+        "samples_per_s_per_gpu": len(samples) / t,
+        "tflops_per_step": flops / 1e12,
+        "mfu": mfu(flops, t, 1, args.peak_tflops),
+        "mfu_non_causal": mfu(
+            step_flops(shape, batch.meta.seq_lens, batch.meta.image_patches, causal=False),
+            t,
+            1,
+            args.peak_tflops,
+        ),
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if fused else 0.0,
+        "loss": float(loss_sum.detach() / n),
+    }
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+    return result
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    for key, value in run().items():
+        print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
