@@ -3,7 +3,7 @@ r"""The ``hivig`` command: small user-facing tools over the core library.
 Examples::
 
     hivig action convert --from scalecua --to qwen --platform windows --width 1920 --height 1080 \
-        "moveTo(x=0.1, y=0.2)\ndragTo(x=0.5, y=0.2)"
+        $'moveTo(x=0.1, y=0.2)\ndragTo(x=0.5, y=0.2)'
     hivig action convert --from osworld --to json --width 1920 --height 1080 \
         "pyautogui.click(960, 540)"
     hivig mark --image shot.png --out marked.png --action "$(cat call.txt)"   # <tool_call> blocks
@@ -34,13 +34,26 @@ def _parse_actions(args: argparse.Namespace):
     """Parse ``args.text`` with the chosen source grammar; returns actions or an ActionError."""
     from hivig import actions as A
 
-    text = args.text.replace("\\n", "\n")
+    text = sys.stdin.read() if args.text == "-" else args.text
     if args.source == "scalecua":
-        parsed = A.parse_scalecua(text, args.platform, args.width, args.height)
+        platform = args.platform or "windows"
+        parsed = A.parse_scalecua(text, platform, args.width, args.height)
         return parsed if isinstance(parsed, A.ActionError) else list(parsed.actions)
     if args.source == "qwen":
         return A.parse_tool_calls(text)
     return A.parse_osworld(text, args.width, args.height)
+
+
+def _target_space(args: argparse.Namespace, actions: list) -> str:
+    """The tool space to render into: the platform's, else one that holds every action."""
+    from hivig import actions as A
+
+    if args.platform is not None:
+        return A.space_for_platform(args.platform)
+    for space in ("computer_use", "mobile_use"):
+        if all(A.in_space(a, space) for a in actions):
+            return space
+    return "computer_use"
 
 
 def _cmd_action_convert(args: argparse.Namespace) -> int:
@@ -55,7 +68,7 @@ def _cmd_action_convert(args: argparse.Namespace) -> int:
         if args.target == "json":
             text = json.dumps([a.to_arguments() for a in result], ensure_ascii=False)
         else:
-            text = A.render_tool_calls(result, A.space_for_platform(args.platform))
+            text = A.render_tool_calls(result, _target_space(args, result))
     except A.ActionError as e:  # e.g. call_user, or an action outside the platform's space
         return _fail(f"{e.reason}: {e.message}")
     print(text)
@@ -77,14 +90,21 @@ def _cmd_mark(args: argparse.Namespace) -> int:
     size_class = None
     if args.platform is not None:
         size_class = "mobile" if args.platform == "android" else "desktop"
-    frame = V.canonical_frame(
-        image,
-        min_pixels=args.min_pixels,
-        max_pixels=args.max_pixels,
-        marks=marks,
-        size_class=size_class,
-    )
-    frame.save(args.out, format="PNG")
+    if not args.out.lower().endswith(".png"):
+        return _fail(f"--out must be a .png path (markers need lossless pixels): {args.out}")
+    try:
+        frame = V.canonical_frame(
+            image,
+            min_pixels=args.min_pixels,
+            max_pixels=args.max_pixels,
+            marks=marks,
+            size_class=size_class,
+        )
+        frame.save(args.out, format="PNG")
+    except ValueError as e:  # an impossible pixel budget
+        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"cannot write {args.out}: {e}")
     print(f"wrote {args.out} ({frame.width}x{frame.height}, {len(marks)} marker(s))")
     return 0
 
@@ -127,16 +147,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="convert an action between ScaleCUA, Qwen3-VL and OSWorld grammars",
         description="Parse an action in one grammar and print it as Qwen3-VL <tool_call> "
         "blocks or as a JSON list of tool-call argument objects (0-1000 grid). "
-        "A literal \\n in TEXT separates lines.",
+        "Multi-line input: pass real newlines (e.g. $'a\\nb' in bash) or '-' to read stdin.",
     )
     convert.add_argument(
         "--from", dest="source", choices=("scalecua", "qwen", "osworld"), required=True
     )
     convert.add_argument("--to", dest="target", choices=("qwen", "json"), default="qwen")
-    convert.add_argument("--platform", choices=PLATFORMS, default="windows")
+    convert.add_argument(
+        "--platform",
+        choices=PLATFORMS,
+        default=None,
+        help="screen platform (ScaleCUA input defaults to windows; the output space follows it)",
+    )
     convert.add_argument("--width", type=int, default=1920, help="screenshot width in pixels")
     convert.add_argument("--height", type=int, default=1080, help="screenshot height in pixels")
-    convert.add_argument("text", help="the action text")
+    convert.add_argument("text", help="the action text, or - to read it from stdin")
     convert.set_defaults(func=_cmd_action_convert)
 
     mark = sub.add_parser(

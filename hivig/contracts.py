@@ -47,6 +47,7 @@ UNEXPECTED_DIMENSION = "unexpected_dimension"
 BAD_JSON = "bad_json"
 MISSING_KEY = "missing_key"
 BAD_VALUE = "bad_value"
+MISSING_THINK = "missing_think"
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,19 @@ class ContractError:
     message: str
 
 
+class _Reasoned:
+    """``has_think`` for every output: ``think`` is ``None`` when absent, ``""`` when blank."""
+
+    think: str | None
+
+    @property
+    def has_think(self) -> bool:
+        """Whether the output carried non-blank reasoning (callers reject outputs without)."""
+        return bool(self.think and self.think.strip())
+
+
 @dataclass(frozen=True)
-class HistoryOutput:
+class HistoryOutput(_Reasoned):
     """The history task's output: reasoning plus the two summary lines."""
 
     think: str | None
@@ -77,7 +89,7 @@ class HistoryOutput:
 
 
 @dataclass(frozen=True)
-class CritiqueOutput:
+class CritiqueOutput(_Reasoned):
     """The critique task's output; ``dimension`` is set exactly when the verdict is Bad."""
 
     think: str | None
@@ -87,7 +99,7 @@ class CritiqueOutput:
 
 
 @dataclass(frozen=True)
-class TransitionOutput:
+class TransitionOutput(_Reasoned):
     """The state-transition annotator's output.
 
     ``mechanism`` and ``effect`` are the ``[Action Mechanism]`` / ``[Structural Effect]`` parts of
@@ -101,7 +113,7 @@ class TransitionOutput:
 
 
 @dataclass(frozen=True)
-class PerturbationOutput:
+class PerturbationOutput(_Reasoned):
     """The perturbation annotator's output: one Bad step for one dimension."""
 
     think: str | None
@@ -111,7 +123,7 @@ class PerturbationOutput:
 
 
 @dataclass(frozen=True)
-class JudgeOutput:
+class JudgeOutput(_Reasoned):
     """The double-blind judge's output; ``dimension`` is ``None`` when it answered ``Invalid``."""
 
     think: str | None
@@ -137,7 +149,9 @@ def _answer_start(text: str, answer_tag: str | None) -> int:
     return found[-1].start() if found else len(text)
 
 
-def split_think(text: str, *, answer_tag: str | None = None) -> tuple[str | None, str] | ContractError:
+def split_think(
+    text: str, *, answer_tag: str | None = None
+) -> tuple[str | None, str] | ContractError:
     """Split off the reasoning block; the canonical think splitter of the project.
 
     Accepts ``<think>…</think>`` first, a lone ``</think>`` (Thinking chat templates pre-fill the
@@ -173,11 +187,9 @@ def split_think(text: str, *, answer_tag: str | None = None) -> tuple[str | None
     if not closes:
         return ContractError(UNCLOSED_THINK, "<think> is never closed (truncated output?)")
     close = closes[-1]
-    explicit = not tags[0].group(1)
-    if explicit and text[: tags[0].start()].strip():
-        if tags[0].start() > closes[0].start():
-            return ContractError(UNCLOSED_THINK, "</think> before the opening <think>")
-        return ContractError(TEXT_BEFORE_THINK, "text before the opening <think>")
+    # Explicit: the text opens with <think>. Otherwise the opening tag was pre-filled and any
+    # <think> in the text is either a mention inside the reasoning or an opening after a preamble.
+    explicit = not tags[0].group(1) and not text[: tags[0].start()].strip()
     problem = _think_structure(tags, close, explicit)
     if problem is not None:
         return problem
@@ -248,9 +260,10 @@ def _block(text: str, tag: str) -> str | ContractError:
 
 def _label_pattern(label: str) -> re.Pattern[str]:
     words = r"[ \t]+".join(re.escape(w) for w in label.split())
-    # Line start, optional bullet/emphasis, the label, emphasis, colon, emphasis.
+    # Line start, optional bullet, optional opening emphasis, the label, emphasis, colon. Emphasis
+    # right after the colon is not matched here: it may open the value (``Label: **x**``).
     return re.compile(
-        rf"^[ \t]*(?:[-+][ \t]+)?[*_]*[ \t]*{words}[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*",
+        rf"^[ \t]*(?:[-+*][ \t]+)?(?P<open>[*_]*)[ \t]*{words}[ \t]*(?P<mid>[*_]*)[ \t]*:",
         re.IGNORECASE | re.MULTILINE,
     )
 
@@ -264,6 +277,15 @@ _LABELS = {
 }
 
 
+def _value_start(block: str, match: re.Match[str]) -> int:
+    """Skip the emphasis closing a label such as ``**Overall Grading:**``, nothing else."""
+    end = match.end()
+    opened = match.group("open")
+    if opened and not match.group("mid") and block.startswith(opened, end):
+        return end + len(opened)
+    return end
+
+
 def _fields(block: str, names: tuple[str, ...]) -> dict[str, str] | ContractError:
     """Cut a block into labelled fields; each runs to the next label or the end of the block."""
     hits: list[tuple[int, int, str]] = []
@@ -271,7 +293,7 @@ def _fields(block: str, names: tuple[str, ...]) -> dict[str, str] | ContractErro
         found = list(_LABELS[name].finditer(block))
         if len(found) > 1:
             return ContractError(DUPLICATE_FIELD, f"field {name!r} appears {len(found)} times")
-        hits.extend((m.start(), m.end(), name) for m in found)
+        hits.extend((m.start(), _value_start(block, m), name) for m in found)
     hits.sort()
     out: dict[str, str] = {}
     for i, (_, end, name) in enumerate(hits):
@@ -280,8 +302,16 @@ def _fields(block: str, names: tuple[str, ...]) -> dict[str, str] | ContractErro
     return out
 
 
+# Balanced emphasis around the whole value; the delimiter must not occur inside, so
+# ``**Save** closes **dialog**`` is left alone.
+_WRAPPED = re.compile(r"^(\*\*|__|\*|_)((?:(?!\1).)+)\1$", re.DOTALL)
+
+
 def _strip_emphasis(value: str) -> str:
-    return value.strip().strip("*_").strip()
+    text = value.strip()
+    while (match := _WRAPPED.match(text)) is not None:
+        text = match.group(2).strip()
+    return text
 
 
 def _require(fields: dict[str, str], name: str, label: str) -> str | ContractError:
@@ -297,19 +327,28 @@ def _require(fields: dict[str, str], name: str, label: str) -> str | ContractErr
 # History
 
 
-def parse_history(text: str) -> HistoryOutput | ContractError:
+def parse_history(
+    text: str, reasoning: str | None = None, *, require_think: bool = False
+) -> HistoryOutput | ContractError:
     """Parse ``<think>`` + ``<summary>`` with ``Progress Summary:`` and ``Last Action Result:``.
 
     Args:
         text: Raw model output.
+        reasoning: Reasoning the backend returned separately (vLLM ``reasoning_content``). When
+            non-blank it is the think text, is never scanned for tags, and ``text`` is parsed as
+            the answer only; ``None`` or blank: the reasoning is split off ``text``.
+        require_think: Reject an output without (or with blank) reasoning as ``missing_think``.
 
     Returns:
         A ``HistoryOutput`` or a ``ContractError``.
     """
-    split = split_think(text)
+    split = _reasoning(text, reasoning, "summary")
     if isinstance(split, ContractError):
         return split
     think, rest = split
+    missing = _check_think(think, require_think)
+    if missing is not None:
+        return missing
     block = _block(rest, "summary")
     if isinstance(block, ContractError):
         return block
@@ -336,20 +375,29 @@ def _verdict(value: str) -> Verdict | None:
     return {"good": "Good", "bad": "Bad"}.get(word)  # type: ignore[return-value]
 
 
-def parse_critique(text: str) -> CritiqueOutput | ContractError:
+def parse_critique(
+    text: str, reasoning: str | None = None, *, require_think: bool = False
+) -> CritiqueOutput | ContractError:
     """Parse ``<think>`` + ``<criticism>`` with grading, dimension (Bad only) and explanation.
 
     Args:
         text: Raw model output.
+        reasoning: Reasoning the backend returned separately (vLLM ``reasoning_content``). When
+            non-blank it is the think text, is never scanned for tags, and ``text`` is parsed as
+            the answer only; ``None`` or blank: the reasoning is split off ``text``.
+        require_think: Reject an output without (or with blank) reasoning as ``missing_think``.
 
     Returns:
         A ``CritiqueOutput`` or a ``ContractError`` (``bad_verdict``, ``unknown_dimension`` for a
         name outside the taxonomy, ``unexpected_dimension`` for a dimension on a Good verdict, ...).
     """
-    split = split_think(text)
+    split = _reasoning(text, reasoning, "criticism")
     if isinstance(split, ContractError):
         return split
     think, rest = split
+    missing = _check_think(think, require_think)
+    if missing is not None:
+        return missing
     block = _block(rest, "criticism")
     if isinstance(block, ContractError):
         return block
@@ -401,19 +449,28 @@ def _think_parts(think: str | None) -> dict[str, str]:
     return parts
 
 
-def parse_next_state(text: str) -> TransitionOutput | ContractError:
+def parse_next_state(
+    text: str, reasoning: str | None = None, *, require_think: bool = False
+) -> TransitionOutput | ContractError:
     """Parse ``<think>`` (with optional mechanism/effect parts) + ``<next_state>``.
 
     Args:
         text: Raw model output.
+        reasoning: Reasoning the backend returned separately (vLLM ``reasoning_content``). When
+            non-blank it is the think text, is never scanned for tags, and ``text`` is parsed as
+            the answer only; ``None`` or blank: the reasoning is split off ``text``.
+        require_think: Reject an output without (or with blank) reasoning as ``missing_think``.
 
     Returns:
         A ``TransitionOutput`` or a ``ContractError``.
     """
-    split = split_think(text)
+    split = _reasoning(text, reasoning, "next_state")
     if isinstance(split, ContractError):
         return split
     think, rest = split
+    missing = _check_think(think, require_think)
+    if missing is not None:
+        return missing
     block = _block(rest, "next_state")
     if isinstance(block, ContractError):
         return block
@@ -433,42 +490,36 @@ def parse_next_state(text: str) -> TransitionOutput | ContractError:
 # JSON outputs (perturbation, judge)
 
 
-def _json_objects(text: str) -> list[str]:
-    """Top-level ``{…}`` spans, brace counting aware of JSON strings."""
-    spans: list[str] = []
-    depth, start, in_str, escaped = 0, -1, False, False
-    for i, ch in enumerate(text):
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-            continue
-        if ch == '"' and depth > 0:
-            in_str = True
-        elif ch == "{":
-            if depth == 0:
-                start = i
-            depth += 1
-        elif ch == "}" and depth > 0:
-            depth -= 1
-            if depth == 0:
-                spans.append(text[start : i + 1])
-    return spans
+_DECODER = json.JSONDecoder()
 
 
-def _json_object(text: str) -> dict[str, Any] | ContractError:
-    # The last object that parses wins: reasoning written without tags may quote tool-call JSON
-    # before the answer object.
-    for span in reversed(_json_objects(text)):
+def _json_object(text: str, keys: tuple[str, ...]) -> dict[str, Any] | ContractError:
+    """The answer object: the last JSON object in ``text`` that has every key of ``keys``.
+
+    Every ``{`` is tried as the start of an object, so a stray brace in prose cannot swallow the
+    answer, and objects lacking the contract's keys (tool-call arguments quoted in the reasoning
+    or emitted after the answer) never win. With no such object, the object with the most of the
+    keys (the last among equals) is returned so the caller reports which key is missing.
+    """
+    complete: dict[str, Any] | None = None
+    partial: dict[str, Any] | None = None
+    partial_score = -1
+    for match in re.finditer(r"\{", text):
         try:
-            obj = json.loads(span)
-        except json.JSONDecodeError:
+            obj, _ = _DECODER.raw_decode(text, match.start())
+        except (ValueError, RecursionError):  # not an object here; deep nesting is not one either
             continue
-        if isinstance(obj, dict):
-            return obj
+        if not isinstance(obj, dict):
+            continue
+        score = sum(key in obj for key in keys)
+        if score == len(keys):
+            complete = obj
+        elif score >= partial_score:
+            partial, partial_score = obj, score
+    if complete is not None:
+        return complete
+    if partial is not None:
+        return partial
     return ContractError(BAD_JSON, "no parseable JSON object in the output")
 
 
@@ -481,35 +532,50 @@ def _string_key(obj: dict[str, Any], key: str) -> str | ContractError:
     return value.strip()
 
 
-def _json_answer(text: str) -> tuple[str | None, dict[str, Any]] | ContractError:
-    split = split_think(text)
+def _json_answer(
+    text: str, reasoning: str | None, keys: tuple[str, ...], require_think: bool
+) -> tuple[str | None, dict[str, Any]] | ContractError:
+    split = _reasoning(text, reasoning, None)
     if isinstance(split, ContractError):
         return split
     think, rest = split
-    obj = _json_object(rest)
+    missing = _check_think(think, require_think)
+    if missing is not None:
+        return missing
+    obj = _json_object(rest, keys)
     if isinstance(obj, ContractError):
         return obj
     return think, obj
 
 
-def parse_perturbation(text: str) -> PerturbationOutput | ContractError:
+_PERTURBATION_KEYS = ("dimension_violated", "rejected_thought", "rejected_proposed_step")
+_JUDGE_KEYS = ("better_candidate", "predicted_error_dimension", "reasoning_summary")
+
+
+def parse_perturbation(
+    text: str, reasoning: str | None = None, *, require_think: bool = False
+) -> PerturbationOutput | ContractError:
     """Parse the perturbation annotator's JSON answer.
 
     Expected keys: ``dimension_violated``, ``rejected_thought``, ``rejected_proposed_step``.
 
     Args:
         text: Raw model output (reasoning, then the JSON object, possibly in a code fence).
+        reasoning: Reasoning the backend returned separately (vLLM ``reasoning_content``). When
+            non-blank it is the think text, is never scanned for tags, and ``text`` is parsed as
+            the answer only; ``None`` or blank: the reasoning is split off ``text``.
+        require_think: Reject an output without (or with blank) reasoning as ``missing_think``.
 
     Returns:
         A ``PerturbationOutput`` or a ``ContractError``. The rejected step must contain a
         ``<tool_call>`` block; the dimension must resolve to one of the 12.
     """
-    answer = _json_answer(text)
+    answer = _json_answer(text, reasoning, _PERTURBATION_KEYS, require_think)
     if isinstance(answer, ContractError):
         return answer
     think, obj = answer
     values: dict[str, str] = {}
-    for key in ("dimension_violated", "rejected_thought", "rejected_proposed_step"):
+    for key in _PERTURBATION_KEYS:
         value = _string_key(obj, key)
         if isinstance(value, ContractError):
             return value
@@ -532,22 +598,28 @@ def parse_perturbation(text: str) -> PerturbationOutput | ContractError:
 _CANDIDATE = re.compile(r"^(?:candidate[\s_]*)?([ab])$")
 
 
-def parse_judge(text: str) -> JudgeOutput | ContractError:
+def parse_judge(
+    text: str, reasoning: str | None = None, *, require_think: bool = False
+) -> JudgeOutput | ContractError:
     """Parse the judge JSON ``{better_candidate, predicted_error_dimension, reasoning_summary}``.
 
     Args:
         text: Raw model output.
+        reasoning: Reasoning the backend returned separately (vLLM ``reasoning_content``). When
+            non-blank it is the think text, is never scanned for tags, and ``text`` is parsed as
+            the answer only; ``None`` or blank: the reasoning is split off ``text``.
+        require_think: Reject an output without (or with blank) reasoning as ``missing_think``.
 
     Returns:
         A ``JudgeOutput`` (``dimension=None`` for ``Invalid``) or a ``ContractError``. The
         candidate must be exactly A or B (``"Candidate B"`` is B, ``"AB"`` is an error).
     """
-    answer = _json_answer(text)
+    answer = _json_answer(text, reasoning, _JUDGE_KEYS, require_think)
     if isinstance(answer, ContractError):
         return answer
     think, obj = answer
     values: dict[str, str] = {}
-    for key in ("better_candidate", "predicted_error_dimension", "reasoning_summary"):
+    for key in _JUDGE_KEYS:
         value = _string_key(obj, key)
         if isinstance(value, ContractError):
             return value
@@ -567,6 +639,19 @@ def parse_judge(text: str) -> JudgeOutput | ContractError:
 # Renderers (training targets)
 
 
+def _check_target_think(think: str) -> None:
+    """Refuse reasoning that must not become a training target.
+
+    Blank reasoning would teach the critic to skip thinking. Think tags inside the reasoning are
+    refused although ``split_think`` tolerates quoted ones: they are special tokens of the chat
+    template, and serving-side reasoning parsers end the reasoning at the first ``</think>``.
+    """
+    if not isinstance(think, str) or not think.strip():
+        raise ValueError("a training target needs non-blank reasoning (`think`)")
+    if _THINK_TAG.search(think):
+        raise ValueError("the reasoning of a training target must not contain think tags")
+
+
 def render_history_target(think: str, progress: str, last_result: str) -> str:
     """Render the history task's assistant target.
 
@@ -579,8 +664,11 @@ def render_history_target(think: str, progress: str, last_result: str) -> str:
         ``<think>…</think>`` then the ``<summary>`` block.
 
     Raises:
-        ValueError: An input is empty or would not parse back to itself (e.g. contains a tag).
+        ValueError: An input is empty (a blank ``think`` included: empty reasoning never becomes
+            a training target), ``think`` contains a think tag, or the text would not parse back
+            to itself (e.g. a field contains a tag).
     """
+    _check_target_think(think)
     text = (
         f"<think>\n{think.strip()}\n</think>\n<summary>\n"
         f"Progress Summary: {progress.strip()}\n"
@@ -609,9 +697,10 @@ def render_critique_target(
         ``<think>…</think>`` then the ``<criticism>`` block.
 
     Raises:
-        ValueError: Verdict and dimension disagree, the name is unknown, or the text would not
-            parse back to the same values.
+        ValueError: ``think`` is blank or contains a think tag, verdict and dimension disagree,
+            the name is unknown, or the text would not parse back to the same values.
     """
+    _check_target_think(think)
     if verdict not in ("Good", "Bad"):
         raise ValueError(f"verdict must be 'Good' or 'Bad', got {verdict!r}")
     dim = lookup_dimension(dimension) if isinstance(dimension, str) else dimension

@@ -20,7 +20,7 @@ def test_convert_scalecua_drag_to_qwen(capsys):
     code, out, _ = _run(
         capsys,
         "action", "convert", "--from", "scalecua", "--to", "json", "--platform", "windows",
-        "--width", "1920", "--height", "1080", "moveTo(x=0.1, y=0.2)\\ndragTo(x=0.5, y=0.2)",
+        "--width", "1920", "--height", "1080", "moveTo(x=0.1, y=0.2)\ndragTo(x=0.5, y=0.2)",
     )  # fmt: skip
     assert code == 0
     calls = json.loads(out)
@@ -100,3 +100,61 @@ def test_convert_action_without_qwen_form_exits_2(capsys):
     )
     assert code == 2 and out == ""
     assert "unsupported_action" in err
+
+
+def test_convert_keeps_escapes_inside_strings(capsys):
+    code, out, _ = _run(
+        capsys, "action", "convert", "--from", "scalecua", "--to", "json",
+        "write(message='a\\nb')",
+    )  # fmt: skip
+    assert code == 0
+    assert json.loads(out) == [{"action": "type", "text": "a\nb"}]
+
+
+def test_convert_qwen_mobile_block_keeps_its_space(capsys):
+    call = (
+        '<tool_call>\n{"name": "mobile_use", "arguments": '
+        '{"action": "click", "coordinate": [10, 20]}}\n</tool_call>'
+    )
+    code, out, _ = _run(capsys, "action", "convert", "--from", "qwen", "--to", "qwen", call)
+    assert code == 0 and '"name": "mobile_use"' in out
+
+
+def test_convert_reads_stdin(capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("click(x=0.5, y=0.5)\n"))
+    code, out, _ = _run(capsys, "action", "convert", "--from", "scalecua", "--to", "json", "-")
+    assert code == 0 and json.loads(out)[0]["coordinate"] == [500, 500]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--max-pixels", "0"], ["--max-pixels", "1000"], ["--min-pixels", "5000000"]],
+)
+def test_mark_bad_budget_exits_2(tmp_path, capsys, extra):
+    src = tmp_path / "in.png"
+    Image.new("RGB", (640, 360)).save(src)
+    call = (
+        '<tool_call>{"name": "computer_use", "arguments": '
+        '{"action": "left_click", "coordinate": [1, 2]}}</tool_call>'
+    )
+    code, _, err = _run(
+        capsys, "mark", "--image", str(src), "--action", call,
+        "--out", str(tmp_path / "o.png"), *extra,
+    )  # fmt: skip
+    assert code == 2 and "hivig: error:" in err
+
+
+def test_mark_unwritable_or_lossy_out_exits_2(tmp_path, capsys):
+    src = tmp_path / "in.png"
+    Image.new("RGB", (640, 360)).save(src)
+    call = (
+        '<tool_call>{"name": "computer_use", "arguments": '
+        '{"action": "left_click", "coordinate": [1, 2]}}</tool_call>'
+    )
+    for out in (tmp_path / "missing" / "o.png", tmp_path / "o.jpg"):
+        code, _, err = _run(
+            capsys, "mark", "--image", str(src), "--action", call, "--out", str(out)
+        )
+        assert code == 2 and "hivig: error:" in err
