@@ -39,8 +39,18 @@ test-fast: venv
 test-gpu: venv
 	$(VENV)/bin/python -m pytest -q -m gpu
 
+# The whole pipeline on a generated corpus, CPU only, a few minutes. Outputs land in $(DEMO).
+DEMO ?= runs/demo
 demo: venv
-	$(PY) -m hivig.demo
+	@echo "== 1/4 synthetic ScaleCUA-format corpus (desktop, web, android)"
+	$(PY) -m data_gen make-sample --out $(DEMO)/corpus --trajectories 60 --seed 0
+	@echo "== 2/4 data_gen with the offline annotator (no model; outputs derived from ground truth)"
+	$(PY) -m data_gen run --config configs/data_gen/demo.yaml corpus=$(DEMO)/corpus out=$(DEMO)/data
+	@echo "== 3/4 a few SFT steps of a tiny random-weight Qwen3-VL on CPU"
+	$(PY) -m train --config configs/train/tiny_cpu.yaml data=$(DEMO)/data out=$(DEMO)/train
+	@echo "== 4/4 serving: the gateway and the scripted agent episode are not built yet; skipped"
+	@echo "demo done: data report $(DEMO)/data/report.html, checkpoint $(DEMO)/train/final"
+	@echo "note: the tiny model has random weights, so anything it would say carries no meaning"
 
 bench: venv
 	$(PY) benchmarks/bench_frame.py

@@ -17,8 +17,15 @@ The target format is the published HiViG one::
     Explanation: ...
     </criticism>
 
+Reasoning may arrive inline (``<think>…</think>`` before the answer) or separately, as the
+``reasoning`` argument of every parser (vLLM's ``reasoning_content``); separate reasoning is taken
+as is and never scanned for tags. ``split_think`` is the project's one think splitter: backends and
+stages split reasoning with it rather than with a parser of their own. Outputs report whether
+reasoning was present (``has_think``); ``require_think=True`` rejects outputs without it as
+``missing_think``.
+
 ``render_history_target`` and ``render_critique_target`` produce exactly what the parsers accept;
-they check that by parsing their own output.
+they check that by parsing their own output, and they refuse blank reasoning.
 """
 
 from __future__ import annotations
@@ -29,6 +36,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hivig.taxonomy import Dimension, lookup_dimension
+
+__all__ = [
+    "ContractError",
+    "CritiqueOutput",
+    "HistoryOutput",
+    "JudgeOutput",
+    "PerturbationOutput",
+    "TransitionOutput",
+    "Verdict",
+    "parse_critique",
+    "parse_history",
+    "parse_judge",
+    "parse_next_state",
+    "parse_perturbation",
+    "render_critique_target",
+    "render_history_target",
+    "split_think",
+]
 
 Verdict = Literal["Good", "Bad"]
 
@@ -177,8 +202,10 @@ def split_think(
     answer_at = _answer_start(text, answer_tag)
     tags = list(_THINK_TAG.finditer(text, 0, answer_at))
     closes = [t for t in tags if t.group(1)]
-    if not closes and answer_at < len(text):
-        # Every </think> sits after the last answer tag: that tag was a mention in the reasoning.
+    if tags and not closes and answer_at < len(text):
+        # Reasoning opened but not closed before the last answer tag: that tag was a mention in
+        # the reasoning, so the reasoning may end after it. (No tag before the answer at all: no
+        # reasoning, and a </think> inside the answer is the answer's business.)
         answer_at = len(text)
         tags = list(_THINK_TAG.finditer(text))
         closes = [t for t in tags if t.group(1)]

@@ -8,8 +8,9 @@ Records are stored as Parquet shards (``part-00000.parquet``, ...) readable with
 ``datasets.load_dataset("parquet", data_files=...)``. Writing the same records twice gives
 identical bytes: data_gen's resume check compares shard files.
 
-``to_sharegpt`` exports LlamaFactory ShareGPT rows. LlamaFactory cannot draw markers, so marked
-images are rendered (canonical frame + marks) into a directory the caller names.
+``to_sharegpt`` exports LlamaFactory ShareGPT rows. Every image, marked or clean, is rendered
+through the canonical frame (plus its marks) into a directory the caller names, so LlamaFactory
+gets exactly the frames training uses for both kinds of image.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from hivig.media import (
     TextPart,
 )
 from hivig.taxonomy import lookup_dimension
-from hivig.vision import canonical_frame, encode_png
+from hivig.vision import ImageError, canonical_frame, encode_png
 
 logger = get_logger(__name__)
 
@@ -72,7 +73,8 @@ class Labels:
         verdict: ``Good``/``Bad`` for critique samples, ``None`` for history samples.
         error_dimension: Exact dimension name for Bad samples, else ``None``.
         intent_masked: The proposed/executed step was shown without its ``Action:`` line.
-        generator: Family that produced a Bad step (``programmatic``/``annotator``), else ``None``.
+        generator: Family that produced a Bad step (``programmatic``/``annotator``); required
+            for Bad critique samples and ``None`` for Good and history samples.
     """
 
     verdict: Literal["Good", "Bad"] | None = None
@@ -164,14 +166,16 @@ def _label_problem(kind: str, labels: Labels) -> str | None:
     if kind == "history":
         if labels.verdict is not None or labels.error_dimension is not None:
             return "history samples carry no verdict or error dimension"
+        if labels.generator is not None:
+            return "history samples carry no `labels.generator` (only Bad steps are generated)"
         return None
     if labels.verdict not in ("Good", "Bad"):
         return f"`labels.verdict` must be Good or Bad, got {labels.verdict!r}"
-    if labels.generator is not None and labels.generator not in GENERATORS:
-        return f"`labels.generator` must be one of {GENERATORS}, got {labels.generator!r}"
     if labels.verdict == "Good":
         if labels.error_dimension is not None:
             return "a Good sample has no error dimension"
+        if labels.generator is not None:
+            return "a Good sample has no `labels.generator` (only Bad steps are generated)"
         return None
     dim = lookup_dimension(labels.error_dimension or "")
     if dim is None or dim.name != labels.error_dimension:
@@ -180,6 +184,9 @@ def _label_problem(kind: str, labels: Labels) -> str | None:
         )
     if labels.intent_masked and not dim.maskable:
         return f"{dim.name} samples must not be intent-masked"
+    if labels.generator not in GENERATORS:
+        # Reports split Bad samples by generator family; a missing family would vanish there.
+        return f"a Bad sample needs `labels.generator` in {GENERATORS}, got {labels.generator!r}"
     return None
 
 
@@ -463,22 +470,26 @@ def read_records(path: str | os.PathLike[str]) -> list[SFTRecord]:
 # LlamaFactory ShareGPT export
 
 
-def _marked_png(
-    ref: ImageRef, image_root: Path, marked_dir: Path, min_pixels: int, max_pixels: int
+def _frame_png(
+    ref: ImageRef, image_root: Path, frames_dir: Path, min_pixels: int, max_pixels: int
 ) -> Path:
+    """Render one image as training sees it (canonical frame, then marks) under a stable name."""
     key = json.dumps(
         [ref.path, [_mark_row(m) for m in ref.marks], ref.size_class, min_pixels, max_pixels]
     )
-    out = marked_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.png"
+    out = frames_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.png"
     if not out.exists():
         src = Path(ref.path)
-        frame = canonical_frame(
-            src if src.is_absolute() else image_root / src,
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-            marks=ref.marks,
-            size_class=ref.size_class,
-        )
+        try:
+            frame = canonical_frame(
+                src if src.is_absolute() else image_root / src,
+                min_pixels=min_pixels,
+                max_pixels=max_pixels,
+                marks=ref.marks,
+                size_class=ref.size_class,
+            )
+        except ImageError as e:
+            raise RecordError(f"image {ref.path!r}: {e}") from e
         tmp = out.with_suffix(".png.tmp")
         tmp.write_bytes(encode_png(frame))
         os.replace(tmp, out)
@@ -488,50 +499,55 @@ def _marked_png(
 def to_sharegpt(
     records: Iterable[SFTRecord],
     image_root: str | os.PathLike[str],
-    marked_dir: str | os.PathLike[str] | None = None,
+    frames_dir: str | os.PathLike[str] | None = None,
     *,
     min_pixels: int = 65_536,
     max_pixels: int = 1_048_576,
+    marked_dir: str | os.PathLike[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Export records as LlamaFactory ShareGPT rows.
 
     Row shape: ``{"system", "conversations": [{"from": "human", "value"}, {"from": "gpt",
     "value"}], "images": [...]}`` with one ``<image>`` token per image, where its slot is.
-    Clean images are referenced at ``image_root / path``. LlamaFactory cannot draw markers, so
-    images with marks are rendered once (canonical frame, then marks, as in training) into
-    ``marked_dir`` under a content-derived name and referenced there.
+    Every image, marked or not, is rendered once through ``hivig.vision.canonical_frame`` (the
+    frame training uses, then the marks) into ``frames_dir`` under a content-derived name and
+    referenced there, so LlamaFactory gets the frames training uses for clean and marked images
+    alike (with the same pixel bounds, its own resizing has nothing left to change).
 
     Args:
         records: Records to export.
         image_root: Directory relative image paths resolve against.
-        marked_dir: Where marked PNGs are written; required when any image has marks.
-        min_pixels: Canonical-frame lower bound for marked images, in pixels.
-        max_pixels: Canonical-frame upper bound for marked images, in pixels.
+        frames_dir: Where the rendered PNGs are written; required when any record has images.
+        min_pixels: Canonical-frame lower bound, in pixels.
+        max_pixels: Canonical-frame upper bound, in pixels.
+        marked_dir: Former name of ``frames_dir``, still accepted as a keyword.
 
     Returns:
         One dict per record, in order (dump with ``json.dump`` for LlamaFactory).
 
     Raises:
-        RecordError: A record has marked images and ``marked_dir`` is ``None``.
+        RecordError: A record has images and no ``frames_dir`` is given, both ``frames_dir`` and
+            ``marked_dir`` are given, or an image cannot be loaded.
     """
+    if frames_dir is not None and marked_dir is not None:
+        raise RecordError("pass `frames_dir` only (`marked_dir` is its former name)")
+    chosen = frames_dir if frames_dir is not None else marked_dir
     root = Path(image_root)
-    marked = Path(marked_dir) if marked_dir is not None else None
-    if marked is not None:
-        marked.mkdir(parents=True, exist_ok=True)
+    frames = Path(chosen) if chosen is not None else None
+    if frames is not None:
+        frames.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for r in records:
-        paths: list[str] = []
-        for ref in r.images:
-            if ref.marks:
-                if marked is None:
-                    raise RecordError(
-                        f"record {r.id!r} has marked images; LlamaFactory cannot draw marks, so "
-                        "pass `marked_dir` to render them"
-                    )
-                paths.append(str(_marked_png(ref, root, marked, min_pixels, max_pixels)))
-            else:
-                src = Path(ref.path)
-                paths.append(str(src if src.is_absolute() else root / src))
+        if r.images and frames is None:
+            raise RecordError(
+                f"record {r.id!r} has images; every image is rendered through the canonical "
+                "frame for LlamaFactory, so pass `frames_dir`"
+            )
+        paths = [
+            str(_frame_png(ref, root, frames, min_pixels, max_pixels))
+            for ref in r.images
+            if frames is not None
+        ]
         human = "".join(IMAGE_TOKEN if isinstance(p, ImageSlot) else p.text for p in r.user)
         rows.append(
             {

@@ -284,6 +284,13 @@ def lookup_dimension(text: str) -> Dimension | None:
 def dimension_by_key(key: str) -> Dimension:
     """Return the dimension with this snake_case key.
 
+    Args:
+        key: A ``Dimension.key`` such as ``visual_hallucination`` (exact, case-sensitive; use
+            ``lookup_dimension`` for free text).
+
+    Returns:
+        The dimension.
+
     Raises:
         KeyError: No dimension has this key.
     """

@@ -29,8 +29,9 @@ from transformers import (
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from hivig.contracts import render_critique_target
 from hivig.media import ChatMessage, ImagePart, TextPart
-from hivig.models.qwen_vl import assemble_processor, load_chat_template, token_ids
+from hivig.models.qwen_vl import assemble_processor, load_chat_template, set_use_cache, token_ids
 from hivig.vision import canonical_frame
 
 TINY_MIN_PIXELS = 1024
@@ -161,13 +162,16 @@ def tiny_model(
     processor: Qwen3VLProcessor,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    use_cache: bool = False,
 ) -> Qwen3VLForConditionalGeneration:
-    """A deterministic random-weight tiny Qwen3-VL (SDPA attention, ``use_cache=False``).
+    """A deterministic random-weight tiny Qwen3-VL with SDPA attention.
 
     Args:
         processor: Processor whose tokenizer fixes the vocabulary and special ids.
         seed: Weight-initialisation seed; the global RNG state is left untouched.
         dtype: Parameter dtype (fp32 for golden-value tests).
+        use_cache: KV cache in forward, set on ``text_config`` where the text model reads it
+            (``hivig.models.qwen_vl.set_use_cache``); ``False`` for training.
 
     Returns:
         The model in train mode.
@@ -177,6 +181,7 @@ def tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config)
+    set_use_cache(model, use_cache)
     return model.to(dtype).train()
 
 
@@ -252,7 +257,8 @@ def synthetic_conversation(
         user_text: Text after the images.
 
     Returns:
-        ``(messages, target)``; the target follows the default think policy.
+        ``(messages, target)``; the target is a stored-format critique
+        (``hivig.contracts.render_critique_target``), valid under both think policies.
     """
     sizes = ((200, 90), (100, 60), (64, 64), (160, 120))
     frames = [
@@ -267,8 +273,7 @@ def synthetic_conversation(
         ChatMessage("system", [TextPart("You are a critic of computer-use agents.")]),
         ChatMessage("user", [*(ImagePart(f) for f in frames), TextPart(user_text)]),
     ]
-    target = (
-        "<think>\nThe click hit the Save button.\n</think>\n\n"
-        "<criticism>\nOverall Grading: Good\nExplanation: The file is saved.\n</criticism>"
+    target = render_critique_target(
+        "The click hit the Save button.", "Good", None, "The file is saved."
     )
     return messages, target

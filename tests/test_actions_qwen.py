@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
 from hivig.actions import (
     ACTION_NAMES,
+    MAX_SECONDS,
+    UNMARKED_DRAG,
     ActionError,
     Answer,
     Click,
@@ -193,6 +196,34 @@ def test_parse_tool_calls_accepts_string_arguments():
         ),
         ('<tool_call>{"arguments": {"action": "wait"}}</tool_call>', "bad_syntax"),
         ("<tool_call>[1, 2]</tool_call>", "bad_syntax"),
+        # One parameter bound twice: json.loads would keep the last silently.
+        (
+            '<tool_call>{"name": "computer_use", "arguments": {"action": "left_click", '
+            '"coordinate": [1, 2], "coordinate": [3, 4]}}</tool_call>',
+            "bad_argument",
+        ),
+        (
+            '<tool_call>{"name": "computer_use", "name": "mobile_use", "arguments": '
+            '{"action": "wait", "time": 1}}</tool_call>',
+            "bad_argument",
+        ),
+        (
+            '<tool_call>{"name": "computer_use", "arguments": {"action": "wait", '
+            '"time": 1e14}}</tool_call>',
+            "bad_argument",
+        ),
+        (
+            '<tool_call>{"name": "mobile_use", "arguments": {"action": "long_press", '
+            '"coordinate": [1, 2], "time": 3600.5}}</tool_call>',
+            "bad_argument",
+        ),
+        ("<tool_call>" * 3, "bad_syntax"),
+        ("</tool_call><tool_call>", "bad_syntax"),
+        (
+            '<tool_call>{"name": "computer_use", "arguments": {"action": "wait", "time": 1}}'
+            "<tool_call></tool_call>",
+            "bad_syntax",
+        ),
         (
             '<tool_call>{"name": "mobile_use", "arguments": {"action": "left_click", '
             '"coordinate": [1, 2]}}</tool_call>',
@@ -203,6 +234,17 @@ def test_parse_tool_calls_accepts_string_arguments():
 def test_parse_tool_calls_errors(text, reason):
     out = parse_tool_calls(text)
     assert isinstance(out, ActionError) and out.reason == reason, out
+
+
+def test_stray_close_tags_are_ignored_and_durations_up_to_the_bound_kept():
+    call = (
+        '<tool_call>{"name": "computer_use", "arguments": {"action": "wait", '
+        f'"time": {MAX_SECONDS}}}}}</tool_call>'
+    )
+    assert parse_tool_calls("</tool_call>" + call + "</TOOL_CALL>") == [Wait(MAX_SECONDS)]
+    assert action_from_arguments({"action": "wait", "time": MAX_SECONDS + 1}).reason == (
+        "bad_argument"
+    )
 
 
 def test_strict_json_negative_control():
@@ -304,6 +346,13 @@ def test_osworld_special_strings_and_key_folding():
         ("pyautogui.click(2500, 10)", "coordinate_out_of_range"),
         ("pyautogui.press('open the menu')", "bad_key"),
         ("pyautogui.click(x=1, y=2, bogus=3)", "bad_argument"),
+        ("pyautogui.hotkey('ctrl', keys=['c'])", "bad_argument"),
+        ("pyautogui.hotkey('ctrl', 'c', bogus=1)", "bad_argument"),
+        ("pyautogui.hotkey()", "missing_argument"),
+        ("pyautogui.click((1, 2), x=3)", "bad_argument"),
+        ("time.sleep(1, seconds=2)", "bad_argument"),
+        ("time.sleep(1e14)", "bad_argument"),
+        ("time.sleep(3601)", "bad_argument"),
         ("pyautogui.click(x=open('f'), y=2)", "bad_argument"),
         ("done", "unsupported_action"),
     ],
@@ -311,6 +360,30 @@ def test_osworld_special_strings_and_key_folding():
 def test_osworld_errors(code, reason):
     out = parse_osworld(code, 1920, 1080)
     assert isinstance(out, ActionError) and out.reason == reason, out
+
+
+def test_osworld_hotkey_forms():
+    assert parse_osworld("pyautogui.hotkey('ctrl', 'c', interval=0.1)", 10, 10) == [
+        Key(("ctrl", "c"))
+    ]
+    assert parse_osworld("pyautogui.hotkey(keys=['ctrl', 'c'])", 10, 10) == [Key(("ctrl", "c"))]
+    assert parse_osworld(f"time.sleep({MAX_SECONDS})", 10, 10) == [Wait(MAX_SECONDS)]
+
+
+@pytest.mark.parametrize(
+    ("code", "quoted"),
+    [
+        ("pyautogui.write('é'); pyautogui.fly(1)", "pyautogui.fly(1)"),
+        ("import os\r\npyautogui.click(1, 2)\r\npyautogui.fly(\n  2)", "pyautogui.fly(\n  2)"),
+        ("pyautogui.write('日本'); x = 1", "x = 1"),
+        ("pyautogui.fly(\n'é',\n3)", "pyautogui.fly(\n'é',\n3)"),
+        ("pass\rpyautogui.fly(\r\n'é',\r3)", "pyautogui.fly(\r\n'é',\r3)"),
+    ],
+)
+def test_osworld_errors_quote_the_exact_statement(code, quoted):
+    out = parse_osworld(code, 1920, 1080)
+    assert isinstance(out, ActionError), out
+    assert repr(quoted) in out.message, out.message
 
 
 # --- marks and tool spec -------------------------------------------------------------------------
@@ -339,6 +412,49 @@ def test_drag_marks_prefer_start_and_skip_unknown_start():
     assert marks_for_actions([LeftClickDrag((5, 6), start=(1, 2))]) == [ArrowMark(1, 2, 5, 6)]
     assert marks_for_actions([LeftClickDrag((5, 6))]) == []  # no start known: no arrow
     assert marks_for_actions([Type("x"), Key(("a",))]) == []
+    # Explicit start metadata wins over the tracked pointer.
+    moved = [MouseMove((1, 1)), LeftClickDrag((5, 6), start=(3, 3))]
+    assert marks_for_actions(moved)[-1] == ArrowMark(3, 3, 5, 6)
+
+
+@pytest.mark.parametrize(
+    ("actions", "start"),
+    [
+        ([LeftClick((200, 300))], (200, 300)),
+        ([MouseMove((100, 100)), LeftClick((200, 300))], (200, 300)),
+        ([DoubleClick((200, 300))], (200, 300)),
+        ([RightClick((1, 1)), MiddleClick((200, 300))], (200, 300)),
+        ([TripleClick((200, 300)), Key(("a",)), Type("x")], (200, 300)),
+        ([MouseMove((1, 1)), LeftClickDrag((200, 300))], (200, 300)),
+        ([MouseMove((1, 1)), Scroll(-3, coordinate=(200, 300))], (200, 300)),
+        ([HScroll(3, coordinate=(200, 300))], (200, 300)),
+    ],
+)
+def test_drag_arrow_starts_at_the_tracked_pointer(actions, start):
+    marks = marks_for_actions([*actions, LeftClickDrag((500, 600))])
+    assert marks[-1] == ArrowMark(*start, 500, 600)
+
+
+def test_drag_arrow_uses_the_pointer_from_before_the_step():
+    drag = [LeftClickDrag((500, 600))]
+    assert marks_for_actions(drag, pointer=(7, 8)) == [ArrowMark(7, 8, 500, 600)]
+    # Pointer-less actions (a scroll without position) leave the previous pointer in place.
+    assert marks_for_actions([Scroll(-3), *drag], pointer=(7, 8)) == [ArrowMark(7, 8, 500, 600)]
+
+
+def test_unmarkable_drags_are_counted():
+    stats: Counter[str] = Counter()
+    actions = [LeftClickDrag((5, 6)), LeftClickDrag((7, 8)), LeftClick((1, 1))]
+    marks = marks_for_actions(actions, stats=stats)
+    # The first drag has no start; the second starts where the first ended.
+    assert marks == [ArrowMark(5, 6, 7, 8), PointMark(1, 1)]
+    assert stats == {UNMARKED_DRAG: 1}
+    plain: dict[str, int] = {}
+    marks_for_actions([LeftClickDrag((5, 6))], stats=plain)
+    assert plain == {UNMARKED_DRAG: 1}
+    none: dict[str, int] = {}
+    marks_for_actions([MouseMove((1, 1)), LeftClickDrag((5, 6))], stats=none)
+    assert none == {}  # negative control: a marked drag is not counted
 
 
 def test_action_space_definitions():
@@ -408,6 +524,7 @@ def test_androidworld_actions(action, expected):
         ({"x": 1}, "bad_argument"),
         ("{'action_type': 'click'}", "bad_syntax"),
         ("[1]", "bad_syntax"),
+        ('{"action_type": "click", "x": 1, "y": 2, "x": 900}', "bad_argument"),
     ],
 )
 def test_androidworld_errors(action, reason):

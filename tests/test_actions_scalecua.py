@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from hivig.actions import (
+    MAX_SECONDS,
     ActionError,
     Answer,
     CallUser,
@@ -33,12 +34,15 @@ from hivig.actions import (
     Wait,
     coordinate_values,
     detect_scale,
+    marks_for_actions,
     normalise_calls,
     parse_scalecua,
     parse_scalecua_calls,
+    parse_tool_calls,
     render_tool_calls,
     resolve_scale,
 )
+from hivig.media import ArrowMark, PointMark
 
 W, H = 1920, 1080
 
@@ -46,7 +50,17 @@ W, H = 1920, 1080
 def ok(text: str, platform: str = "windows", w: int = W, h: int = H, **kw) -> ScaleCUAParse:
     out = parse_scalecua(text, platform, w, h, **kw)
     assert isinstance(out, ScaleCUAParse), out
+    assert_marks_survive_rendering(out.actions, platform)
     return out
+
+
+def assert_marks_survive_rendering(actions: tuple, platform: str) -> None:
+    """data_gen draws marks from parsed actions, serving from rendered text: they must agree."""
+    if not actions or any(isinstance(a, CallUser) for a in actions):
+        return  # nothing to render (call_user has no Qwen3-VL form)
+    space = "mobile_use" if platform == "android" else "computer_use"
+    again = parse_tool_calls(render_tool_calls(actions, space))
+    assert marks_for_actions(again) == marks_for_actions(actions)
 
 
 def err(text: str, platform: str = "windows", w: int = W, h: int = H, **kw) -> ActionError:
@@ -152,12 +166,41 @@ def test_move_then_drag_keeps_start():
     assert out.actions[1].to_arguments() == {"action": "left_click_drag", "coordinate": [500, 600]}
 
 
+@pytest.mark.parametrize(
+    ("text", "start"),
+    [
+        ("click(x=0.2, y=0.3)\ndragTo(x=0.5, y=0.6)", (200, 300)),
+        ("moveTo(x=0.1, y=0.1)\nclick(x=0.2, y=0.3)\ndragTo(x=0.5, y=0.6)", (200, 300)),
+        ("rightClick(x=0.2, y=0.3)\ndragTo(x=0.5, y=0.6)", (200, 300)),
+        ("moveTo(x=0.1, y=0.1)\nscroll(clicks=1, x=0.2, y=0.3)\ndragTo(x=0.5, y=0.6)", (200, 300)),
+    ],
+)
+def test_drag_starts_at_the_pointer_of_any_preceding_point_action(text, start):
+    # ok() also checks that the marks are unchanged after rendering to <tool_call> text and back.
+    out = ok(text)
+    assert out.actions[-1] == LeftClickDrag((500, 600), start=start)
+    assert marks_for_actions(out.actions)[-1] == ArrowMark(*start, 500, 600)
+
+
+def test_consecutive_drags_chain_from_the_previous_end():
+    out = ok("moveTo(x=0.1, y=0.1)\ndragTo(x=0.2, y=0.2)\ndragTo(x=0.3, y=0.3)")
+    assert marks_for_actions(out.actions) == [
+        PointMark(100, 100),
+        ArrowMark(100, 100, 200, 200),
+        ArrowMark(200, 200, 300, 300),
+    ]
+
+
 def test_drag_without_move_has_unknown_start():
     assert ok("dragTo(x=0.5, y=0.6)").actions == (LeftClickDrag((500, 600)),)
     flags: Counter[str] = Counter()
     calls = parse_scalecua_calls("dragTo(x=0.5, y=0.6)")
     with_prev = normalise_calls(calls, "ubuntu", W, H, pointer=(7, 8), flags=flags)
     assert with_prev == [LeftClickDrag((500, 600), start=(7, 8))]
+    # The renderer's marks take the same pointer the parser was given.
+    again = parse_tool_calls(render_tool_calls(with_prev, "computer_use"))
+    assert marks_for_actions(again, pointer=(7, 8)) == [ArrowMark(7, 8, 500, 600)]
+    assert marks_for_actions(again) == []
 
 
 def test_mobile_move_drag_is_a_swipe():
@@ -237,6 +280,30 @@ def test_press_and_hotkey_forms():
     assert ok("hotkey('Ctrl', 'A')").actions == (Key(("ctrl", "A")),)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hotkey('ctrl', keys=['c'])",  # keys both ways: 'ctrl' used to be dropped silently
+        "hotkey('ctrl', 'c', keys=['v'])",
+        "hotkey('ctrl', 'c', interval=0.1)",
+        "type('a', text='b')",
+        "write(message='a', text='b')",
+        "key(key='a', keys='b')",
+        "answer(answer='a', text='b')",
+        "click(0.1, 0.2, x=0.3)",
+        "tripleClick(x=0.1, y=0.2, clicks=2)",
+    ],
+)
+def test_a_parameter_bound_twice_is_an_error(text):
+    assert err(text).reason == "bad_argument"
+
+
+def test_hotkey_keys_keyword_alone_still_works():
+    assert ok("hotkey(keys=['ctrl', 'c'])").actions == (Key(("ctrl", "c")),)
+    assert ok("type(text='b')").actions == (Type("b"),)
+    assert err("hotkey()").reason == "missing_argument"
+
+
 def test_prose_in_keys_is_rejected():
     assert err("press(keys='press the enter key')").reason == "bad_key"
     assert err("hotkey('ctrl', 'banana')").reason == "bad_key"
@@ -296,6 +363,26 @@ def test_catalogue(text, platform, expected):
     assert ok(text, platform).actions == (expected,)
 
 
+@pytest.mark.parametrize(
+    ("text", "platform"),
+    [
+        ("wait(seconds=1e14)", "windows"),
+        ("wait(seconds=3600.5)", "web"),
+        ("wait(-1)", "windows"),
+        ("long_press(x=0.5, y=0.5, duration=1e14)", "android"),
+        ("long_press(x=0.5, y=0.5, duration=3601)", "android"),
+    ],
+)
+def test_durations_are_bounded(text, platform):
+    assert err(text, platform).reason == "bad_argument"
+
+
+def test_durations_up_to_the_bound_are_kept():
+    assert ok(f"wait(seconds={MAX_SECONDS})").actions == (Wait(MAX_SECONDS),)
+    long = ok(f"long_press(x=0.5, y=0.5, duration={MAX_SECONDS})", "android")
+    assert long.actions == (LongPress((500, 500), MAX_SECONDS),)
+
+
 def test_terminate_fail_is_failure_and_counted():
     out = ok("terminate(status='fail', info=None)")
     assert out.actions == (Terminate("failure"),)
@@ -352,10 +439,48 @@ def test_unknown_platform_and_bad_frame():
 def test_detect_scale_rules():
     assert detect_scale([0.2, 0.9]) == "unit"
     assert detect_scale([1.0, 0.0]) == "unit"
-    assert detect_scale([0.2, 734]) == "grid"
+    assert detect_scale([1.004, 0.5]) == "unit"  # overshoot within the clamp is still unit
+    assert detect_scale([1.006, 0.5]) is None  # a fraction beside a larger value: no scale
+    assert detect_scale([0.2, 734]) is None
+    assert detect_scale([1000, 0.5]) is None
     assert detect_scale([1000, 3]) == "grid"
+    assert detect_scale([1000, 0]) == "grid"  # 0 and 1 are not fractions
+    assert detect_scale([1.5, 3]) == "grid"
     assert detect_scale([1000.5, 3]) == "pixel"
     assert detect_scale([]) is None
+
+
+@pytest.mark.parametrize("scale", [None, "unit", "grid", "pixel"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "click(x=1000, y=0.5)",
+        "moveTo(0.5, 0.5)\ndragTo(600, 400)",
+        "click(x=0.2, y=734)",
+        "click(x=1.2, y=0.5)",
+        "swipe(from_coord=[0.5, 0.5], to_coord=[600, 400])",
+    ],
+)
+def test_fractions_beside_larger_values_are_ambiguous_in_any_file(text, scale):
+    # Read as grid these truncate to the screen edge, read as unit they leave it: never guess.
+    assert err(text, scale=scale).reason == "ambiguous_scale"
+    assert resolve_scale(coordinate_values(parse_scalecua_calls(text)), scale).reason == (
+        "ambiguous_scale"
+    )
+
+
+def test_unit_overshoot_within_the_clamp_is_clamped_not_rescaled():
+    clamped = ok("click(x=1.004, y=0.5)")  # no file scale: used to become grid (1, 1)
+    assert clamped.scale == "unit" and clamped.actions == (LeftClick((1000, 500)),)
+    assert clamped.flags["clamped"] == 1
+    assert ok("click(x=1000, y=0)").actions == (LeftClick((1000, 0)),)  # negative control
+    assert ok("moveTo(1, 0)\ndragTo(600, 400)").scale == "grid"
+
+
+def test_pixel_size_values_in_a_grid_file_are_ambiguous():
+    assert err("click(x=1500, y=10)", scale="grid").reason == "ambiguous_scale"
+    assert ok("click(x=1500, y=10)", scale="pixel").actions == (LeftClick((781, 9)),)
+    assert ok("click(x=1500, y=10)").scale == "pixel"
 
 
 def test_coordinate_values_covers_all_forms():
@@ -409,7 +534,8 @@ def test_clamping_and_out_of_range():
     assert clamped.flags["clamped"] == 1
     assert ok("click(x=1004, y=5)", scale="grid").actions == (LeftClick((1000, 5)),)
     assert ok("click(x=1925, y=540)").actions == (LeftClick((1000, 500)),)  # 0.26 % over
-    assert err("click(x=1010, y=5)", scale="grid").reason == "coordinate_out_of_range"
+    assert err("click(x=1010, y=5)", scale="grid").reason == "ambiguous_scale"  # beyond the clamp
+    assert err("click(x=-10, y=5)", scale="grid").reason == "coordinate_out_of_range"
     assert err("click(x=2100, y=540)").reason == "coordinate_out_of_range"
     assert err("click(x=-0.2, y=0.5)").reason == "coordinate_out_of_range"
     assert err("click(x=0.5, y=0.5)", scale="inches").reason == "bad_argument"

@@ -445,3 +445,171 @@ def test_plain_prose_always_round_trips(think, progress, last):
     assert parse_history(text) == HistoryOutput(think.strip(), progress.strip(), last.strip())
     crit = render_critique_target(think, "Bad", DIMENSIONS[0], last)
     assert parse_critique(crit).explanation == last.strip()
+
+
+# -------------------------------------------------------------------------------------------
+# reasoning: quoted tags, separate reasoning, required reasoning
+
+QUOTING = (
+    "<think>\nThe target format is <think>reasoning</think> then the block, so I reason first.\n"
+    "</think>\n<criticism>\nOverall Grading: Good\nExplanation: e\n</criticism>"
+)
+
+
+def test_split_think_tolerates_quoted_tags_in_the_first_block():
+    assert split_think("<think>a <think> b</think>rest") == ("a <think> b", "rest")
+    assert split_think("<think>x <think>y</think> z</think>rest") == (
+        "x <think>y</think> z",
+        "rest",
+    )
+    # Pre-filled opening tag, reasoning that quotes both tags.
+    assert split_think("uses <think> and </think> tags</think>rest") == (
+        "uses <think> and </think> tags",
+        "rest",
+    )
+    out = parse_critique(QUOTING)
+    assert isinstance(out, CritiqueOutput), out
+    assert out.think.startswith("The target format is <think>reasoning</think> then")
+    # </think> quoted inside the answer belongs to the answer.
+    text = "<think>t</think><criticism>Overall Grading: Good\nExplanation: a </think> b</criticism>"
+    assert parse_critique(text).explanation == "a </think> b"
+    no_think = "<criticism>Overall Grading: Good\nExplanation: a </think> b</criticism>"
+    assert parse_critique(no_think) == CritiqueOutput(None, "Good", None, "a </think> b")
+    # The reasoning may mention the answer tag; the last one starts the answer.
+    mention = (
+        "<think>I end with <criticism>.</think><criticism>Overall Grading: Good\nExplanation: e"
+    )
+    assert parse_critique(mention + "</criticism>").think == "I end with <criticism>."
+    _err(parse_critique("<think>I end with <criticism>.</think>"), "missing_tag")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("<think>a</think><think>b</think>", "duplicate_think"),
+        ("<think>a</think> x <think>b</think>", "duplicate_think"),
+        ("<think>a</think><think>b</think><criticism>x</criticism>", "duplicate_think"),
+        ("preamble <think>a</think>b", "text_before_think"),
+        ("<think>a</think>b<think>", "unclosed_think"),
+        ("</think>x<think>", "unclosed_think"),
+        ("<think>a <think> b", "unclosed_think"),
+    ],
+)
+def test_split_think_still_rejects_malformed_structure(text, reason):
+    _err(parse_critique(text) if "criticism" in text else split_think(text), reason)
+
+
+def test_separate_reasoning_is_used_and_never_scanned():
+    answer = "<criticism>\nOverall Grading: Good\nExplanation: e\n</criticism>"
+    reasoning = "It should close with </think>, never open <think> again."
+    out = parse_critique(answer, reasoning)
+    assert out == CritiqueOutput(reasoning, "Good", None, "e")
+    assert out.has_think
+    # The same reasoning inline is malformed (a second block opens after the first closed).
+    _err(parse_critique(f"<think>{reasoning}</think>{answer}"), "duplicate_think")
+    hist = parse_history("<summary>Progress Summary: p\nLast Action Result: r</summary>", " why ")
+    assert hist.think == "why"
+    state = parse_next_state("<next_state>n</next_state>", "[Action Mechanism]: m")
+    assert state.think == "[Action Mechanism]: m" and state.mechanism == "m"
+    judge = parse_judge(_judge(), 'quotes {"better_candidate": "A"} </think>')
+    assert judge.better_candidate == "B" and judge.think.startswith("quotes")
+    pert = parse_perturbation(json.dumps(_perturbation()), "<think> mentioned")
+    assert pert.think == "<think> mentioned"
+    # Blank separate reasoning counts as absent: inline reasoning in the text still counts.
+    assert parse_critique(f"<think>t</think>{answer}", "  ").think == "t"
+    _err(parse_critique("", "reasoning"), "empty")
+    _err(parse_critique(answer, 3), "empty")  # type: ignore[arg-type]
+
+
+_EMPTY_THINK = [
+    "<criticism>\nOverall Grading: Good\nExplanation: e\n</criticism>",
+    "<think> \n </think><criticism>\nOverall Grading: Good\nExplanation: e\n</criticism>",
+]
+
+
+@pytest.mark.parametrize("text", _EMPTY_THINK)
+def test_require_think_rejects_missing_or_blank_reasoning(text):
+    out = parse_critique(text)
+    assert isinstance(out, CritiqueOutput) and not out.has_think
+    _err(parse_critique(text, require_think=True), "missing_think")
+    _err(parse_critique(text, "  ", require_think=True), "missing_think")
+    assert parse_critique(text, "why", require_think=True).has_think
+
+
+def test_require_think_on_every_parser():
+    cases = [
+        (parse_history, "<summary>Progress Summary: p\nLast Action Result: r</summary>"),
+        (parse_next_state, "<next_state>n</next_state>"),
+        (parse_perturbation, json.dumps(_perturbation())),
+        (parse_judge, _judge()),
+    ]
+    for parse, answer in cases:
+        assert not parse(answer).has_think
+        _err(parse(answer, require_think=True), "missing_think")
+        _err(parse("<think></think>" + answer, require_think=True), "missing_think")
+        assert parse("<think>r</think>" + answer, require_think=True).think == "r"
+
+
+@pytest.mark.parametrize("think", ["", "   ", "\n\t"])
+def test_renderers_refuse_blank_reasoning(think):
+    with pytest.raises(ValueError, match="reasoning"):
+        render_history_target(think, "p", "r")
+    with pytest.raises(ValueError, match="reasoning"):
+        render_critique_target(think, "Good", None, "e")
+
+
+@pytest.mark.parametrize("think", ["a <think> b", "a </THINK> b"])
+def test_renderers_refuse_think_tags_in_reasoning(think):
+    with pytest.raises(ValueError, match="think tags"):
+        render_history_target(think, "p", "r")
+    with pytest.raises(ValueError, match="think tags"):
+        render_critique_target(think, "Bad", DIMENSIONS[0], "e")
+
+
+# -------------------------------------------------------------------------------------------
+# emphasis
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("Explanation: **Save** closes **dialog**", "**Save** closes **dialog**"),
+        ("Explanation: *a* and *b*", "*a* and *b*"),
+        ("**Explanation:** **Save** closes **dialog**", "**Save** closes **dialog**"),
+        ("**Explanation**: __x__ and __y__", "__x__ and __y__"),
+        ("Explanation: **The dialog closes.**", "The dialog closes."),
+        ("**Explanation:** _The dialog closes._", "The dialog closes."),
+        ("Explanation: snake_case_name stays", "snake_case_name stays"),
+        ("Explanation: **bold start** then text", "**bold start** then text"),
+    ],
+)
+def test_emphasis_is_stripped_only_when_it_wraps_the_whole_value(line, expected):
+    text = f"<think>t</think><criticism>\nOverall Grading: **Good**\n{line}\n</criticism>"
+    out = parse_critique(text)
+    assert isinstance(out, CritiqueOutput), out
+    assert out.explanation == expected
+
+
+# -------------------------------------------------------------------------------------------
+# JSON extraction
+
+
+def test_stray_brace_in_prose_before_the_answer():
+    text = "<think>r</think>The set {A, B is open. Answer:\n" + json.dumps(_perturbation())
+    assert isinstance(parse_perturbation(text), PerturbationOutput)
+    judge = "Note: a { without its partner.\n" + _judge()
+    assert parse_judge(judge).better_candidate == "B"
+
+
+def test_tool_call_json_after_the_answer_does_not_win():
+    call = '{"name": "computer_use", "arguments": {"action": "key", "keys": ["enter"]}}'
+    text = f"<think>r</think>{json.dumps(_perturbation())}\n<tool_call>\n{call}\n</tool_call>"
+    assert isinstance(parse_perturbation(text), PerturbationOutput)
+    assert parse_judge(f"{_judge()}\n{call}").better_candidate == "B"
+
+
+def test_last_complete_object_wins_and_partial_objects_report_missing_keys():
+    first = _judge(candidate="A")
+    assert parse_judge(f"{first}\n{_judge(candidate='B')}").better_candidate == "B"
+    _err(parse_judge('{"better_candidate": "A", "reasoning_summary": "s"} {"x": 1}'), "missing_key")
+    _err(parse_judge("[1, 2] {not json}"), "bad_json")

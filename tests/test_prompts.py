@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from importlib import resources
 
 import pytest
 
@@ -187,10 +188,26 @@ def test_taxonomy_in_critic_and_judge_prompts():
     assert positions == sorted(positions)  # training-prompt order
     judge_order = list(reversed(DIMENSIONS))
     judge = build_judge_messages("t", "web", "", AFTER, "a", "b", dimension_order=judge_order)
-    positions = [judge[0].text().index(f"- {d.name}: ") for d in judge_order]
+    positions = [judge[1].text().index(f"- {d.name}: ") for d in judge_order]
     assert positions == sorted(positions)
     with pytest.raises(PromptError):
         build_judge_messages("t", "web", "", AFTER, "a", "b", dimension_order=DIMENSIONS[:11])
+
+
+def test_judge_system_prompt_is_the_same_for_every_dimension_order():
+    # The shuffled taxonomy is per request: it must sit in the user text, never in the system
+    # prompt, or every request gets a different prefix and prefix caching never hits.
+    orders = [DIMENSIONS, tuple(reversed(DIMENSIONS)), DIMENSIONS[6:] + DIMENSIONS[:6]]
+    built = [
+        build_judge_messages("t", "web", "h", AFTER, "a", "b", dimension_order=o) for o in orders
+    ]
+    systems = {m[0].text() for m in built}
+    assert len(systems) == 1
+    assert not any(d.definition in next(iter(systems)) for d in DIMENSIONS)
+    users = [m[1].text() for m in built]
+    assert len(set(users)) == len(orders)  # the order is still shown, per request
+    for user in users:
+        assert all(f"- {d.name}: {d.definition}" in user for d in DIMENSIONS)
 
 
 def test_rationale_bad_shows_only_its_dimension():
@@ -281,3 +298,68 @@ def test_golden_critique_prompt(monkeypatch):
     assert system.startswith("You are a GUI environment simulator and action critic.")
     assert "<tools>\n<SPACE>\n</tools>" in system
     assert hashlib.sha256(system.encode()).hexdigest() == GOLDEN_SYSTEM_SHA256
+
+
+# -------------------------------------------------------------------------------------------
+# released templates are never edited
+
+# sha256 of every shipped ``<name>_v<N>.txt``. A changed hash means a released template was edited:
+# revert it and add ``<name>_v<N+1>.txt`` instead. A new version is added here with its hash.
+TEMPLATE_SHA256 = {
+    "annotator_history_v1.txt": "ffa0163c7c8c21f470534479bce184508694d6ec2b8f2127ed22ea8e7624664a",
+    "annotator_judge_v1.txt": "055f46d520456369f3d8623daf2b1390dc3bba99f9ef150c5785ede95d7724ca",
+    "annotator_perturbation_v1.txt": (
+        "f40921ccf01eff8287db8a93122009ef70285d4dbe6f18934e116a4aa4da05b9"
+    ),
+    "annotator_rationale_bad_v1.txt": (
+        "de0a92216cbce17c5e67b04eb7540bc9a4d0573d2f1870c20b14418d59dddb66"
+    ),
+    "annotator_rationale_good_v1.txt": (
+        "03bd1604ace4c1591911849361425f06084c34e7c0019155a32fdee9e3d0a1bd"
+    ),
+    "annotator_transition_v1.txt": (
+        "c4aae1159f008cb78bcd68355a7e3ee22948b4663c817ad20e0bb2e574dcae6f"
+    ),
+    "critic_critique_v1.txt": "683be125830d53a15bc89d16403b2c43249ea371160eb71e9727cf4d36f83b1b",
+    "critic_history_v1.txt": "49826ecac59857adbfac64495358ac05f6daf2e20b20cb906477c101a576656e",
+}
+
+
+def _shipped_templates() -> dict[str, bytes]:
+    folder = resources.files("hivig.prompts")
+    return {
+        entry.name: entry.read_bytes()
+        for entry in folder.iterdir()
+        if re.fullmatch(r"[a-z][a-z0-9_]*_v[1-9][0-9]*\.txt", entry.name)
+    }
+
+
+def _pin_problems(shipped: dict[str, bytes]) -> list[str]:
+    problems = [f"{name}: no pinned hash" for name in sorted(shipped.keys() - TEMPLATE_SHA256)]
+    problems += [f"{name}: pinned but gone" for name in sorted(TEMPLATE_SHA256.keys() - shipped)]
+    problems += [
+        f"{name}: edited after release (add a new version instead)"
+        for name, data in sorted(shipped.items())
+        if name in TEMPLATE_SHA256 and hashlib.sha256(data).hexdigest() != TEMPLATE_SHA256[name]
+    ]
+    return problems
+
+
+def test_every_shipped_template_is_pinned():
+    shipped = _shipped_templates()
+    assert sorted(shipped) == sorted(
+        f"{name}_v{v}.txt" for name, versions in available_prompts().items() for v in versions
+    )
+    assert _pin_problems(shipped) == []
+
+
+def test_template_pin_detects_edits_additions_and_removals():
+    # Negative controls on copies: one changed byte, an unpinned new version, a removed file.
+    shipped = _shipped_templates()
+    name = "annotator_judge_v1.txt"
+    edited = {**shipped, name: shipped[name].replace(b"\n", b" \n", 1)}
+    assert _pin_problems(edited) == [f"{name}: edited after release (add a new version instead)"]
+    added = {**shipped, "annotator_judge_v2.txt": shipped[name]}
+    assert _pin_problems(added) == ["annotator_judge_v2.txt: no pinned hash"]
+    removed = {k: v for k, v in shipped.items() if k != name}
+    assert _pin_problems(removed) == [f"{name}: pinned but gone"]

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoProcessor, LlamaConfig
 
+from hivig.contracts import render_critique_target
 from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.models import qwen_vl
 from hivig.models.qwen_vl import IGNORE_INDEX, EncodeError, encode_sample
@@ -74,7 +75,7 @@ def test_no_default_system_prompt_and_full_conversation(processor):
     assert qwen_vl.render_prompt(processor, user) == (
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     )
-    target = "<think>\nr\n</think>\n\n<criticism>x</criticism>"
+    target = render_critique_target("r", "Good", None, "x")
     full = [*GOLDEN_CONVERSATION, ChatMessage("assistant", [TextPart(target)])]
     # A finished conversation is prompt + target + "<|im_end|>\n", as encode_sample builds it.
     rendered = qwen_vl.render_prompt(processor, full, add_generation_prompt=False)
@@ -89,6 +90,15 @@ def test_generation_prompt_ids(processor, think_processor):
     assert qwen_vl.generation_prompt_ids(think_processor) == tok.encode(
         "<|im_start|>assistant\n<think>\n", add_special_tokens=False
     )
+
+
+def test_generation_prefill(processor, think_processor):
+    assert qwen_vl.generation_prefill(processor) == ""
+    assert qwen_vl.generation_prefill(think_processor) == "<think>\n"
+    broken = tiny_processor()
+    broken.chat_template = "{% if add_generation_prompt %}<think>\n{% endif %}"
+    with pytest.raises(ValueError, match="does not start with"):
+        qwen_vl.generation_prefill(broken)
 
 
 def test_load_chat_template_rejects_unknown_policy():
@@ -189,13 +199,48 @@ def test_labels_cover_exactly_answer_and_im_end(processor):
     assert not supervised & vision
 
 
-def test_labels_with_prefill_think(think_processor):
-    messages, target = synthetic_conversation(1)
-    reasoning_first = target.removeprefix("<think>\n")
-    sample = encode_sample(think_processor, messages, reasoning_first)
-    assert _supervised_text(think_processor, sample) == reasoning_first + "<|im_end|>"
-    prompt = think_processor.tokenizer.decode(sample.input_ids[: sample.prompt_length].tolist())
-    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+STORED_TARGET = render_critique_target(
+    "The X sits beside Save.", "Bad", "Grounding/Spatial Error", "The click missed Save."
+)
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_stored_target_encodes_once_under_both_policies(thinking):
+    # Stored targets always open with "<think>\n" (the contract renderers' format); the prompt of
+    # prefill_think already ends with it, so the answer must not repeat it.
+    proc = tiny_processor(thinking=thinking)
+    messages, _ = synthetic_conversation(1)
+    assert STORED_TARGET.startswith("<think>\n") and "</think>\n<criticism>" in STORED_TARGET
+    sample = encode_sample(proc, messages, STORED_TARGET)
+    tok = proc.tokenizer
+    think_open = tok.convert_tokens_to_ids("<think>")
+    assert int((sample.input_ids == think_open).sum()) == 1
+    # Whole sequence == the template's rendering of the finished conversation.
+    done = [*messages, ChatMessage("assistant", [TextPart(STORED_TARGET)])]
+    full = qwen_vl.render_prompt(proc, done, add_generation_prompt=False)
+    assert tok.decode(sample.input_ids.tolist()) == full.replace(
+        "<|image_pad|>", "<|image_pad|>" * sample.num_image_tokens
+    )
+    prefill = "<think>\n" if thinking else ""
+    prompt = tok.decode(sample.input_ids[: sample.prompt_length].tolist())
+    assert prompt.endswith("<|im_start|>assistant\n" + prefill)
+    supervised = STORED_TARGET.removeprefix(prefill) + "<|im_end|>"
+    assert _supervised_text(proc, sample) == supervised
+    assert sample.num_supervised == len(tok.encode(supervised, add_special_tokens=False))
+
+
+def test_target_without_the_prefill_is_rejected(think_processor, processor):
+    messages, _ = synthetic_conversation(1)
+    reasoning_first = STORED_TARGET.removeprefix("<think>\n")
+    with pytest.raises(EncodeError) as err:
+        encode_sample(think_processor, messages, reasoning_first)
+    assert err.value.reason == "prefill_mismatch"
+    with pytest.raises(EncodeError) as err:
+        encode_sample(think_processor, messages, "<think>" + reasoning_first)  # no newline
+    assert err.value.reason == "prefill_mismatch"
+    # The default policy pre-fills nothing, so any answer is taken as it is.
+    sample = encode_sample(processor, messages, reasoning_first)
+    assert _supervised_text(processor, sample) == reasoning_first + "<|im_end|>"
 
 
 def test_user_text_with_assistant_does_not_fool_the_mask(processor):
@@ -488,10 +533,25 @@ def test_foreign_template_is_replaced_with_a_warning(tmp_path, caplog):
     proc = tiny_processor()
     proc.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
     proc.save_pretrained(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="hivig.models.qwen_vl"):
+    with caplog.at_level(logging.WARNING):
         rebuilt = qwen_vl.build_processor(tmp_path, min_pixels=1024, max_pixels=65_536)
     assert qwen_vl.think_policy_of(rebuilt) == "default"
     assert "replacing the chat template" in caplog.text
+
+
+def _returns_cache(model):
+    sample = encode_sample(tiny_processor(), [ChatMessage("user", [TextPart("hi")])])
+    with torch.no_grad():
+        out = model.eval()(**sample.model_inputs())
+    return getattr(out, "cache", None) is not None or out.get("past_key_values") is not None
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_set_use_cache_reaches_the_text_model(processor, use_cache):
+    model = tiny_model(processor)
+    qwen_vl.set_use_cache(model, use_cache)
+    assert model.config.text_config.use_cache is use_cache
+    assert _returns_cache(model) is use_cache
 
 
 def test_load_model_by_model_type(tmp_path):
@@ -499,6 +559,12 @@ def test_load_model_by_model_type(tmp_path):
     model = qwen_vl.load_model(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa")
     assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
     assert model.dtype == torch.bfloat16 and model.config.text_config.use_cache is False
+    # The text model reads text_config.use_cache (5.x has no top-level field).
+    cached = qwen_vl.load_model(
+        ckpt, dtype=torch.float32, attn_implementation="sdpa", use_cache=True
+    )
+    assert cached.config.text_config.use_cache is True
+    assert _returns_cache(cached) and not _returns_cache(model.float())
     LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2).save_pretrained(
         tmp_path / "llama"
     )

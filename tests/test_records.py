@@ -22,6 +22,7 @@ from hivig.records import (
     to_sharegpt,
     write_records,
 )
+from hivig.vision import canonical_frame
 
 
 def _critique(i: int, **over) -> SFTRecord:
@@ -100,6 +101,9 @@ def _dataset() -> list[SFTRecord]:
         ({"labels": Labels("Bad", "Action-Operation Misalignment", True)}, "must not be intent"),
         ({"labels": Labels("Bad", "Visual Hallucination", True)}, "must not be intent"),
         ({"labels": Labels("Bad", "Semantic Error", False, "human")}, "generator"),
+        ({"labels": Labels("Bad", "Semantic Error", False, None)}, "Bad sample needs"),
+        ({"labels": Labels("Good", None, False, "programmatic")}, "Good sample has no"),
+        ({"labels": Labels("Good", None, False, "annotator")}, "Good sample has no"),
     ],
 )
 def test_invalid_records_are_rejected(over, match):
@@ -110,6 +114,14 @@ def test_invalid_records_are_rejected(over, match):
 def test_history_records_carry_no_verdict():
     with pytest.raises(RecordError, match="history"):
         dataclasses.replace(_history(0), labels=Labels("Good"))
+
+
+@pytest.mark.parametrize("generator", ["programmatic", "annotator"])
+def test_generator_only_on_bad_critique_samples(generator):
+    with pytest.raises(RecordError, match="history samples carry no `labels.generator`"):
+        dataclasses.replace(_history(0), labels=Labels(generator=generator))
+    bad = _critique(0, labels=Labels("Bad", "Semantic Error", generator=generator))
+    assert bad.labels.generator == generator  # positive control
 
 
 # -------------------------------------------------------------------------------------------
@@ -222,12 +234,22 @@ def test_record_from_builder_output():
 # ShareGPT
 
 
-def test_sharegpt_shape_and_marked_images(tmp_path):
+def _corpus(tmp_path):
     root = tmp_path / "corpus"
     (root / "shots").mkdir(parents=True)
     Image.new("RGB", (360, 640), (255, 255, 255)).save(root / "shots" / "a.png")
-    records = [_critique(0), _history(0)]
-    rows = to_sharegpt(records, root, tmp_path / "marked", min_pixels=1024, max_pixels=65_536)
+    # An absolute path outside the corpus, larger than the frame bounds.
+    Image.new("RGB", (1280, 720), (0, 128, 0)).save(tmp_path / "b.png")
+    hist = dataclasses.replace(
+        _history(0), images=(ImageRef("shots/a.png"), ImageRef(str(tmp_path / "b.png")))
+    )
+    return root, [_critique(0), hist]
+
+
+def test_sharegpt_shape_and_marked_images(tmp_path):
+    root, records = _corpus(tmp_path)
+    frames = tmp_path / "frames"
+    rows = to_sharegpt(records, root, frames, min_pixels=1024, max_pixels=65_536)
     json.dumps(rows)  # plain JSON
     crit, hist = rows
     assert set(crit) == {"system", "conversations", "images"}
@@ -238,20 +260,48 @@ def test_sharegpt_shape_and_marked_images(tmp_path):
     for row in rows:
         assert row["conversations"][0]["value"].count("<image>") == len(row["images"])
     marked = crit["images"][0]
-    assert marked.startswith(str(tmp_path / "marked")) and marked.endswith(".png")
+    assert marked.startswith(str(frames)) and marked.endswith(".png")
     img = Image.open(marked).convert("RGB")
     assert img.size[0] * img.size[1] <= 65_536
     colours = dict((c, n) for n, c in img.getcolors(maxcolors=1 << 16))
     assert colours.get((255, 0, 0), 0) > 0  # the X was drawn
     assert colours.get((0, 0, 255), 0) > 0  # and the arrow
-    assert hist["images"] == [str(root / "shots" / "a.png"), "/abs/b.png"]
     # Same input, same file name (content-derived), not a second copy.
-    again = to_sharegpt(records[:1], root, tmp_path / "marked", min_pixels=1024, max_pixels=65_536)
+    again = to_sharegpt(records[:1], root, frames, min_pixels=1024, max_pixels=65_536)
     assert again[0]["images"] == crit["images"]
-    assert len(list((tmp_path / "marked").iterdir())) == 1
+    assert len(list(frames.iterdir())) == 3
 
 
-def test_sharegpt_needs_a_directory_for_marks(tmp_path):
-    with pytest.raises(RecordError, match="cannot draw marks"):
-        to_sharegpt([_critique(0)], tmp_path)
-    assert to_sharegpt([_history(0)], tmp_path)[0]["images"][1] == "/abs/b.png"
+def test_sharegpt_clean_images_get_the_canonical_frame_too(tmp_path):
+    root, records = _corpus(tmp_path)
+    frames = tmp_path / "frames"
+    hist = to_sharegpt(records[1:], root, frames, min_pixels=1024, max_pixels=65_536)[0]
+    clean = canonical_frame(root / "shots" / "a.png", min_pixels=1024, max_pixels=65_536)
+    big = canonical_frame(tmp_path / "b.png", min_pixels=1024, max_pixels=65_536)
+    for path, expected in zip(hist["images"], (clean, big), strict=True):
+        assert path.startswith(str(frames))  # not the original file
+        got = Image.open(path)
+        assert got.size == expected.size
+        assert got.convert("RGB").tobytes() == expected.convert("RGB").tobytes()
+    assert Image.open(hist["images"][1]).size != (1280, 720)  # it was resized, not copied
+
+
+def test_sharegpt_needs_a_frames_directory(tmp_path):
+    root, records = _corpus(tmp_path)
+    for record in records:  # clean images need it as much as marked ones
+        with pytest.raises(RecordError, match="pass `frames_dir`"):
+            to_sharegpt([record], root)
+    text_only = _dataset()[-1]
+    assert to_sharegpt([text_only], root)[0]["images"] == []
+    # The former keyword still works; giving both is an error.
+    rows = to_sharegpt(records, root, marked_dir=tmp_path / "m", min_pixels=1024, max_pixels=65_536)
+    assert all(p.startswith(str(tmp_path / "m")) for r in rows for p in r["images"])
+    with pytest.raises(RecordError, match="frames_dir"):
+        to_sharegpt(records, root, tmp_path / "f", marked_dir=tmp_path / "m")
+
+
+def test_sharegpt_missing_image_is_a_record_error(tmp_path):
+    root, records = _corpus(tmp_path)
+    missing = dataclasses.replace(records[1], images=(ImageRef("nope.png"), ImageRef("x.png")))
+    with pytest.raises(RecordError, match="nope.png"):
+        to_sharegpt([missing], root, tmp_path / "frames")

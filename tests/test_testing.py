@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, Qwen2TokenizerFast
 
+from hivig.contracts import ContractError, parse_critique
+from hivig.media import ChatMessage, TextPart
 from hivig.models import qwen_vl
 from hivig.testing import (
     SPECIAL_TOKENS,
@@ -38,8 +40,8 @@ def test_tokenizer_is_byte_level_with_qwen_specials():
 
 def test_think_tags_survive_skip_special_tokens():
     tok = tiny_tokenizer()
-    ids = tok.encode("<think>\nx\n</think>\n\nok<|im_end|>", add_special_tokens=False)
-    assert tok.decode(ids, skip_special_tokens=True) == "<think>\nx\n</think>\n\nok"
+    ids = tok.encode("<think>\nx\n</think>\nok<|im_end|>", add_special_tokens=False)
+    assert tok.decode(ids, skip_special_tokens=True) == "<think>\nx\n</think>\nok"
 
 
 def test_processor_budget_and_templates():
@@ -86,6 +88,18 @@ def test_tiny_model_is_deterministic_and_leaves_global_rng_alone():
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
 
 
+def test_tiny_model_sets_use_cache_on_the_text_config():
+    proc = tiny_processor()
+    sample = qwen_vl.encode_sample(proc, [ChatMessage("user", [TextPart("hi")])])
+    for flag in (False, True):
+        model = tiny_model(proc, use_cache=flag).eval()
+        # transformers 5.x's text model reads text_config.use_cache, not the top-level config.
+        assert model.config.text_config.use_cache is flag
+        with torch.no_grad():
+            out = model(**sample.model_inputs())
+        assert (out.get("cache", out.get("past_key_values")) is not None) is flag
+
+
 def test_tiny_model_dtype():
     model = tiny_model(tiny_processor(), dtype=torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -111,6 +125,10 @@ def test_synthetic_conversation_has_canonical_frames():
         assert TINY_MIN_PIXELS <= w * h <= TINY_MAX_PIXELS
     assert len({f.size for f in frames}) > 1
     assert target.startswith("<think>\n") and target.endswith("</criticism>")
+    # The stored format is whatever the contract renderers produce, and it parses back.
+    parsed = parse_critique(target)
+    assert not isinstance(parsed, ContractError) and parsed.verdict == "Good"
+    assert "</think>\n<criticism>" in target
 
 
 def test_saved_checkpoint_loads_with_auto_classes(tmp_path):

@@ -112,6 +112,7 @@ def _grads_after(model, micro_batches, *, per_micro_mean: bool = False) -> dict[
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 def test_accumulation_invariance_mb4_ga1_equals_mb1_ga4(model, samples):
     one_pack = _grads_after(model, [collate_pack(samples)])
     four_micro = _grads_after(model, [collate_pack([s]) for s in samples])

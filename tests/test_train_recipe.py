@@ -52,6 +52,7 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_resolved_config(data_dir, tmp_path, capsys):
     from train._cli import main
 
@@ -66,6 +67,7 @@ def test_dry_run_prints_the_resolved_config(data_dir, tmp_path, capsys):
     assert "out: X" in proc.stdout
 
 
+@pytest.mark.slow
 def test_trains_freezes_and_writes_a_loadable_hf_checkpoint(data_dir, tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -279,3 +281,32 @@ def test_generation_eval_scores_verdicts_and_counts_unparsed(data_dir):
         "eval_verdict_unparsed": 2.0,
         "eval_verdict_n": 2.0,
     }
+
+
+def test_unreadable_samples_are_quarantined_with_a_reason(data_dir, tmp_path):
+    import dataclasses
+
+    from hivig.config import FrameConfig
+    from hivig.media import ImageRef
+    from hivig.models.qwen_vl import build_processor
+    from train.data import Quarantine, compute_lengths, load_samples, plan_epoch
+    from train.encode import RecordEncoder
+
+    processor = build_processor(None, min_pixels=1024, max_pixels=65536)
+    encoder = RecordEncoder(processor, FrameConfig(min_pixels=1024, max_pixels=65536), data_dir)
+    samples = load_samples(data_dir, "train")[:3]
+    broken = dataclasses.replace(
+        samples[1].payload,
+        images=(ImageRef("images/missing.png"),) * len(samples[1].payload.images),
+    )
+    samples[1] = dataclasses.replace(samples[1], payload=broken)
+    quarantine = Quarantine()
+    lengths = compute_lengths(samples, encoder, quarantine)
+    assert lengths[1] == -1 and lengths[0] > 0 and lengths[2] > 0
+    assert [e["id"] for e in quarantine.entries] == [samples[1].id]
+    assert quarantine.entries[0]["reason"] == "not_found"
+    assert quarantine.counts() == {"dropped_not_found": 1}
+    plan = plan_epoch(lengths, budget=4096, seed=0, epoch=0, world=1, grad_accum=1)
+    assert sorted(i for p in plan.packs for i in p) == [0, 2]
+    quarantine.write(tmp_path / "q.jsonl")
+    assert "not_found" in (tmp_path / "q.jsonl").read_text()

@@ -21,6 +21,7 @@ from hivig.vision import (
     materialise,
     smart_resize,
 )
+from hivig.vision import _frame as vision_frame
 from hivig.vision._frame import resize_rgb
 
 MAX_PX = 1_048_576
@@ -320,6 +321,26 @@ def test_resize_is_antialiased_bicubic():
     assert np.abs(ours - pil_bicubic).max() <= 2
     # Negative control: an aliasing filter is far from ours on text.
     assert np.abs(ours - nearest).max() > 50
+
+
+def test_resize_zero_copy_and_copying_routes_agree(monkeypatch):
+    src = _screenshot()
+    fast = resize_rgb(src, 1344, 768)
+
+    def no_arrow(_img):
+        raise TypeError("no Arrow export")
+
+    monkeypatch.setattr(vision_frame.pa, "array", no_arrow)
+    slow = resize_rgb(src, 1344, 768)
+    assert fast.tobytes() == slow.tobytes()
+
+
+def test_resize_large_image_takes_the_copying_route():
+    # 3840×2160 spans several Pillow memory blocks, so the Arrow export refuses it.
+    frame = canonical_frame(_screenshot(3840, 2160), min_pixels=MIN_PX, max_pixels=MAX_PX)
+    assert frame.size == (1344, 768)
+    ref = np.asarray(_screenshot(3840, 2160).resize((1344, 768), Image.Resampling.BICUBIC))
+    assert np.abs(np.asarray(frame).astype(int) - ref.astype(int)).max() <= 2
 
 
 def test_resize_keeps_flat_colours_exact():

@@ -540,7 +540,10 @@ def _run_eval(c: Components, final: bool = False) -> None:
         max_packs=cfg.loop.eval_max_packs,
         device=c.accelerator.device,
     )
-    if final and cfg.loop.eval_generate_samples:
+    if final and cfg.loop.eval_generate_samples and _zero_stage(c.accelerator) == 3:
+        # Rank-0-only generation would wait forever for the other ranks' parameter shards.
+        log.warning("generation eval skipped under ZeRO-3; evaluate out/final instead")
+    elif final and cfg.loop.eval_generate_samples:
         row |= verdict_accuracy(
             c.accelerator.unwrap_model(c.model).model,
             c.processor,
@@ -552,6 +555,12 @@ def _run_eval(c: Components, final: bool = False) -> None:
     c.model.train()
     if row:
         c.metrics.log(row, c.state.step)
+
+
+def _zero_stage(accelerator: Accelerator) -> int:
+    if not _is_deepspeed(accelerator):
+        return 0
+    return int(accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]["stage"])
 
 
 def _save(c: Components) -> None:

@@ -11,6 +11,7 @@ from hivig.actions.keys import PYAUTOGUI_KEYS, is_key_name, is_mobile_key_name
 from hivig.actions.model import (
     ACTION_NAMES,
     COMPUTER,
+    MAX_SECONDS,
     MOBILE,
     PLATFORMS,
     Action,
@@ -45,7 +46,13 @@ from hivig.actions.model import (
 )
 from hivig.actions.osworld import parse_osworld
 from hivig.actions.qwen import action_space, parse_tool_calls
-from hivig.actions.render import action_to_json, marks_for_actions, render_tool_calls, tool_call
+from hivig.actions.render import (
+    UNMARKED_DRAG,
+    action_to_json,
+    marks_for_actions,
+    render_tool_calls,
+    tool_call,
+)
 from hivig.actions.scale import CLAMP_FRACTION, SCALES, resolve_scale
 from hivig.actions.scalecua import (
     ALIASES,
@@ -67,6 +74,7 @@ __all__ = [
     "resolve_scale",
     "ACTION_NAMES",
     "COMPUTER",
+    "MAX_SECONDS",
     "MOBILE",
     "PLATFORMS",
     "PYAUTOGUI_KEYS",
@@ -98,6 +106,7 @@ __all__ = [
     "Terminate",
     "TripleClick",
     "Type",
+    "UNMARKED_DRAG",
     "Wait",
     "action_from_arguments",
     "action_space",

@@ -123,3 +123,41 @@ def bind(
                 return ActionError("missing_argument", f"{name} needs {param!r}: {line!r}")
             bound[param] = default
     return bound
+
+
+def bind_variadic(
+    name: str,
+    param: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    line: str,
+    ignore: frozenset[str] = frozenset(),
+) -> dict[str, Any] | ActionError:
+    """Bind ``f(*values)``, with ``param=[...]`` accepted in place of the positional values.
+
+    Positional values together with ``param=`` bind the parameter twice: that is an error, since
+    keeping either half would silently drop values (``hotkey('ctrl', keys=['c'])``).
+
+    Args:
+        name: Call name, for messages.
+        param: The variadic parameter (``keys`` for ``hotkey``).
+        args: Positional values.
+        kwargs: Keyword values.
+        line: Source line, for messages.
+        ignore: Keyword parameters accepted and dropped (pyautogui timing arguments).
+
+    Returns:
+        ``{param: values}`` (a tuple when given positionally), or ``bad_argument`` /
+        ``missing_argument``.
+    """
+    kwargs = {k: v for k, v in kwargs.items() if k not in ignore}
+    if args and param in kwargs:
+        return ActionError("bad_argument", f"{name} got {param!r} twice: {line!r}")
+    extra = sorted(k for k in kwargs if k != param)
+    if extra:
+        return ActionError("bad_argument", f"{name} has no argument {extra[0]!r}: {line!r}")
+    if args:
+        return {param: tuple(args)}
+    if param not in kwargs:
+        return ActionError("missing_argument", f"{name} needs {param!r}: {line!r}")
+    return {param: kwargs[param]}

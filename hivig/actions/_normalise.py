@@ -41,6 +41,7 @@ from hivig.actions.model import (
     TripleClick,
     Type,
     Wait,
+    check_seconds,
     is_number,
     round_half_up,
     space_for_platform,
@@ -293,9 +294,9 @@ class _Normaliser:
     def long_press(self, call: RawCall) -> ActionError | None:
         if self.space != MOBILE:
             return self.unsupported(call)
-        secs = call.kwargs.get("duration")
-        if not is_number(secs) or secs < 0:
-            return ActionError("bad_argument", f"duration must be a number >= 0: {call.line!r}")
+        secs = check_seconds(call.kwargs.get("duration"), "duration")
+        if isinstance(secs, ActionError):
+            return ActionError(secs.reason, f"{secs.message}: {call.line!r}")
         pt = self.required_point(call)
         if isinstance(pt, ActionError):
             return pt
@@ -451,9 +452,9 @@ def _simple_action(call: RawCall, space: str) -> Action | ActionError:
     if name == "call_user":
         return CallUser()
     if name == "wait":
-        secs = kw.get("seconds")
-        if not is_number(secs) or secs < 0:
-            return ActionError("bad_argument", f"seconds must be a number >= 0: {call.line!r}")
+        secs = check_seconds(kw.get("seconds"), "seconds")
+        if isinstance(secs, ActionError):
+            return ActionError(secs.reason, f"{secs.message}: {call.line!r}")
         return Wait(secs)
     if name != "terminate":
         return ActionError("unknown_action", f"unknown call {name!r}: {call.line!r}")

@@ -8,11 +8,11 @@ the same rules as training data.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from hivig.actions._calls import RawCall
 from hivig.actions._normalise import map_calls
+from hivig.actions._strict_json import loads
 from hivig.actions.model import Action, ActionError
 
 ANDROIDWORLD_WAIT_SECONDS = 3
@@ -91,10 +91,9 @@ def parse_androidworld(
     """
     obj: Any = action
     if isinstance(action, str):
-        try:
-            obj = json.loads(action, parse_constant=_reject)
-        except (ValueError, RecursionError) as exc:
-            return ActionError("bad_syntax", f"action is not strict JSON: {exc}")
+        obj = loads(action, "action")
+        if isinstance(obj, ActionError):
+            return obj
     if not isinstance(obj, dict):
         return ActionError("bad_syntax", "an AndroidWorld action must be a JSON object")
     calls = _translate(obj)
@@ -102,7 +101,3 @@ def parse_androidworld(
         return calls
     out = map_calls(calls, "android", width, height, "pixel")
     return out if isinstance(out, ActionError) else out[0]
-
-
-def _reject(name: str) -> Any:
-    raise ValueError(f"{name} is not strict JSON")

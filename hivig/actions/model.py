@@ -3,8 +3,8 @@
 The JSON form of an action is exactly the Qwen3-VL tool-call ``arguments`` object, e.g.
 ``{"action": "left_click", "coordinate": [501, 874]}``. Coordinates are integers on the 0–1000
 grid relative to the screenshot. Metadata that Qwen has no field for (the start of a drag, a
-terminate's ``info``, synthesised swipe points, a ``source`` note) lives on the dataclass but is
-never written by ``to_arguments``.
+terminate's ``info``, synthesised swipe points) lives on the dataclass but is never written by
+``to_arguments``.
 
 Two names exist in both spaces with different parameters: ``key`` (``keys`` array on desktop,
 ``text`` on mobile) is split into ``Key`` and ``MobileKey``; ``type``, ``wait``, ``answer`` and
@@ -14,7 +14,7 @@ Two names exist in both spaces with different parameters: ``key`` (``keys`` arra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 Point = tuple[int, int]
@@ -102,8 +102,6 @@ class _Base:
     action: ClassVar[str] = ""
     spaces: ClassVar[frozenset[str]] = frozenset()
     _json: ClassVar[tuple[tuple[str, str, bool], ...]] = ()
-    source: str | None = field(default=None, kw_only=True, compare=False)
-    """Free-form provenance note (e.g. the raw call it came from); never serialised."""
 
     def to_arguments(self) -> dict[str, Any]:
         """The Qwen3-VL tool-call ``arguments`` object (metadata excluded)."""
@@ -250,7 +248,7 @@ class HScroll(_Base):
 
 @dataclass(frozen=True)
 class Wait(_Base):
-    """Wait ``time`` seconds."""
+    """Wait ``time`` seconds (parsers accept 0 to ``MAX_SECONDS``)."""
 
     action: ClassVar[str] = "wait"
     spaces: ClassVar[frozenset[str]] = frozenset(SPACES)
@@ -291,7 +289,7 @@ class Click(_Base):
 
 @dataclass(frozen=True)
 class LongPress(_Base):
-    """Mobile long press at ``coordinate`` for ``time`` seconds."""
+    """Mobile long press at ``coordinate`` for ``time`` seconds (0 to ``MAX_SECONDS``)."""
 
     action: ClassVar[str] = "long_press"
     spaces: ClassVar[frozenset[str]] = frozenset({MOBILE})
@@ -457,6 +455,27 @@ def _show(value: object) -> str:
         return f"<{type(value).__name__} too large to show>"
 
 
+MAX_SECONDS = 3600
+"""Longest accepted ``wait``/``long_press`` duration in seconds (one hour). No GUI step waits
+longer; a bigger value is a corrupt record or a runaway model, and would stall an executor."""
+
+
+def check_seconds(value: object, name: str) -> float | ActionError:
+    """Validate a duration argument: a number in [0, ``MAX_SECONDS``].
+
+    Args:
+        value: The decoded argument value.
+        name: Argument name, for the message.
+
+    Returns:
+        The value unchanged, or ``bad_argument``.
+    """
+    if not is_number(value) or not 0 <= value <= MAX_SECONDS:  # type: ignore[operator]
+        msg = f"{name} must be a number of seconds in [0, {MAX_SECONDS}], got {_show(value)}"
+        return ActionError("bad_argument", msg)
+    return value  # type: ignore[return-value]
+
+
 def _check_coord(value: object, name: str) -> Point | ActionError:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         return ActionError("bad_argument", f"{name} must be [x, y], got {_show(value)}")
@@ -487,9 +506,7 @@ def _check_value(kind: str, value: object, name: str) -> Any:
             return ActionError("bad_argument", f"{name} must be an integer, got {_show(value)}")
         return int(value)
     if kind == "time":
-        if not is_number(value) or value < 0:
-            return ActionError("bad_argument", f"{name} must be a number >= 0, got {_show(value)}")
-        return value
+        return check_seconds(value, name)
     if kind == "status":
         if value not in TERMINATE_STATUSES:
             return ActionError("bad_argument", f"status must be success|failure: {_show(value)}")

@@ -10,9 +10,18 @@ round(x / W * 1000), key validation, keyDown/keyUp folding).
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
-from hivig.actions._calls import REQUIRED, RawCall, Signature, bind, parse_module, split_call
+from hivig.actions._calls import (
+    REQUIRED,
+    RawCall,
+    Signature,
+    bind,
+    bind_variadic,
+    parse_module,
+    split_call,
+)
 from hivig.actions._normalise import map_calls
 from hivig.actions.model import Action, ActionError, Terminate, Wait
 
@@ -49,6 +58,9 @@ _CALLS: dict[str, tuple[str, Signature, dict[str, Any]]] = {
     "typewrite": ("write", (("message", REQUIRED),), {}),
 }
 _POSITIONAL_ONLY_TIMING = frozenset({"interval", "duration"})
+# Split after each line break ``ast`` recognises (\r\n, \r, \n; str.splitlines knows more, e.g.
+# \x0c), keeping the breaks so a multi-line statement is quoted exactly as written.
+_AFTER_LINE_BREAK = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
 
 
 def _expand_point(args: list[Any]) -> list[Any]:
@@ -61,8 +73,8 @@ def _expand_point(args: list[Any]) -> list[Any]:
 def _translate(func: str, args: list[Any], kwargs: dict[str, Any], line: str) -> Any:
     """One pyautogui call -> list of ScaleCUA-style RawCalls, or an ActionError."""
     if func == "hotkey":
-        keys = tuple(args) or kwargs.get("keys")
-        return [RawCall("hotkey", {"keys": keys}, line=line)]
+        bound = bind_variadic("hotkey", "keys", args, kwargs, line, ignore=_IGNORED)
+        return bound if isinstance(bound, ActionError) else [RawCall("hotkey", bound, line=line)]
     if func not in _CALLS:
         return ActionError("unsupported_action", f"pyautogui.{func} is not supported: {line!r}")
     name, signature, fixed = _CALLS[func]
@@ -80,8 +92,38 @@ def _translate(func: str, args: list[Any], kwargs: dict[str, Any], line: str) ->
     return [RawCall(name, bound, line=line)]
 
 
-def _statement_calls(stmt: ast.stmt, source: str) -> list[RawCall] | ActionError:
-    line = ast.get_source_segment(source, stmt) or type(stmt).__name__
+class _Source:
+    """Statement text by ``ast`` position, in time linear in the code's length.
+
+    ``ast.get_source_segment`` splits the whole source on every call, which is quadratic over a
+    long block of statements; here lines are split once and each is encoded at most once
+    (``col_offset`` counts UTF-8 bytes).
+    """
+
+    def __init__(self, code: str) -> None:
+        self.lines = _AFTER_LINE_BREAK.split(code)
+        self.encoded: dict[int, bytes] = {}
+
+    def _line(self, number: int) -> bytes:
+        if number not in self.encoded:
+            self.encoded[number] = self.lines[number - 1].encode("utf-8", "surrogatepass")
+        return self.encoded[number]
+
+    def segment(self, stmt: ast.stmt) -> str:
+        first, last = stmt.lineno, stmt.end_lineno or stmt.lineno
+        start, end = stmt.col_offset, stmt.end_col_offset
+        if not 1 <= first <= last <= len(self.lines) or end is None:
+            return type(stmt).__name__
+        if first == last:
+            raw = self._line(first)[start:end]
+        else:
+            middle = [self._line(n) for n in range(first + 1, last)]
+            raw = b"".join([self._line(first)[start:], *middle, self._line(last)[:end]])
+        return raw.decode("utf-8", "replace")
+
+
+def _statement_calls(stmt: ast.stmt, source: _Source) -> list[RawCall] | ActionError:
+    line = source.segment(stmt)
     if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
         return []
     call = stmt.value if isinstance(stmt, ast.Expr) else None
@@ -127,8 +169,9 @@ def parse_osworld(
     if isinstance(body, ActionError):
         return body
     calls: list[RawCall] = []
+    source = _Source(code)
     for stmt in body:
-        got = _statement_calls(stmt, code)
+        got = _statement_calls(stmt, source)
         if isinstance(got, ActionError):
             return got
         calls.extend(got)

@@ -7,10 +7,10 @@ otherwise accept.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
+from hivig.actions._strict_json import loads
+from hivig.actions._tags import all_blocks
 from hivig.actions.model import (
     ACTION_NAMES,
     COMPUTER,
@@ -23,23 +23,9 @@ from hivig.actions.model import (
     action_from_arguments,
 )
 
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.IGNORECASE | re.DOTALL)
-_OPEN = re.compile(r"<tool_call>", re.IGNORECASE)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not strict JSON")
-
-
-def _strict_json(body: str) -> Any | ActionError:
-    try:
-        return json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        return ActionError("bad_syntax", f"tool call is not strict JSON: {exc}")
-
 
 def _parse_block(body: str) -> Action | ActionError:
-    obj = _strict_json(body.strip())
+    obj = loads(body.strip(), "tool call")
     if isinstance(obj, ActionError):
         return obj
     if not isinstance(obj, dict) or "name" not in obj or "arguments" not in obj:
@@ -49,7 +35,7 @@ def _parse_block(body: str) -> Action | ActionError:
         return ActionError("unknown_action", f"unknown function {name!r}")
     if isinstance(arguments, str):
         # Some servers pass ``arguments`` as a JSON-encoded string (OpenAI style).
-        arguments = _strict_json(arguments)
+        arguments = loads(arguments, "tool call arguments")
         if isinstance(arguments, ActionError):
             return arguments
     return action_from_arguments(arguments, space=name)
@@ -71,8 +57,8 @@ def parse_tool_calls(text: str) -> list[Action] | ActionError:
     """
     if not isinstance(text, str):
         return ActionError("bad_syntax", f"response must be a string, got {type(text).__name__}")
-    bodies = _BLOCK.findall(text)
-    if len(_OPEN.findall(text)) != len(bodies):
+    bodies, well_formed = all_blocks(text, "tool_call")
+    if not well_formed:
         return ActionError("bad_syntax", "unterminated <tool_call> block")
     if not bodies:
         return ActionError("no_tool_call", "no <tool_call> block in the response")

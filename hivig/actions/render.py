@@ -8,16 +8,18 @@ text stays UTF-8), order kept.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 from hivig.actions.model import (
     POINT_ACTIONS,
     Action,
     ActionError,
+    HScroll,
     LeftClickDrag,
     LongPress,
-    MouseMove,
+    Point,
+    Scroll,
     Swipe,
     in_space,
 )
@@ -69,29 +71,59 @@ def render_tool_calls(actions: Iterable[Action], space: str) -> str:
     return "\n".join(f"<tool_call>\n{action_to_json(a, space)}\n</tool_call>" for a in actions)
 
 
-def marks_for_actions(actions: Iterable[Action]) -> list[Mark]:
+UNMARKED_DRAG = "unmarked_drag"
+"""``stats`` key of ``marks_for_actions``: drags left unmarked because their start is unknown."""
+
+
+def _moves_pointer_to(action: Action) -> Point | None:
+    """Where the pointer is after ``action``, when the action puts it somewhere.
+
+    This mirrors the parsers' pointer (the ScaleCUA/OSWorld normaliser): every point action leaves
+    the pointer at its coordinate, a drag leaves it at its end, and so does a scroll or hscroll
+    with a position (the wheel turns where the pointer was moved to).
+    """
+    if isinstance(action, (*POINT_ACTIONS, LeftClickDrag)):
+        return action.coordinate
+    if isinstance(action, (Scroll, HScroll)):
+        return action.coordinate
+    return None
+
+
+def marks_for_actions(
+    actions: Iterable[Action],
+    *,
+    pointer: Point | None = None,
+    stats: MutableMapping[str, int] | None = None,
+) -> list[Mark]:
     """Marks to draw for a step: X for point actions, arrows for swipes and drags.
 
-    A drag's arrow starts at its ``start`` metadata, else at the most recent preceding
-    ``mouse_move`` in ``actions``; with neither, the drag gets no mark (its start is unknown).
+    A drag's arrow starts at its ``start`` metadata, else at the pointer left by the preceding
+    actions of the step, tracked exactly as the parsers track it (see ``_moves_pointer_to``), so
+    marks are the same whether the actions came from ScaleCUA data, OSWorld code or rendered
+    ``<tool_call>`` text (which carries no ``start``). A drag whose start is still unknown gets
+    no mark and is counted in ``stats[UNMARKED_DRAG]``.
 
     Args:
         actions: The step's actions in order.
+        pointer: Pointer position before the step (e.g. the last point of the previous step), if
+            known; the parsers' ``pointer`` argument.
+        stats: Mapping that receives counts of unmarkable actions (``UNMARKED_DRAG``); a
+            ``collections.Counter`` or a plain dict.
 
     Returns:
         Marks in action order (grid coordinates).
     """
     marks: list[Mark] = []
-    last_move = None
     for action in actions:
         if isinstance(action, (*POINT_ACTIONS, LongPress)):
             marks.append(PointMark(*action.coordinate))
-            if isinstance(action, MouseMove):
-                last_move = action.coordinate
         elif isinstance(action, Swipe):
             marks.append(ArrowMark(*action.coordinate, *action.coordinate2))
         elif isinstance(action, LeftClickDrag):
-            start = action.start or last_move
+            start = action.start or pointer
             if start is not None:
                 marks.append(ArrowMark(*start, *action.coordinate))
+            elif stats is not None:
+                stats[UNMARKED_DRAG] = stats.get(UNMARKED_DRAG, 0) + 1
+        pointer = _moves_pointer_to(action) or pointer
     return marks

@@ -3,7 +3,8 @@
 ScaleCUA trajectory coordinates are expected as [0, 1] floats, but derived copies use the 0–1000
 grid or screen pixels. The scale is detected, never assumed (scalecua_format §7.2): per record from
 the largest magnitude, with the file's tally breaking the two known ties (all-0/1 records, pixel
-records below 1000) and contradictions reported as ``ambiguous_scale``.
+records below 1000). Contradictions, and records that mix fractions with larger values, are
+reported as ``ambiguous_scale`` so the caller quarantines them; nothing is silently truncated.
 """
 
 from __future__ import annotations
@@ -39,39 +40,78 @@ def coordinate_values(calls: list[RawCall]) -> list[float]:
     return values
 
 
+def _magnitudes(values: list[float]) -> list[float]:
+    return [abs(v) for v in values if is_number(v)]
+
+
+def _mixed(magnitudes: list[float]) -> bool:
+    """A fraction strictly between 0 and 1 beside a value above the unit range.
+
+    No single scale explains such a record: ``click(x=1000, y=0.5)`` read as grid truncates
+    0.5 to the screen edge, read as unit puts 1000 off screen. It is quarantined, never guessed.
+    """
+    top = max(magnitudes, default=0.0)
+    return top > 1.0 + CLAMP_FRACTION and any(0.0 < m < 1.0 for m in magnitudes)
+
+
 def detect_scale(values: list[float]) -> Scale | None:
-    """Per-record scale: all |v| <= 1 -> unit, all <= 1000 -> grid, else pixel.
+    """Per-record scale (format notes §7.2 step 1), by the largest magnitude.
+
+    * all ``|v| <= 1 + CLAMP_FRACTION`` -> ``"unit"`` (overshoot up to the clamp is still unit);
+    * else all ``|v| <= 1000`` -> ``"grid"``;
+    * else -> ``"pixel"``.
+
+    A record that mixes a fraction in (0, 1) with values beyond the unit range has no scale:
+    ``resolve_scale`` reports it as ``ambiguous_scale``.
 
     Args:
         values: A step's coordinate values (see ``coordinate_values``).
 
     Returns:
-        ``"unit"``, ``"grid"`` or ``"pixel"``; ``None`` when there are no values (nothing to
-        convert, and nothing for a per-file tally to count).
+        ``"unit"``, ``"grid"`` or ``"pixel"``; ``None`` when the values decide nothing (no
+        values, or an ambiguous mix), so the record casts no vote in a per-file tally.
     """
-    magnitudes = [abs(v) for v in values if is_number(v)]
-    if not magnitudes:
+    magnitudes = _magnitudes(values)
+    if not magnitudes or _mixed(magnitudes):
         return None
     top = max(magnitudes)
-    if top <= 1.0:
+    if top <= 1.0 + CLAMP_FRACTION:
         return "unit"
     return "grid" if top <= GRID_MAX else "pixel"
 
 
 def resolve_scale(values: list[float], scale: str | None) -> Scale | None | ActionError:
-    """Reconcile the record's own scale with an explicit (per-file) one (format notes §7.2)."""
-    record = detect_scale(values)
-    if scale is None:
-        return record
-    if scale not in SCALES:
+    """Reconcile a record's own scale with the file's decision (format notes §7.2).
+
+    The file's decision explains two look-alikes: records of only 0/1 values (unit-looking in any
+    file) and pixel records with values up to 1000 (grid-looking). Every other contradiction is
+    ``ambiguous_scale``: a fraction in a grid or pixel file, values beyond the clamp in a unit
+    file, values beyond the grid (plus the clamp) in a grid file, and any record mixing a
+    fraction in (0, 1) with values above 1, whatever the file.
+
+    Args:
+        values: The record's coordinate values.
+        scale: The file's scale decision, or ``None`` to use the record's own.
+
+    Returns:
+        The scale to convert with (``None`` when neither gives one), or ``ambiguous_scale``;
+        ``bad_argument`` for an unknown ``scale``.
+    """
+    if scale is not None and scale not in SCALES:
         return ActionError("bad_argument", f"scale must be one of {SCALES}, got {scale!r}")
-    if record is None:
+    magnitudes = _magnitudes(values)
+    if _mixed(magnitudes):
+        return ActionError("ambiguous_scale", f"fractions beside larger coordinates: {values}")
+    record = detect_scale(values)
+    if scale is None or record is None or record == scale:
+        return scale if scale is not None else record  # type: ignore[return-value]
+    if all(m in (0.0, 1.0) for m in magnitudes):
         return scale  # type: ignore[return-value]
-    # All-0/1 records look like unit scale in any file: the file's decision explains them.
-    binary = all(v in (0.0, 1.0) for v in values)
-    if record == "unit" and scale != "unit" and not binary:
+    if record == "unit":
         return ActionError("ambiguous_scale", f"fractional coordinates {values} in a {scale} file")
-    if scale == "unit" and max(abs(v) for v in values) > 1.0 + CLAMP_FRACTION:
+    if scale == "unit":
         return ActionError("ambiguous_scale", f"coordinates {values} exceed a unit-scale file")
-    # A grid-looking record in a pixel file is pixels; grid overshoot is a range question.
+    if scale == "grid" and max(magnitudes) > GRID_MAX * (1.0 + CLAMP_FRACTION):
+        return ActionError("ambiguous_scale", f"pixel-size coordinates {values} in a grid file")
+    # Grid-looking values in a pixel file are pixels; grid overshoot within the clamp is clamped.
     return scale  # type: ignore[return-value]

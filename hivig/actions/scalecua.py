@@ -15,13 +15,21 @@ three steps so ingest can tally the coordinate scale per file between them:
 from __future__ import annotations
 
 import ast
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from hivig.actions._calls import REQUIRED, RawCall, Signature, bind, parse_expression, split_call
+from hivig.actions._calls import (
+    REQUIRED,
+    RawCall,
+    Signature,
+    bind,
+    bind_variadic,
+    parse_expression,
+    split_call,
+)
 from hivig.actions._normalise import HSwipe, map_calls
+from hivig.actions._tags import first_block
 from hivig.actions.model import (
     Action,
     ActionError,
@@ -79,9 +87,6 @@ _KEYWORD_SYNONYMS: dict[str, dict[str, str]] = {
 }
 
 
-_ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
-
-
 @dataclass(frozen=True)
 class ScaleCUAParse:
     """A parsed ScaleCUA action block.
@@ -124,13 +129,12 @@ def _bind_scalecua(written: str, args: list[Any], kwargs: dict[str, Any], line: 
     if name not in SIGNATURES:
         return ActionError("unknown_action", f"unknown call {written!r}: {line!r}")
     for alt, param in _KEYWORD_SYNONYMS.get(name, {}).items():
-        if alt in kwargs and param not in kwargs:
+        if alt in kwargs:
+            if param in kwargs:
+                return ActionError("bad_argument", f"{name} got {param!r} twice: {line!r}")
             kwargs[param] = kwargs.pop(alt)
     if name == "hotkey":
-        # hotkey(*keys): every positional is a key; ``keys=[...]`` is accepted as well.
-        bound = {"keys": tuple(args)} if args else None
-        if bound is None or kwargs:
-            bound = bind(name, SIGNATURES[name], [], kwargs, line)
+        bound = bind_variadic(name, "keys", args, kwargs, line)
     else:
         bound = bind(name, _ALIAS_SIGNATURES.get(written, SIGNATURES[name]), args, kwargs, line)
     if isinstance(bound, ActionError):
@@ -167,8 +171,8 @@ def parse_scalecua_calls(text: str) -> list[RawCall] | ActionError:
     """
     if not isinstance(text, str):
         return ActionError("bad_syntax", f"action text must be a string, got {type(text).__name__}")
-    tagged = _ACTION_TAG.search(text)
-    body = tagged.group(1) if tagged else text
+    tagged = first_block(text, "action")
+    body = text if tagged is None else tagged
     lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
     if not lines:
         return ActionError("empty", "no action calls")

@@ -283,15 +283,48 @@ def render_prompt(
     )
 
 
-def generation_prompt_ids(processor: ProcessorMixin) -> list[int]:
-    r"""Token ids of the template's generation prompt (``<|im_start|>assistant\n`` [+ think])."""
+def _generation_prompt_text(processor: ProcessorMixin) -> str:
     # The template's suffix for add_generation_prompt=True, measured on a one-turn conversation.
     probe = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
     without = processor.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
     with_prompt = processor.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
     if not with_prompt.startswith(without):
         raise ValueError("the chat template changes earlier turns when adding a generation prompt")
-    return processor.tokenizer.encode(with_prompt[len(without) :], add_special_tokens=False)
+    return with_prompt[len(without) :]
+
+
+def generation_prompt_ids(processor: ProcessorMixin) -> list[int]:
+    r"""Token ids of the template's generation prompt (``<|im_start|>assistant\n`` [+ think])."""
+    text = _generation_prompt_text(processor)
+    return processor.tokenizer.encode(text, add_special_tokens=False)
+
+
+def generation_prefill(processor: ProcessorMixin) -> str:
+    r"""Text the template's generation prompt adds after ``<|im_start|>assistant\n``.
+
+    ``""`` under the ``default`` think policy, ``"<think>\n"`` under ``prefill_think``. A
+    stored target starts with this text; ``encode_sample`` supervises only what follows it.
+
+    Raises:
+        ValueError: The generation prompt does not open an assistant turn.
+    """
+    text = _generation_prompt_text(processor)
+    header = "<|im_start|>assistant\n"
+    if not text.startswith(header):
+        raise ValueError(f"the generation prompt {text!r} does not start with {header!r}")
+    return text[len(header) :]
+
+
+def _strip_prefill(target: str, prefill: str) -> str:
+    # The stored target holds the whole answer; the prompt already ends with the prefill, so
+    # appending the target verbatim would write it twice ("<think>\n<think>\n...").
+    if not target.startswith(prefill):
+        raise EncodeError(
+            "prefill_mismatch",
+            f"the chat template pre-fills {prefill!r} but the target starts with "
+            f"{target[: len(prefill) + 10]!r}; store targets as hivig.contracts renders them",
+        )
+    return target[len(prefill) :]
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,6 +401,28 @@ def _check_canonical(images: Sequence[Image.Image], processor: ProcessorMixin) -
             )
 
 
+def _append_target(
+    processor: ProcessorMixin, ids: TokenIds, prompt_ids: torch.Tensor, target: str
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(input_ids, labels, num_supervised)`` of the prompt followed by the answer."""
+    _check_text(target, _forbidden_strings(processor), "target")
+    body = _strip_prefill(target, generation_prefill(processor))
+    answer = processor.tokenizer.encode(
+        body + "<|im_end|>\n", add_special_tokens=False, return_tensors="pt"
+    )[0].long()
+    input_ids = torch.cat([prompt_ids, answer])
+    prefill_ids = generation_prompt_ids(processor)[len(ids.assistant_header) :]
+    start, stop = supervised_span(
+        input_ids.tolist(),
+        header_ids=ids.assistant_header,
+        end_id=ids.im_end,
+        prefill_ids=prefill_ids,
+    )
+    if start != len(prompt_ids):
+        raise EncodeError("label_boundary", f"answer starts at {start}, not {len(prompt_ids)}")
+    return input_ids, shifted_labels(input_ids, start, stop), stop - start
+
+
 def encode_sample(
     processor: ProcessorMixin,
     messages: Sequence[ChatMessage],
@@ -376,22 +431,25 @@ def encode_sample(
     r"""Encode a conversation for training (with ``target``) or serving (without).
 
     The prompt is rendered with the generation prompt and processed with the images
-    (``do_resize=False``, no truncation); the target plus ``<|im_end|>\n`` is tokenized on its
-    own and appended. The serving encoding is therefore a byte-identical prefix of the training
-    encoding, up to the first generated token.
+    (``do_resize=False``, no truncation). The target, less the part the generation prompt
+    already holds (``generation_prefill``: ``<think>\n`` under ``prefill_think``), plus
+    ``<|im_end|>\n`` is tokenized on its own and appended. The serving encoding is therefore a
+    byte-identical prefix of the training encoding, up to the first generated token.
 
     Args:
         processor: A Qwen3-VL processor from ``build_processor``.
         messages: System/user turns whose image parts hold canonical PIL frames.
-        target: The assistant answer (``<think>…</think>\n\n<criticism>…`` under the default think
-            policy), without ``<|im_end|>``; ``None`` for serving.
+        target: The stored assistant answer as ``hivig.contracts.render_*_target`` produce it
+            (``<think>\n…\n</think>\n<criticism>…``, the same under both think policies),
+            without ``<|im_end|>``; ``None`` for serving.
 
     Returns:
         The encoded sample.
 
     Raises:
         EncodeError: Bad messages, non-canonical or unmaterialised images, special-token strings
-            in text, or a token/grid mismatch.
+            in text, a target that lacks the template's prefill (``prefill_mismatch``), or a
+            token/grid mismatch.
     """
     if messages and messages[-1].role == "assistant":
         # A trailing answer would be rendered as history and followed by a second header.
@@ -414,22 +472,7 @@ def encode_sample(
 
     labels, num_supervised, input_ids = None, 0, prompt_ids
     if target is not None:
-        _check_text(target, _forbidden_strings(processor), "target")
-        answer = processor.tokenizer.encode(
-            target + "<|im_end|>\n", add_special_tokens=False, return_tensors="pt"
-        )[0].long()
-        input_ids = torch.cat([prompt_ids, answer])
-        prefill = generation_prompt_ids(processor)[len(ids.assistant_header) :]
-        start, stop = supervised_span(
-            input_ids.tolist(),
-            header_ids=ids.assistant_header,
-            end_id=ids.im_end,
-            prefill_ids=prefill,
-        )
-        if start != len(prompt_ids):
-            raise EncodeError("label_boundary", f"answer starts at {start}, not {len(prompt_ids)}")
-        labels = shifted_labels(input_ids, start, stop)
-        num_supervised = stop - start
+        input_ids, labels, num_supervised = _append_target(processor, ids, prompt_ids, target)
 
     is_image = input_ids == ids.image
     num_image_tokens = int(is_image.sum())
@@ -452,5 +495,3 @@ def encode_sample(
         num_supervised=num_supervised,
         num_image_tokens=num_image_tokens,
     )
-
-

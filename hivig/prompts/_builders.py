@@ -72,6 +72,12 @@ def format_trajectory(steps: Sequence[str]) -> str:
 def action_space_text(platform: str) -> str:
     """The platform's tool definition as JSON, shown inside ``<tools>`` in every system prompt.
 
+    Args:
+        platform: ``windows``, ``mac``, ``ubuntu``, ``web`` or ``android``.
+
+    Returns:
+        The ``computer_use`` or ``mobile_use`` tool definition as one line of UTF-8 JSON.
+
     Raises:
         ActionError: ``unknown_platform`` for a platform outside the five supported ones.
     """
@@ -79,7 +85,14 @@ def action_space_text(platform: str) -> str:
 
 
 def taxonomy_text(dimensions: Sequence[Dimension] = DIMENSIONS) -> str:
-    """One ``- Name: definition`` line per dimension, in the given order."""
+    """One ``- Name: definition`` line per dimension, in the given order.
+
+    Args:
+        dimensions: The dimensions to list; the training-prompt order by default.
+
+    Returns:
+        The lines joined by newlines (no trailing newline).
+    """
     return "\n".join(f"- {d.name}: {d.definition}" for d in dimensions)
 
 
@@ -179,7 +192,19 @@ def build_transition_messages(
     *,
     version: int | None = None,
 ) -> PromptMessages:
-    """State-transition annotation: what the executed step changed (real after-screenshot)."""
+    """State-transition annotation: what the executed step changed (real after-screenshot).
+
+    Args:
+        task: The user's goal.
+        platform: The trajectory's platform.
+        before: Clean screenshot before the executed step.
+        after: Clean screenshot after it (the real outcome the annotator describes).
+        step_text: ``format_step`` of the executed step, with its intent.
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
+    """
     return _build(
         "annotator_transition",
         version,
@@ -205,6 +230,18 @@ def build_history_annotation_messages(
 
     The annotator variant spells out the literal-description and no-planning rules that the
     trained critic has learned from the data; inputs and output contract are identical.
+
+    Args:
+        task: The user's goal.
+        platform: The trajectory's platform.
+        previous_summary: The summary written after the step before (or the initial sentence).
+        before: Clean screenshot before the executed step.
+        after: Clean screenshot after it.
+        step_text: ``format_step`` of the executed step.
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
     """
     return _build(
         "annotator_history",
@@ -283,7 +320,8 @@ def build_judge_messages(
         candidate_a: Step text shown as candidate A.
         candidate_b: Step text shown as candidate B.
         dimension_order: Order of the listed dimensions (callers shuffle it per sample seed to
-            avoid position bias); must contain all 12.
+            avoid position bias); must contain all 12. The list sits in the user text, so the
+            system prompt stays identical across requests and prefix caches keep hitting.
         version: Template version; the latest by default.
 
     Returns:

@@ -137,7 +137,11 @@ def _parse(name: str, version: int, text: str) -> PromptTemplate:
 
 @cache
 def available_prompts() -> dict[str, tuple[int, ...]]:
-    """Prompt names shipped with the package and their versions, ascending."""
+    """Prompt names shipped with the package and their versions, ascending.
+
+    Returns:
+        ``{name: (version, ...)}`` for every ``<name>_v<N>.txt`` in the package, names sorted.
+    """
     found: dict[str, list[int]] = {}
     for entry in resources.files("hivig.prompts").iterdir():
         match = _FILE.match(entry.name)

@@ -1,0 +1,99 @@
+"""Parsers stay fast on large hostile input: no quadratic rescans, no per-statement re-splitting.
+
+Each case is about 100 KB or more and must parse in under half a second of CPU time. The quadratic
+versions took seconds (an unclosed-tag regex rescanning the rest of the text from every open tag)
+to minutes (the source re-split for every statement of long OSWorld code). CPU time, not wall
+time, so that other work on a shared machine does not make the test flaky.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hivig.actions import (
+    ActionError,
+    LeftClick,
+    ScaleCUAParse,
+    parse_androidworld,
+    parse_osworld,
+    parse_scalecua,
+    parse_scalecua_calls,
+    parse_tool_calls,
+)
+
+BUDGET_S = 0.5
+N = 100_000
+VALID_TOOL_CALL = (
+    '<tool_call>{"name": "computer_use", "arguments": {"action": "left_click", '
+    '"coordinate": [1, 2]}}</tool_call>\n'
+)
+
+
+def _scalecua(text: str) -> object:
+    return parse_scalecua(text, "windows", 1920, 1080)
+
+
+def _osworld(code: str) -> object:
+    return parse_osworld(code, 1920, 1080)
+
+
+def _androidworld(text: str) -> object:
+    return parse_androidworld(text, 1080, 2400)
+
+
+CASES = [
+    # ScaleCUA <action> bodies
+    ("scalecua", _scalecua, "<action>" * (N // 8)),
+    ("scalecua", _scalecua, "<ACTION>" * (N // 8)),
+    ("scalecua", _scalecua, "</action>" * (N // 18) + "<action>" * (N // 16)),
+    ("scalecua", _scalecua, "<action>click(x=0.5, y=0.5)" * (N // 27)),
+    ("scalecua", _scalecua, "click(x=" + "[" * N + ")"),
+    ("scalecua", _scalecua, "(" * N),
+    ("scalecua", _scalecua, "click(x=0.5, y=0.5)\n" * (N // 20)),
+    ("scalecua", _scalecua, "moveTo(x=0.5, y=0.5)\ndragTo(x=0.6, y=0.7)\n" * (N // 42)),
+    ("scalecua", _scalecua, "write(message='" + "a" * N + "')"),
+    ("scalecua_calls", parse_scalecua_calls, "<action>" * (N // 8)),
+    # Qwen3-VL <tool_call> blocks
+    ("qwen", parse_tool_calls, "<tool_call>" * (N // 11)),
+    ("qwen", parse_tool_calls, "<Tool_Call>" * (N // 11)),
+    ("qwen", parse_tool_calls, "</tool_call>" * (N // 24) + "<tool_call>" * (N // 22)),
+    ("qwen", parse_tool_calls, "<tool_call>" + "[" * N + "</tool_call>"),
+    ("qwen", parse_tool_calls, "<tool_call>" + '{"a":' * (N // 5) + "</tool_call>"),
+    ("qwen", parse_tool_calls, VALID_TOOL_CALL * (N // len(VALID_TOOL_CALL))),
+    ("qwen", parse_tool_calls, "<" * N),
+    # OSWorld pyautogui code
+    ("osworld", _osworld, "pyautogui.click(960, 540)\n" * 8000),
+    ("osworld", _osworld, "pyautogui.click(9, 5); " * (N // 23)),
+    ("osworld", _osworld, "pyautogui.write('é'); " * (N // 22)),
+    ("osworld", _osworld, "pyautogui.click(\n9,\n5)\n" * (N // 23)),
+    ("osworld", _osworld, "pyautogui.click(" + "(" * N + ")"),
+    ("osworld", _osworld, "pyautogui.click(" * (N // 16)),
+    ("osworld", _osworld, "pyautogui.write('" + "a" * N + "')"),
+    # AndroidWorld JSON
+    ("androidworld", _androidworld, "[" * N),
+    ("androidworld", _androidworld, '{"a":' * (N // 5)),
+    ("androidworld", _androidworld, '{"action_type": "input_text", "text": "' + "a" * N + '"}'),
+]
+
+
+@pytest.mark.parametrize(
+    ("parser", "fn", "text"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+)
+def test_parsers_are_fast_on_large_hostile_input(parser, fn, text):
+    assert len(text) >= N * 0.95, "the case must be about 100 KB"
+    start = time.process_time()
+    out = fn(text)
+    elapsed = time.process_time() - start
+    assert isinstance(out, (list, ActionError, ScaleCUAParse)), parser
+    assert elapsed < BUDGET_S, f"{parser} took {elapsed:.2f} s on {text[:40]!r}..."
+
+
+def test_large_inputs_still_parse_correctly():
+    # Speed must not come from giving up: the long valid inputs give every action.
+    assert _osworld("pyautogui.click(960, 540)\n" * 8000) == [LeftClick((500, 500))] * 8000
+    assert parse_tool_calls(VALID_TOOL_CALL * 1000) == [LeftClick((1, 2))] * 1000
+    parsed = _scalecua("click(x=0.5, y=0.5)\n" * 5000)
+    assert isinstance(parsed, ScaleCUAParse) and len(parsed.actions) == 5000
+    assert parse_tool_calls("<tool_call>" * 9000).reason == "bad_syntax"
