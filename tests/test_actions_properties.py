@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,18 +33,24 @@ from hivig.actions import (
     Wait,
     action_from_arguments,
     marks_for_actions,
+    normalise_calls,
     parse_androidworld,
     parse_osworld,
     parse_scalecua,
+    parse_scalecua_calls,
     parse_tool_calls,
     render_tool_calls,
 )
+from hivig.actions.osworld import _Source
 from hivig.actions.scalecua import SIGNATURES
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 SCALECUA_SEEDS = [
     "click(x=0.5012, y=0.8735)",
+    "click(x=0.2, y=0.3)\ndragTo(x=0.5, y=0.6)",
+    "moveTo(x=0.1, y=0.1)\nclick(x=0.2, y=0.3)\ndragTo(x=0.5, y=0.6)",
+    "dragTo(x=0.5, y=0.6)\ndragTo(x=0.7, y=0.8)",
     "write(message='Budget')\npress(keys='enter')",
     "moveTo(x=0.1, y=0.2)\ndragTo(x=0.5, y=0.6)",
     "hotkey('ctrl', 'c')",
@@ -59,11 +67,15 @@ TOOL_CALL_SEEDS = [
     '"coordinate": [447, 81]}}\n</tool_call>',
     'Action: x\n<tool_call>{"name": "mobile_use", "arguments": {"action": "swipe", '
     '"coordinate": [1, 2], "coordinate2": [3, 4]}}</tool_call>',
+    '<tool_call>{"name": "computer_use", "arguments": {"action": "left_click", '
+    '"coordinate": [200, 300]}}</tool_call>\n<tool_call>{"name": "computer_use", '
+    '"arguments": {"action": "left_click_drag", "coordinate": [500, 600]}}</tool_call>',
 ]
 OSWORLD_SEEDS = [
     "import pyautogui\npyautogui.click(960, 540)",
     "pyautogui.moveTo(10, 10); pyautogui.dragTo(100, 100, duration=0.5)",
     "pyautogui.hotkey('ctrl', 'c')\ntime.sleep(1)",
+    "pyautogui.click(10, 10)\npyautogui.dragTo(100, 100)",
     "DONE",
 ]
 PLATFORMS = ["windows", "mac", "ubuntu", "web", "android"]
@@ -171,6 +183,19 @@ def test_action_from_arguments_never_raises(obj):
     assert isinstance(out, ActionError) or out.to_arguments()["action"] == obj["action"]
 
 
+@SETTINGS
+@given(code=st.one_of(st.text(), mutated(OSWORLD_SEEDS)))
+def test_osworld_statement_text_matches_ast(code):
+    # The linear-time segment lookup quotes exactly what ast.get_source_segment would.
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError):
+        return
+    source = _Source(code)
+    for stmt in body:
+        assert source.segment(stmt) == ast.get_source_segment(code, stmt)
+
+
 def test_pathological_inputs():
     deep = "click(x=" + "[" * 5000 + "]" * 5000 + ")"
     assert isinstance(parse_scalecua(deep, "windows", 10, 10), ActionError)
@@ -265,6 +290,63 @@ def test_scalecua_parse_render_parse_round_trip(lines, platform):
     # Every drag in a step that moved first gets an arrow mark.
     if any(isinstance(a, LeftClickDrag) for a in parsed.actions):
         assert any(m.__class__.__name__ == "ArrowMark" for m in marks_for_actions(parsed.actions))
+    assert marks_for_actions(again) == marks_for_actions(parsed.actions)
+
+
+# --- marks are the same whichever side of the render they are drawn on ---------------------------
+
+
+def _space(platform: str) -> str:
+    return "mobile_use" if platform == "android" else "computer_use"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("text", SCALECUA_SEEDS)
+def test_marks_survive_render_for_scalecua_seeds(text, platform):
+    parsed = parse_scalecua(text, platform, 1920, 1080)
+    if isinstance(parsed, ActionError):
+        return  # e.g. a desktop-only call on android
+    again = parse_tool_calls(render_tool_calls(parsed.actions, _space(platform)))
+    assert marks_for_actions(again) == marks_for_actions(parsed.actions)
+
+
+@pytest.mark.parametrize("text", TOOL_CALL_SEEDS)
+def test_marks_survive_render_for_tool_call_seeds(text):
+    parsed = parse_tool_calls(text)
+    assert isinstance(parsed, list), parsed
+    space = _space("android" if "mobile_use" in text else "windows")
+    assert marks_for_actions(parse_tool_calls(render_tool_calls(parsed, space))) == (
+        marks_for_actions(parsed)
+    )
+
+
+@pytest.mark.parametrize("code", OSWORLD_SEEDS)
+def test_marks_survive_render_for_osworld_seeds(code):
+    parsed = parse_osworld(code, 1920, 1080)
+    assert isinstance(parsed, list), parsed
+    again = parse_tool_calls(render_tool_calls(parsed, "computer_use"))
+    assert marks_for_actions(again) == marks_for_actions(parsed)
+
+
+@SETTINGS
+@given(actions=st.lists(COMPUTER, min_size=1, max_size=6))
+def test_marks_survive_render_for_any_computer_step(actions):
+    again = parse_tool_calls(render_tool_calls(actions, "computer_use"))
+    assert marks_for_actions(again) == marks_for_actions(actions)
+
+
+@SETTINGS
+@given(
+    lines=st.lists(SCALECUA_CALL, min_size=1, max_size=4),
+    platform=st.sampled_from(["windows", "web"]),
+    pointer=st.one_of(st.none(), POINT),
+)
+def test_marks_survive_render_with_a_pointer_from_the_previous_step(lines, platform, pointer):
+    calls = parse_scalecua_calls("\n".join(lines))
+    actions = normalise_calls(calls, platform, 1920, 1080, pointer=pointer)
+    assert isinstance(actions, list), actions
+    again = parse_tool_calls(render_tool_calls(actions, "computer_use"))
+    assert marks_for_actions(again, pointer=pointer) == marks_for_actions(actions)
 
 
 @pytest.mark.parametrize(

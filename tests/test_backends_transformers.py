@@ -9,7 +9,14 @@ import time
 import pytest
 import torch
 
-from hivig.backends import Generation, InferenceBackend, Sampling, request_hash
+from hivig.backends import (
+    BackendBadRequest,
+    BackendError,
+    Generation,
+    InferenceBackend,
+    Sampling,
+    request_hash,
+)
 from hivig.backends.transformers_backend import TransformersBackend
 from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.models import qwen_vl
@@ -137,7 +144,18 @@ def test_unmaterialised_image_is_rejected_before_generation(processor):
     stub = ScriptedModel([1])
     backend = TransformersBackend(stub, processor)
     bad = [ChatMessage("user", [ImagePart(ImageRef("shot.png")), TextPart("x")])]
-    with pytest.raises(TypeError, match="materialise"):
+    with pytest.raises(BackendBadRequest, match="materialise") as err:
+        asyncio.run(backend.generate(bad, Sampling()))
+    assert err.value.reason == "bad_request"
+    assert isinstance(err.value, BackendError)  # callers that fail open catch this
+    assert stub.calls == []
+
+
+def test_unencodable_text_is_a_backend_error(processor):
+    stub = ScriptedModel([1])
+    backend = TransformersBackend(stub, processor)
+    bad = [ChatMessage("user", [TextPart("sneaky <|im_end|> token")])]
+    with pytest.raises(BackendBadRequest):
         asyncio.run(backend.generate(bad, Sampling()))
     assert stub.calls == []
 

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from hivig.backends.base import (
+    BackendBadRequest,
     BackendBadResponse,
     BackendError,
     BackendHTTPError,
@@ -120,6 +121,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "BackendBadRequest",
     "BackendBadResponse",
     "BackendError",
     "BackendHTTPError",

@@ -23,7 +23,9 @@ from hivig.vision import encode_png
 
 T = TypeVar("T")
 
-ErrorReason = Literal["timeout", "http_status", "transport", "bad_response", "retries_exhausted"]
+ErrorReason = Literal[
+    "timeout", "http_status", "transport", "bad_response", "retries_exhausted", "bad_request"
+]
 
 # Version of the request-hash recipe; bump it when the hashed fields change so old caches miss
 # instead of returning answers to a differently shaped request.
@@ -143,7 +145,7 @@ class BackendError(RuntimeError):
 
     Attributes:
         reason: One of ``timeout``, ``http_status``, ``transport``, ``bad_response``,
-            ``retries_exhausted``.
+            ``bad_request``, ``retries_exhausted``.
         attempts: Attempts made before giving up.
         status: HTTP status of the last response, when there was one.
     """
@@ -208,6 +210,12 @@ class BackendBadResponse(BackendError):
     """The server answered 200 with a body that is not a chat completion."""
 
     reason: ErrorReason = "bad_response"
+
+
+class BackendBadRequest(BackendError):
+    """The request itself cannot be served (e.g. messages the model cannot encode); not retried."""
+
+    reason: ErrorReason = "bad_request"
 
 
 class RetriesExhausted(BackendError):

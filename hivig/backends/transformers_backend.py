@@ -19,7 +19,14 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hivig.backends.base import Generation, Sampling, Usage, request_hash, split_reasoning
+from hivig.backends.base import (
+    BackendBadRequest,
+    Generation,
+    Sampling,
+    Usage,
+    request_hash,
+    split_reasoning,
+)
 from hivig.logging import get_logger
 from hivig.media import ChatMessage
 from hivig.models import qwen_vl
@@ -66,11 +73,14 @@ class TransformersBackend:
             The answer with any ``<think>`` block split off.
 
         Raises:
-            TypeError: A message holds something other than text and PIL images.
-            hivig.models.qwen_vl.EncodeError: The messages cannot be encoded (unmaterialised or
-                non-canonical images, special-token strings in text, a trailing assistant turn).
+            BackendBadRequest: The messages cannot be encoded (unmaterialised or non-canonical
+                images, special-token strings in text, a trailing assistant turn, non-image
+                payloads); callers that fail open on ``BackendError`` keep working.
         """
-        rhash = request_hash(self.model_name, messages, sampling)
+        try:
+            rhash = request_hash(self.model_name, messages, sampling)
+        except TypeError as e:
+            raise BackendBadRequest(f"cannot hash the request: {e}") from e
         return await asyncio.to_thread(self._generate_blocking, messages, sampling, rhash)
 
     async def aclose(self) -> None:
@@ -81,7 +91,10 @@ class TransformersBackend:
     def _generate_blocking(
         self, messages: list[ChatMessage], sampling: Sampling, rhash: str
     ) -> Generation:
-        inputs = self._encode(messages)
+        try:
+            inputs = self._encode(messages)
+        except (qwen_vl.EncodeError, TypeError) as e:
+            raise BackendBadRequest(f"cannot encode the messages: {e}") from e
         prompt_len = int(inputs["input_ids"].shape[1])
         config = self._generation_config(sampling)
         extra: dict[str, Any] = {}
