@@ -11,6 +11,7 @@ the same plan and takes its own packs, and a resumed run skips exactly the steps
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -154,6 +155,35 @@ def compute_lengths(
         if n < 0:
             quarantine.add(samples[i].id, reason, message)
     return lengths
+
+
+def lengths_key(samples: Sequence[Sample], *context: Any) -> str:
+    """Content hash of the samples (ids, prompts, images, marks, targets) and encoding settings."""
+    h = hashlib.sha256()
+    for part in (*context, *(repr(s.payload) for s in samples)):
+        h.update(repr(part).encode("utf-8"))
+    return h.hexdigest()
+
+
+def load_cached_lengths(path: str | Path, key: str) -> dict[str, Any] | None:
+    """The cached ``{"lengths", "eval_lengths", "quarantine"}`` if written for ``key``, else None.
+
+    Encoding every sample for its length costs minutes on a large set; a restarted job reuses
+    the numbers as long as the data and the frame are unchanged.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    cached = json.loads(path.read_text(encoding="utf-8"))
+    return cached if cached.get("key") == key else None
+
+
+def save_cached_lengths(path: str | Path, key: str, payload: dict[str, Any]) -> None:
+    """Write the length cache atomically (temp file + rename)."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, **payload}), encoding="utf-8")
+    tmp.replace(path)
 
 
 # ------------------------------------------------------------------------------------------------

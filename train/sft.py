@@ -48,10 +48,13 @@ from train.data import (
     build_loader,
     compute_lengths,
     derive_grad_accum,
+    lengths_key,
+    load_cached_lengths,
     load_samples,
     mix_kinds,
     plan_epoch,
     rank_packs,
+    save_cached_lengths,
 )
 from train.encode import RecordEncoder
 from train.evaluate import evaluate_loss, verdict_accuracy
@@ -177,8 +180,18 @@ def _setup_data(
         raise ValueError(f"no training records under {cfg.data}/sft/{d.train_split}")
     eval_samples = load_samples(cfg.data, d.eval_split, d.max_samples)
     quarantine = Quarantine()
+    cache = Path(cfg.out) / "lengths.json"
+    key = lengths_key([*samples, *eval_samples], d.frame, processor.chat_template)
+    cached = load_cached_lengths(cache, key)
+    if cached is not None:
+        quarantine.entries.extend(cached["quarantine"])
+        return encoder, samples, eval_samples, cached["lengths"], cached["eval_lengths"], quarantine
     lengths = _sharded_lengths(samples, encoder, quarantine, d.num_workers)
     eval_lengths = _sharded_lengths(eval_samples, encoder, quarantine, d.num_workers)
+    if rank_and_world()[0] == 0:
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        found = {"lengths": lengths, "eval_lengths": eval_lengths, "quarantine": quarantine.entries}
+        save_cached_lengths(cache, key, found)
     return encoder, samples, eval_samples, lengths, eval_lengths, quarantine
 
 
