@@ -12,27 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
-
-# The 12 dimension names in training-prompt order (reference_pipeline.md §6). Kept here only as
-# the default keys of the target distribution; every other use reads `hivig.taxonomy`.
-_DEFAULT_DIMENSIONS = (
-    "Grounding/Spatial Error",
-    "Procedural Prerequisite Neglect",
-    "Semantic Error",
-    "Termination Misjudgment",
-    "Constraint Neglect",
-    "Action Formulation Error",
-    "Observation Neglect",
-    "Suboptimal Path",
-    "Parameter Vector Miscalibration",
-    "Visual Hallucination",
-    "Timing and Latency Neglect",
-    "Action-Operation Misalignment",
-)
+from hivig.taxonomy import DIMENSIONS
 
 
 def _uniform_dimensions() -> dict[str, float]:
-    return {name: 1.0 for name in _DEFAULT_DIMENSIONS}
+    return {d.name: 1.0 for d in DIMENSIONS}
 
 
 def _annotator_backend() -> BackendConfig:
@@ -103,6 +87,9 @@ class PerturbConfig:
     def __post_init__(self) -> None:
         if not self.dimension_weights or any(w < 0 for w in self.dimension_weights.values()):
             raise ConfigError("`perturb.dimension_weights` must be non-empty and non-negative")
+        unknown = sorted(set(self.dimension_weights) - {d.name for d in DIMENSIONS})
+        if unknown:
+            raise ConfigError(f"`perturb.dimension_weights` has unknown dimensions: {unknown}")
         if not 0.0 <= self.min_share * len(self.dimension_weights) <= 1.0:
             raise ConfigError("`perturb.min_share` times the dimension count must be <= 1")
         if any(w < 0 for w in self.platform_weights.values()):

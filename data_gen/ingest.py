@@ -101,7 +101,17 @@ MIXED_SCALE_SHARE = 0.001
 
 # Action errors that keep their own code in the quarantine; everything else is ``bad_action``.
 _OWN_REASONS = frozenset({"coordinate_out_of_range", "ambiguous_scale"})
-_TAGS = {t: re.compile(rf"<{t}>(.*?)</{t}>", re.DOTALL) for t in ("think", "operation", "action")}
+_TAGS = ("think", "operation", "action")
+
+
+def _tag_body(text: str, tag: str) -> str | None:
+    """Body of the first ``<tag>…</tag>``; a linear scan, so unclosed tags cannot go quadratic."""
+    start = text.find(f"<{tag}>")
+    if start < 0:
+        return None
+    start += len(tag) + 2
+    end = text.find(f"</{tag}>", start)
+    return None if end < 0 else text[start:end]
 _STEP = re.compile(r"^\s*Step\s+(\d+)\s*[:.]\s?(.*)$")
 _UP = re.compile(
     r"\bscroll\w*\s+(?:\w+\s+){0,3}?(?:up|upward|upwards)\b|toward(?:s)? the top", re.IGNORECASE
@@ -327,16 +337,16 @@ def parse_line(raw: str, line: int) -> Record:
     rec.task, rec.history = prompt  # type: ignore[assignment]
     rec.image, rec.folder, rec.width, rec.height = norm, _source_folder(norm), w, h
     gpt = conv[1]["value"]
-    tags = {t: rx.search(gpt) for t, rx in _TAGS.items()}
-    rec.think = tags["think"].group(1).strip() if tags["think"] else None
-    if not tags["operation"] or not tags["operation"].group(1).strip():
+    tags = {t: (_tag_body(gpt, t) or "").strip() for t in _TAGS}
+    rec.think = tags["think"] or None
+    if not tags["operation"]:
         rec.error = ("missing_operation", "no <operation> in the response")
         return rec
-    if not tags["action"] or not tags["action"].group(1).strip():
+    if not tags["action"]:
         rec.error = ("missing_action", "no <action> in the response")
         return rec
-    rec.operation = tags["operation"].group(1).strip()
-    rec.action_text = tags["action"].group(1).strip()
+    rec.operation = tags["operation"]
+    rec.action_text = tags["action"]
     calls = parse_scalecua_calls(rec.action_text)
     if isinstance(calls, ActionError):
         rec.error = ("bad_action", f"{calls.reason}: {calls.message}")

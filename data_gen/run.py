@@ -197,14 +197,6 @@ def check_resume(cfg: DataGenConfig) -> None:
     atomic_write_text(path, text)
 
 
-def validate_dimensions(cfg: DataGenConfig) -> None:
-    """Every key of the target distribution must be an exact taxonomy name."""
-    names = {d.name for d in DIMENSIONS}
-    unknown = sorted(set(cfg.perturb.dimension_weights) - names)
-    if unknown:
-        raise ConfigError(f"`perturb.dimension_weights` has unknown dimensions: {unknown}")
-
-
 # --------------------------------------------------------------------------------------------
 # Merge
 
@@ -328,7 +320,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> dict[str, Any] | None:
     """Run the pipeline for ``shard`` (all of the corpus when ``None``) and merge when complete."""
     cfg.require_paths()
-    validate_dimensions(cfg)
     check_resume(cfg)
     shard = shard or Shard(0, 1)
     # Host, git revision, package versions and SLURM ids of this process, per shard.

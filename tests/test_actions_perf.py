@@ -3,7 +3,8 @@
 Each case is about 100 KB or more and must parse in under half a second of CPU time. The quadratic
 versions took seconds (an unclosed-tag regex rescanning the rest of the text from every open tag)
 to minutes (the source re-split for every statement of long OSWorld code). CPU time, not wall
-time, so that other work on a shared machine does not make the test flaky.
+time, and the best of a few tries, so that other work on a shared machine (which only ever adds
+time) does not make the test flaky; a quadratic parser fails every try.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hivig.actions import (
 )
 
 BUDGET_S = 0.5
+TRIES = 3
 N = 100_000
 VALID_TOOL_CALL = (
     '<tool_call>{"name": "computer_use", "arguments": {"action": "left_click", '
@@ -83,11 +85,15 @@ CASES = [
 )
 def test_parsers_are_fast_on_large_hostile_input(parser, fn, text):
     assert len(text) >= N * 0.95, "the case must be about 100 KB"
-    start = time.process_time()
-    out = fn(text)
-    elapsed = time.process_time() - start
-    assert isinstance(out, (list, ActionError, ScaleCUAParse)), parser
-    assert elapsed < BUDGET_S, f"{parser} took {elapsed:.2f} s on {text[:40]!r}..."
+    best = float("inf")
+    for _ in range(TRIES):
+        start = time.process_time()
+        out = fn(text)
+        best = min(best, time.process_time() - start)
+        assert isinstance(out, (list, ActionError, ScaleCUAParse)), parser
+        if best < BUDGET_S:
+            break
+    assert best < BUDGET_S, f"{parser} took {best:.2f} s on {text[:40]!r}..."
 
 
 def test_large_inputs_still_parse_correctly():

@@ -278,3 +278,40 @@ def test_element_sidecar_loading(tmp_path):
     assert index.malformed == 2
     assert ElementIndex.load(tmp_path / "missing.jsonl").get("a.png") == ()
     assert primary_point([{"action": "type", "text": "x"}]) is None
+
+
+def test_platform_weights_downsample_the_overrepresented_platform():
+    views = [view([CLICK_OK], sample_id=f"w{i:04d}:000") for i in range(300)]
+    views += [
+        view(
+            [{"action": "click", "coordinate": [450, 425]}],
+            space="mobile_use",
+            sample_id=f"a{i:04d}:000",
+        )
+        for i in range(100)
+    ]
+    plan = plan_corpus(
+        views,
+        seed=0,
+        params=P,
+        offline=True,
+        dimension_weights={d.name: 1.0 for d in DIMENSIONS},
+        min_share=0.03,
+        bad_share=1.0,
+        platform_weights={"windows": 1.0, "android": 1.0},
+        intent_mask_rate=0.3,
+        maskable={d.name: d.maskable for d in DIMENSIONS},
+    )
+    kept = Counter(v.platform for v in views if plan[v.sample_id].critique)
+    assert kept["android"] == 100  # the rare platform is kept whole
+    assert 75 <= kept["windows"] <= 125  # the common one is cut to about the same count
+    dropped = [p for p in plan.values() if not p.critique]
+    assert all(p.dimension is None and not p.good_masked for p in dropped)
+
+
+def test_config_rejects_unknown_dimension_names():
+    from data_gen.config import PerturbConfig
+    from hivig.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown dimensions"):
+        PerturbConfig(dimension_weights={"Memory & State Tracking Error": 1.0})

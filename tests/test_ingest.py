@@ -417,13 +417,13 @@ def test_scales_per_file(tmp_path):
     assert {(q["file"].split("_")[-1], q["line"], q["reason"]) for q in quarantine} == {
         ("grid.jsonl", 3, "ambiguous_scale"),
         ("grid.jsonl", 4, "after_bad_step"),
-        ("grid.jsonl", 5, "coordinate_out_of_range"),
+        ("grid.jsonl", 5, "ambiguous_scale"),
         ("unit.jsonl", 2, "ambiguous_scale"),
     }
     files = report["files"]
     assert files["annotations/internal_windows_navigation_grid.jsonl"]["scale"] == "grid"
     assert files["annotations/internal_windows_navigation_unit.jsonl"]["scale"] == "unit"
-    assert files["annotations/internal_windows_navigation_grid.jsonl"]["scale_conflicts"] == 1
+    assert files["annotations/internal_windows_navigation_grid.jsonl"]["scale_conflicts"] == 2
 
 
 @pytest.mark.parametrize(

@@ -330,3 +330,14 @@ def test_accelerate_configs_parse_and_point_at_deepspeed_files(name):
     assert ds["bf16"]["enabled"] is True
     if name == "zero3":
         assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+
+
+def test_step_normaliser_comes_from_the_plan():
+    from train.data import step_supervised
+
+    plan = plan_epoch([10] * 8, budget=10, seed=0, epoch=0, world=2, grad_accum=2, shuffle=False)
+    supervised = [1, 2, 3, 4, 5, 6, 7, 8]
+    total, per_rank = step_supervised(plan, 0, supervised)
+    # Step 0 = packs 0..3: rank 0 gets packs 0, 2 (samples 0, 2); rank 1 packs 1, 3.
+    assert per_rank == [1 + 3, 2 + 4] and total == 10
+    assert step_supervised(plan, 1, supervised)[0] == 5 + 6 + 7 + 8

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
+from hivig.distributed import rank_and_world
 from hivig.logging import get_logger
-from train.collate import PackedBatch, collate_pack
+from train.collate import IGNORE_INDEX, PackedBatch, collate_pack
 from train.packing import group_into_steps, plan_packs
 
 log = get_logger(__name__)
@@ -114,9 +116,11 @@ def mix_kinds(samples: Sequence[Sample], history_fraction: float, seed: int) -> 
 # Encoding and lengths
 
 
-def _length(encoded: Any) -> int:
-    ids = encoded["input_ids"] if isinstance(encoded, dict) else encoded.input_ids
-    return int(torch.as_tensor(ids).numel())
+def _counts(encoded: Any) -> tuple[int, int]:
+    """(tokens, supervised labels) of an encoded sample."""
+    get = encoded.get if isinstance(encoded, dict) else lambda k: getattr(encoded, k)
+    labels = torch.as_tensor(get("labels"))
+    return int(torch.as_tensor(get("input_ids")).numel()), int((labels != IGNORE_INDEX).sum())
 
 
 class _EncodeDataset(Dataset):
@@ -126,35 +130,43 @@ class _EncodeDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, i: int) -> tuple[int, int, str, str]:
+    def __getitem__(self, i: int) -> tuple[int, int, int, str, str]:
         s = self.samples[i]
         try:
-            return i, _length(self.encoder(s.payload)), "", ""
+            return i, *_counts(self.encoder(s.payload)), "", ""
         except (ValueError, OSError, KeyError, TypeError) as e:
             # Bad records become quarantine entries with the reason, never a crash.
-            return i, -1, getattr(e, "reason", type(e).__name__), str(e)[:500]
+            return i, -1, 0, getattr(e, "reason", type(e).__name__), str(e)[:500]
 
 
-def compute_lengths(
+def compute_token_counts(
     samples: Sequence[Sample], encoder: Encoder, quarantine: Quarantine, num_workers: int = 0
-) -> list[int]:
-    """Token length of every sample (-1 for a sample that failed to encode, which is quarantined).
+) -> tuple[list[int], list[int]]:
+    """Token length and supervised-label count of every sample.
 
     Encodes each sample once with the same encoder training uses, so the packer's lengths are
-    exact (``qwen3vl_training.md`` §6.5).
+    exact (``qwen3vl_training.md`` §6.5) and the loss normaliser ``N`` of every step is known
+    from the plan. A sample that fails to encode gets length -1 and a quarantine entry.
     """
-    lengths = [-1] * len(samples)
+    lengths, supervised = [-1] * len(samples), [0] * len(samples)
     loader = DataLoader(
         _EncodeDataset(samples, encoder),
         batch_size=None,
         num_workers=num_workers,
         collate_fn=_identity,
     )
-    for i, n, reason, message in loader:
-        lengths[i] = n
+    for i, n, sup, reason, message in loader:
+        lengths[i], supervised[i] = n, sup
         if n < 0:
             quarantine.add(samples[i].id, reason, message)
-    return lengths
+    return lengths, supervised
+
+
+def compute_lengths(
+    samples: Sequence[Sample], encoder: Encoder, quarantine: Quarantine, num_workers: int = 0
+) -> list[int]:
+    """Token length of every sample (-1 for a quarantined one); see ``compute_token_counts``."""
+    return compute_token_counts(samples, encoder, quarantine, num_workers)[0]
 
 
 def lengths_key(samples: Sequence[Sample], *context: Any) -> str:
@@ -184,6 +196,74 @@ def save_cached_lengths(path: str | Path, key: str, payload: dict[str, Any]) -> 
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, **payload}), encoding="utf-8")
     tmp.replace(path)
+
+
+def _sharded_counts(
+    samples: list[Sample], encoder: Encoder, quarantine: Quarantine, workers: int
+) -> tuple[list[int], list[int]]:
+    """Each rank encodes a 1/W slice; counts (and quarantine entries) are gathered on all ranks."""
+    rank, world = rank_and_world()
+    mine = list(range(rank, len(samples), world))
+    local = Quarantine()
+    lens, sups = compute_token_counts([samples[i] for i in mine], encoder, local, workers)
+    parts = [(mine, lens, sups, local.entries)]
+    if world > 1 and dist.is_initialized():
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, parts[0])
+        parts = gathered
+    lengths, supervised = [-1] * len(samples), [0] * len(samples)
+    for idx, part_lens, part_sups, entries in parts:
+        for i, n, sup in zip(idx, part_lens, part_sups, strict=True):
+            lengths[i], supervised[i] = n, sup
+        quarantine.entries.extend(entries)
+    return lengths, supervised
+
+
+@dataclass
+class TokenCounts:
+    """Per-sample token counts of both splits; -1 length marks a quarantined sample."""
+
+    lengths: list[int]
+    """Training sample lengths, in tokens."""
+    supervised: list[int]
+    """Supervised labels per training sample (the loss normaliser's summands)."""
+    eval_lengths: list[int]
+    """Held-out sample lengths, in tokens."""
+    quarantine: Quarantine
+    """Samples of either split that failed to encode."""
+
+
+def token_counts(
+    samples: list[Sample],
+    eval_samples: list[Sample],
+    encoder: Encoder,
+    *,
+    cache: Path,
+    key_context: tuple[Any, ...],
+    workers: int,
+) -> TokenCounts:
+    """Token counts of both splits, from the cache or computed by all ranks together."""
+    key = lengths_key([*samples, *eval_samples], *key_context)
+    cached = load_cached_lengths(cache, key)
+    if cached is not None:
+        quarantine = Quarantine(list(cached["quarantine"]))
+        return TokenCounts(
+            cached["lengths"], cached["supervised"], cached["eval_lengths"], quarantine
+        )
+    quarantine = Quarantine()
+    lengths, supervised = _sharded_counts(samples, encoder, quarantine, workers)
+    eval_lengths, _ = _sharded_counts(eval_samples, encoder, quarantine, workers)
+    counts = TokenCounts(lengths, supervised, eval_lengths, quarantine)
+    if rank_and_world()[0] == 0:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        found = {
+            "lengths": lengths,
+            "supervised": supervised,
+            "eval_lengths": eval_lengths,
+            "quarantine": quarantine.entries,
+        }
+        save_cached_lengths(cache, key, found)
+    return counts
 
 
 # ------------------------------------------------------------------------------------------------
@@ -279,6 +359,18 @@ class PackDataset(Dataset):
                 e.kind = s.kind
             encoded.append(e)
         return collate_pack(encoded, [s.id for s in chosen])
+
+
+def step_supervised(plan: EpochPlan, step: int, supervised: Sequence[int]) -> tuple[int, list[int]]:
+    """Supervised tokens of optimizer step ``step``: all ranks together and per rank.
+
+    Known from the plan on every rank, so the normaliser ``N`` needs no collective and the
+    micro-batches can stream through the loader instead of being fetched up front.
+    """
+    per_rank = [
+        sum(supervised[i] for j in packs for i in plan.packs[j]) for packs in plan.steps[step]
+    ]
+    return sum(per_rank), per_rank
 
 
 def rank_packs(plan: EpochPlan, rank: int, start_step: int) -> list[list[int]]:

@@ -43,18 +43,16 @@ from train.collate import PackedBatch
 from train.config import TrainConfig
 from train.data import (
     EpochPlan,
-    Quarantine,
     Sample,
+    TokenCounts,
     build_loader,
-    compute_lengths,
     derive_grad_accum,
-    lengths_key,
-    load_cached_lengths,
     load_samples,
     mix_kinds,
     plan_epoch,
     rank_packs,
-    save_cached_lengths,
+    step_supervised,
+    token_counts,
 )
 from train.encode import RecordEncoder
 from train.evaluate import evaluate_loss, verdict_accuracy
@@ -83,6 +81,8 @@ class Components:
     eval_samples: list[Sample]
     encoder: RecordEncoder
     lengths: list[int]
+    supervised: list[int]
+    """Supervised labels per training sample; gives each step's normaliser ``N`` from the plan."""
     eval_lengths: list[int]
     grad_accum: int
     plan0: EpochPlan
@@ -167,53 +167,36 @@ def _apply_lora(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Module:
     return get_peft_model(model, peft_cfg)
 
 
-def _setup_data(
-    cfg: TrainConfig, processor: Any
-) -> tuple[RecordEncoder, list[Sample], list[Sample], list[int], list[int], Quarantine]:
-    d = cfg.dataset
+def _check_inputs(cfg: TrainConfig) -> None:
+    """Fail on missing inputs before any weights load."""
     if not cfg.data:
         raise ValueError("`data` is empty: pass data=DIR (a data_gen output directory)")
+    split = Path(cfg.data) / "sft" / cfg.dataset.train_split
+    if not split.is_dir():
+        raise FileNotFoundError(f"`data`: no training split at {split}")
+    if cfg.model.path and not Path(cfg.model.path).exists():
+        raise FileNotFoundError(f"`model.path`: {cfg.model.path} does not exist")
+
+
+def _setup_data(
+    cfg: TrainConfig, processor: Any
+) -> tuple[RecordEncoder, list[Sample], list[Sample], TokenCounts]:
+    d = cfg.dataset
     encoder = RecordEncoder(processor, d.frame, root=d.image_root or cfg.data)
     samples = load_samples(cfg.data, d.train_split, d.max_samples)
     samples = mix_kinds(samples, d.history_fraction, cfg.loop.seed)
     if not samples:
         raise ValueError(f"no training records under {cfg.data}/sft/{d.train_split}")
     eval_samples = load_samples(cfg.data, d.eval_split, d.max_samples)
-    quarantine = Quarantine()
-    cache = Path(cfg.out) / "lengths.json"
-    key = lengths_key([*samples, *eval_samples], d.frame, processor.chat_template)
-    cached = load_cached_lengths(cache, key)
-    if cached is not None:
-        quarantine.entries.extend(cached["quarantine"])
-        return encoder, samples, eval_samples, cached["lengths"], cached["eval_lengths"], quarantine
-    lengths = _sharded_lengths(samples, encoder, quarantine, d.num_workers)
-    eval_lengths = _sharded_lengths(eval_samples, encoder, quarantine, d.num_workers)
-    if rank_and_world()[0] == 0:
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        found = {"lengths": lengths, "eval_lengths": eval_lengths, "quarantine": quarantine.entries}
-        save_cached_lengths(cache, key, found)
-    return encoder, samples, eval_samples, lengths, eval_lengths, quarantine
-
-
-def _sharded_lengths(
-    samples: list[Sample], encoder: RecordEncoder, quarantine: Quarantine, workers: int
-) -> list[int]:
-    """Each rank encodes a 1/W slice; the lengths (and quarantine entries) are gathered."""
-    rank, world = rank_and_world()
-    mine = list(range(rank, len(samples), world))
-    local = Quarantine()
-    lengths = compute_lengths([samples[i] for i in mine], encoder, local, workers)
-    part = (mine, lengths, local.entries)
-    parts = [part]
-    if world > 1 and dist.is_initialized():
-        parts = [None] * world
-        dist.all_gather_object(parts, part)
-    out = [-1] * len(samples)
-    for idx, lens, entries in parts:
-        for i, n in zip(idx, lens, strict=True):
-            out[i] = n
-        quarantine.entries.extend(entries)
-    return out
+    counts = token_counts(
+        samples,
+        eval_samples,
+        encoder,
+        cache=Path(cfg.out) / "token_counts.json",
+        key_context=(d.frame, processor.chat_template),
+        workers=d.num_workers,
+    )
+    return encoder, samples, eval_samples, counts
 
 
 def _setup_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -251,10 +234,12 @@ def _configure_deepspeed(accelerator: Accelerator, cfg: TrainConfig, grad_accum:
 
 def setup(cfg: TrainConfig) -> Components:
     """Build accelerator, model, data, optimizer, scheduler; restore a checkpoint if asked."""
+    _check_inputs(cfg)
     accelerator = _setup_accelerator(cfg)
     rank, world = rank_and_world()
     model, processor = _setup_model(cfg)
-    encoder, samples, eval_samples, lengths, eval_lengths, quarantine = _setup_data(cfg, processor)
+    encoder, samples, eval_samples, counts = _setup_data(cfg, processor)
+    lengths, quarantine = counts.lengths, counts.quarantine
     d = cfg.dataset
     plan0 = _plan(cfg, lengths, epoch=0, grad_accum=1)
     mean_per_pack = plan0.counts["samples"] / max(1, plan0.counts["packs"])
@@ -309,7 +294,8 @@ def setup(cfg: TrainConfig) -> Components:
         eval_samples=eval_samples,
         encoder=encoder,
         lengths=lengths,
-        eval_lengths=eval_lengths,
+        supervised=counts.supervised,
+        eval_lengths=counts.eval_lengths,
         grad_accum=grad_accum,
         plan0=plan0,
         total_steps=total,
@@ -363,6 +349,17 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def _check_plan(micro: list[PackedBatch], planned: int, step: int) -> None:
+    # The normaliser came from cached counts; a different encoding now would silently bias it.
+    seen = sum(b.meta.supervised for b in micro)
+    if seen != planned:
+        ids = [i for b in micro for i in b.meta.sample_ids]
+        raise RuntimeError(
+            f"step {step + 1}: {seen} supervised tokens, the plan expected {planned} "
+            f"(samples {ids}); delete out/token_counts.json if the data or processor changed"
+        )
+
+
 def _check_finite(value: torch.Tensor, what: str, step: int, batch: PackedBatch) -> None:
     if not torch.isfinite(value).all():
         raise FloatingPointError(
@@ -397,12 +394,16 @@ def train(c: Components) -> TrainResult:
         batches = iter(loader)
         while state.step_in_epoch < len(plan.steps) and state.step < total:
             t0 = time.perf_counter()
-            micro = [next(batches) for _ in range(G)]
-            wait = time.perf_counter() - t0
-            # N: supervised tokens of the whole step, all ranks (one all-reduce, before backward).
-            n_global = int(_all_reduce_sum([sum(b.meta.supervised for b in micro)], device)[0])
+            # N: supervised tokens of the whole step on all ranks, known from the plan, so the
+            # micro-batches stream (no collective, no holding G packs in host memory).
+            n_global, n_rank = step_supervised(plan, state.step_in_epoch, c.supervised)
             loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            for batch in micro:
+            micro, wait = [], 0.0
+            for _ in range(G):
+                t_wait = time.perf_counter()
+                batch = next(batches)
+                wait += time.perf_counter() - t_wait
+                micro.append(batch)
                 batch = batch.to(device)
                 with acc.accumulate(model):
                     step_loss, _ = model(batch.inputs)
@@ -410,6 +411,7 @@ def train(c: Components) -> TrainResult:
                     scaled = normalise(step_loss, n_global, world) * undo_ga
                     acc.backward(scaled, **backward_kwargs)
                 loss_sum += step_loss.detach().double()
+            _check_plan(micro, n_rank[rank], state.step)
             grad_norm = _clip(acc, model, cfg.optim.max_grad_norm)
             if grad_norm is not None and not math.isfinite(grad_norm):
                 raise FloatingPointError(

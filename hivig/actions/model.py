@@ -471,7 +471,7 @@ def check_seconds(value: object, name: str) -> float | ActionError:
         The value unchanged, or ``bad_argument``.
     """
     if not is_number(value) or not 0 <= value <= MAX_SECONDS:  # type: ignore[operator]
-        msg = f"{name} must be a number of seconds in [0, {MAX_SECONDS}], got {_show(value)}"
+        msg = f"{name} must be a number in [0, {MAX_SECONDS}] (seconds), got {_show(value)}"
         return ActionError("bad_argument", msg)
     return value  # type: ignore[return-value]
 

@@ -82,10 +82,8 @@ def _moves_pointer_to(action: Action) -> Point | None:
     the pointer at its coordinate, a drag leaves it at its end, and so does a scroll or hscroll
     with a position (the wheel turns where the pointer was moved to).
     """
-    if isinstance(action, (*POINT_ACTIONS, LeftClickDrag)):
-        return action.coordinate
-    if isinstance(action, (Scroll, HScroll)):
-        return action.coordinate
+    if isinstance(action, (*POINT_ACTIONS, LeftClickDrag, Scroll, HScroll)):
+        return action.coordinate  # None for a scroll without a position
     return None
 
 

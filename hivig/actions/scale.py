@@ -71,7 +71,10 @@ def detect_scale(values: list[float]) -> Scale | None:
         ``"unit"``, ``"grid"`` or ``"pixel"``; ``None`` when the values decide nothing (no
         values, or an ambiguous mix), so the record casts no vote in a per-file tally.
     """
-    magnitudes = _magnitudes(values)
+    return _detect(_magnitudes(values))
+
+
+def _detect(magnitudes: list[float]) -> Scale | None:
     if not magnitudes or _mixed(magnitudes):
         return None
     top = max(magnitudes)
@@ -102,7 +105,7 @@ def resolve_scale(values: list[float], scale: str | None) -> Scale | None | Acti
     magnitudes = _magnitudes(values)
     if _mixed(magnitudes):
         return ActionError("ambiguous_scale", f"fractions beside larger coordinates: {values}")
-    record = detect_scale(values)
+    record = _detect(magnitudes)
     if scale is None or record is None or record == scale:
         return scale if scale is not None else record  # type: ignore[return-value]
     if all(m in (0.0, 1.0) for m in magnitudes):
