@@ -137,12 +137,18 @@ class ExportConfig:
     """Sample cards in report.html (marked screenshots with prompt and target)."""
     sharegpt: bool = True
     """Also write the LlamaFactory ShareGPT export (``sharegpt/<split>.json``)."""
+    max_tokens: int = 16384
+    """Drop samples longer than this, in tokens (system + user + images + target), estimated on
+    the canonical frame (image tokens exact, text at 4 UTF-8 bytes per token); 0 = no limit.
+    Reference run: ``cutoff_len`` 16,384."""
 
     def __post_init__(self) -> None:
         if self.val_share < 0 or self.test_share < 0 or self.val_share + self.test_share >= 1:
             raise ConfigError("`export.val_share` + `export.test_share` must be in [0, 1)")
         if self.report_cards < 0:
             raise ConfigError("`export.report_cards` must be >= 0")
+        if self.max_tokens < 0:
+            raise ConfigError("`export.max_tokens` must be >= 0 (0 = no limit)")
 
 
 @dataclass

@@ -124,15 +124,21 @@ def export_dataset(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     stats = StageStats("export")
-    specs, records = [], []
+    sizes, f, limit = ImageSizes(corpus), cfg.frame, cfg.export.max_tokens
+    specs, records, tokens = [], [], {}
     for spec in collect_specs(works):
         stats.seen()
+        n = estimated_tokens(spec, sizes, f.min_pixels, f.max_pixels, f.factor)
+        if limit and n > limit:
+            stats.drop(spec["id"], "too_long", f"about {n} tokens > export.max_tokens={limit}")
+            continue
         try:
             records.append(spec_to_record(spec))
         except RecordError as e:
             stats.drop(spec["id"], "record_invalid", str(e))
             continue
         specs.append(spec)
+        tokens[spec["id"]] = n
         stats.kept()
     stats.check()
     for split in SPLITS:
@@ -141,11 +147,6 @@ def export_dataset(
         _sharegpt(records, cfg, corpus, tmp)
     all_counters = {**counters, "export": merge_counts([stats.counts])}
     atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))
-    sizes = ImageSizes(corpus)
-    f = cfg.frame
-    tokens = {
-        s["id"]: estimated_tokens(s, sizes, f.min_pixels, f.max_pixels, f.factor) for s in specs
-    }
     result = dataset_stats(specs, all_counters, tokens, run)
     atomic_write_text(tmp / "stats.json", _json(result))
     atomic_write_text(tmp / "report.html", render_report(result, _cards(specs, cfg, corpus, tmp)))

@@ -40,6 +40,7 @@ from data_gen.quarantine import Ledger, jsonl, split_lines, write_atomic
 from hivig.actions import (
     Action,
     ActionError,
+    CallUser,
     RawCall,
     Terminate,
     coordinate_values,
@@ -78,6 +79,7 @@ REASONS: dict[str, str] = {
     "missing_operation": "no <operation> in the response",
     "missing_action": "no <action> in the response",
     "bad_action": "an action line does not parse or has no Qwen3-VL equivalent",
+    "call_user": "the step hands control to the user (call_user has no Qwen3-VL form to train on)",
     "coordinate_out_of_range": "a coordinate lies off screen after conversion",
     "ambiguous_scale": "the record's coordinate scale contradicts its file's",
     "missing_image": "the screenshot does not exist (also after the suffix lookup)",
@@ -648,6 +650,8 @@ class _FileIngest:
                 self.report.scale_conflicts += 1
             reason = actions.reason if actions.reason in _OWN_REASONS else "bad_action"
             return reason, f"{actions.reason}: {actions.message}"
+        if any(isinstance(a, CallUser) for a in actions):
+            return "call_user", "call_user() asks the user to take over; no tool call to learn"
         path, result = self.images.check(self.entry.root, rec.image, (rec.width, rec.height))
         if isinstance(result[0], str) and result[0] != "unchecked":
             return result  # type: ignore[return-value]

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
 
 log = get_logger(__name__)
 
+LOCK_POLL_S = 5.0
+"""Seconds between checks while another shard holds the ingest lock."""
+
 
 # --------------------------------------------------------------------------------------------
 # Setup
@@ -77,9 +81,14 @@ def trajectories_path(cfg: DataGenConfig) -> Path:
     if inside.exists():
         return inside
     ingested = Path(cfg.out) / "ingest" / "trajectories.jsonl"
-    if not ingested.exists():
-        log.info("no trajectories.jsonl given; ingesting %s into %s", cfg.corpus, ingested.parent)
-        ingest(cfg.corpus, ingested.parent, IngestConfig(), progress=False)
+    # Shards of an array job may start together: one ingests, the others wait for its file.
+    while not ingested.exists():
+        with file_lock(Path(cfg.out) / "ingest.lock") as held:
+            if held and not ingested.exists():
+                log.info("no trajectories.jsonl given; ingesting %s", cfg.corpus)
+                ingest(cfg.corpus, ingested.parent, IngestConfig(), progress=False)
+        if not ingested.exists():
+            time.sleep(LOCK_POLL_S)
     return ingested
 
 
@@ -202,12 +211,12 @@ def check_resume(cfg: DataGenConfig) -> None:
 
 
 @contextlib.contextmanager
-def merge_lock(out: Path) -> Iterator[bool]:
-    """Exclusive merge right: yields True for the one process that holds it.
+def file_lock(path: Path) -> Iterator[bool]:
+    """Exclusive right to a one-off job (ingest, merge): yields True for the one holder.
 
     A lock left by a dead process (a crash) is taken over.
     """
-    path = out / "merge.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -267,7 +276,7 @@ def merge(
         missing = [s.name for s in shards if not executor.is_done(s)]
         log.info("not merging yet: %d shards unfinished (%s ...)", len(missing), missing[0])
         return None
-    with merge_lock(Path(cfg.out)) as held:
+    with file_lock(Path(cfg.out) / "merge.lock") as held:
         if not held:
             log.info("another process is merging")
             return None

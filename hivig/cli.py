@@ -87,9 +87,7 @@ def _cmd_mark(args: argparse.Namespace) -> int:
         image = V.load_image(args.image)
     except (OSError, V.ImageError) as e:
         return _fail(f"cannot read {args.image}: {e}")
-    size_class = None
-    if args.platform is not None:
-        size_class = "mobile" if args.platform == "android" else "desktop"
+    size_class = V.size_class_for_platform(args.platform)
     if not args.out.lower().endswith(".png"):
         return _fail(f"--out must be a .png path (markers need lossless pixels): {args.out}")
     try:

@@ -25,7 +25,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any, Literal
 
 from hivig.actions import (
@@ -156,7 +156,7 @@ class Step:
                 "bad_step_index", f"step index must be an int >= 0: {self.index!r}"
             )
         _check_str(self.screenshot, "step.screenshot", empty=False)
-        if PurePosixPath(self.screenshot).is_absolute() or PureWindowsPath(self.screenshot).drive:
+        if _is_absolute(self.screenshot):
             raise TrajectoryError(
                 "absolute_path",
                 f"screenshot must be relative to the corpus root: {self.screenshot}",
@@ -379,6 +379,28 @@ def _parse_action(obj: object, space: str | None, where: str) -> Action:
     return action
 
 
+def _is_absolute(path: str) -> bool:
+    # String tests instead of PurePath objects: this runs once per step of every ingested line.
+    return path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":")
+
+
+def _check_meta_value(name: str, value: object, where: str) -> None:
+    """Metadata types: a drag ``start`` is a grid point, ``synthetic`` a bool, ``info`` text."""
+    ok = True
+    if name == "start":
+        ok = (
+            isinstance(value, list | tuple)
+            and len(value) == 2
+            and all(_is_int(v) and 0 <= v <= 1000 for v in value)
+        )
+    elif name == "synthetic":
+        ok = isinstance(value, bool)
+    elif name == "info":
+        ok = value is None or isinstance(value, str)
+    if not ok:
+        raise TrajectoryError("bad_action_meta", f"{where}: bad {name} value {value!r}")
+
+
 def _with_meta(action: Action, meta: object, where: str) -> Action:
     if not meta:
         return action
@@ -391,6 +413,8 @@ def _with_meta(action: Action, meta: object, where: str) -> Action:
         raise TrajectoryError(
             "bad_action_meta", f"{where}: {action.action} has no metadata {unknown}"
         )
+    for name, value in meta.items():
+        _check_meta_value(name, value, where)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()}
     return dataclasses.replace(action, **values)
 
@@ -418,7 +442,7 @@ def scan_trajectories(
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (ValueError, RecursionError) as e:  # RecursionError: absurdly deep nesting
                 yield number, TrajectoryError("bad_json", f"line {number}: {e}")
                 continue
             try:

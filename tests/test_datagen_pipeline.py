@@ -271,3 +271,24 @@ def test_bad_input_lines_are_quarantined_not_fatal(corpus, tmp_path):
         json.loads(lines[1])["id"],
         json.loads(lines[2])["id"],
     }
+
+
+def test_records_load_with_datasets(one_shard, tmp_path):
+    import datasets
+
+    out, stats = one_shard
+    files = sorted(str(p) for p in (out / "dataset" / "records" / "train").glob("*.parquet"))
+    ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=tmp_path)
+    assert len(ds) == stats["by_split"]["train"].get("history", 0) + stats["by_split"]["train"].get(
+        "critique", 0
+    )
+    assert set(ds.column_names) >= {"id", "kind", "images", "target", "labels", "provenance"}
+
+
+def test_length_filter_drops_with_a_reason(corpus, tmp_path):
+    cfg = _cfg(corpus, tmp_path / "out", "max_trajectories=2", "export.max_tokens=2500")
+    stats = run(cfg, None)
+    export = stats["stages"]["export"]
+    assert export.get("dropped_too_long", 0) > 0
+    assert export["in"] == export["kept"] + export["dropped_too_long"]
+    assert stats["token_length_max"] <= 2500

@@ -618,3 +618,12 @@ def test_cli_run_is_handed_its_arguments_untouched(monkeypatch):
     monkeypatch.setitem(sys.modules, "data_gen.run", fake)
     assert main(["run", "--config", "c.yaml", "a.b=1", "--dry-run"]) == 7
     assert seen == [["--config", "c.yaml", "a.b=1", "--dry-run"]]
+
+
+def test_call_user_step_is_quarantined_not_crashing(tmp_path):
+    steps = [("Click the box", "click(x=0.5, y=0.5)"), ("Ask the user", "call_user()")]
+    lines = episode("app/t1", "Do the thing", steps)
+    trajs, quarantine, stats = run(tmp_path, {"win_nav": ("windows", "navigation", lines)})[:3]
+    assert [len(t["steps"]) for t in trajs] == [1]  # the good prefix is kept
+    assert [q["reason"] for q in quarantine] == ["call_user"]
+    assert stats["lines"] == stats["steps_kept"] + sum(stats["dropped"].values())

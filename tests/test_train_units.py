@@ -341,3 +341,12 @@ def test_step_normaliser_comes_from_the_plan():
     # Step 0 = packs 0..3: rank 0 gets packs 0, 2 (samples 0, 2); rank 1 packs 1, 3.
     assert per_rank == [1 + 3, 2 + 4] and total == 10
     assert step_supervised(plan, 1, supervised)[0] == 5 + 6 + 7 + 8
+
+
+def test_tensorboard_sink_writes_event_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    lg = build_metric_logger(["tensorboard"], tmp_path, is_main=True)
+    lg.log({"loss": 1.0}, 1)
+    lg.close()
+    assert list((tmp_path / "tensorboard").glob("events.*"))
+    assert (tmp_path / "metrics.jsonl").is_file()  # JSONL is always written

@@ -265,3 +265,32 @@ def test_bad_lines_are_reported_with_line_numbers(tmp_path):
     assert [r.reason for _, r in results[1:]] == ["bad_json", "unknown_platform", "bad_json"]
     with pytest.raises(TrajectoryError, match=r"traj.jsonl:3"):
         read_trajectories(path)
+
+
+@pytest.mark.parametrize("path", ["/abs/x.png", "\\\\server\\x.png", "C:\\x.png", "c:/x.png"])
+def test_absolute_screenshot_paths_rejected(path):
+    with pytest.raises(TrajectoryError) as e:
+        Step(0, path, None, None, [LeftClick((1, 2))], "")
+    assert e.value.reason == "absolute_path"
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{"start": {"x": 1}}, {"start": [1, 2, 3, 4]}, {"start": [1, 2000]}, {"start": ["a", 1]}],
+)
+def test_bad_drag_start_metadata_rejected(meta):
+    obj = _desktop().to_json()
+    obj["steps"][1]["action_meta"] = [{}, meta]
+    with pytest.raises(TrajectoryError) as e:
+        Trajectory.from_json(obj)
+    assert e.value.reason == "bad_action_meta"
+
+
+def test_deeply_nested_line_is_a_bad_json_error(tmp_path):
+    path = tmp_path / "t.jsonl"
+    good = json.dumps(_desktop().to_json())
+    path.write_text(good + "\n" + "[" * 100_000 + "\n" + good + "\n", encoding="utf-8")
+    results = list(scan_trajectories(path))
+    assert [n for n, _ in results] == [1, 2, 3]
+    assert isinstance(results[1][1], TrajectoryError) and results[1][1].reason == "bad_json"
+    assert isinstance(results[2][1], Trajectory)

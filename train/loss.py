@@ -1,7 +1,7 @@
 """Token-normalised, chunked cross-entropy on supervised positions only.
 
 The rule (``qwen3vl_training.md`` §10.2): for one optimizer step with G micro-steps on W ranks,
-``N`` = supervised tokens summed over all of them (one all-reduce per step), and each micro-step
+``N`` = supervised tokens summed over all of them (known from the pack plan), and each micro-step
 back-propagates ``Σ CE × W / N``. ``× W`` undoes the data-parallel gradient average; the 1/G that
 accelerate (DDP) or DeepSpeed would add is switched off by the caller.
 
@@ -37,11 +37,16 @@ def chunked_cross_entropy(
         hidden: (N, D) hidden states at supervised positions.
         labels: (N,) target ids (no ignore index left).
         head: The output projection (``lm_head``); called as a module so ZeRO-3 hooks fire.
-        chunk_tokens: Rows per chunk.
+        chunk_tokens: Rows per chunk; 0 means one call without recomputation, which ZeRO-3
+            needs: every ``head`` call all-gathers its weight, so ranks with different chunk
+            counts would issue different collectives and hang.
 
     Returns:
         A scalar fp32 tensor equal to ``F.cross_entropy(head(hidden).float(), labels, "sum")``.
     """
+    if chunk_tokens <= 0 or hidden.shape[0] == 0:
+        # Exactly one head call, even without supervised rows (same collectives on every rank).
+        return F.cross_entropy(head(hidden).float(), labels, reduction="sum")
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], chunk_tokens):
         h, y = hidden[start : start + chunk_tokens], labels[start : start + chunk_tokens]

@@ -235,9 +235,15 @@ def _configure_deepspeed(accelerator: Accelerator, cfg: TrainConfig, grad_accum:
 def setup(cfg: TrainConfig) -> Components:
     """Build accelerator, model, data, optimizer, scheduler; restore a checkpoint if asked."""
     _check_inputs(cfg)
-    accelerator = _setup_accelerator(cfg)
+    if cfg.model.path:
+        accelerator = _setup_accelerator(cfg)
+        model, processor = _setup_model(cfg)  # under ZeRO-3: partitioned while loading
+    else:
+        # The tiny random model is built before the Accelerator: under ZeRO-3 accelerate makes
+        # transformers partition modules at construction, which the random init cannot handle.
+        model, processor = _setup_model(cfg)
+        accelerator = _setup_accelerator(cfg)
     rank, world = rank_and_world()
-    model, processor = _setup_model(cfg)
     encoder, samples, eval_samples, counts = _setup_data(cfg, processor)
     lengths, quarantine = counts.lengths, counts.quarantine
     d = cfg.dataset
@@ -267,7 +273,9 @@ def setup(cfg: TrainConfig) -> Components:
         total,
     )
     flop_shape = _flop_shape(cfg, model)
-    loss_module = CriticLoss(model, chunk_tokens=cfg.loop.loss_chunk_tokens)
+    # Under ZeRO-3 the head runs once per micro-step (see chunked_cross_entropy).
+    chunk = 0 if _zero_stage(accelerator) == 3 else cfg.loop.loss_chunk_tokens
+    loss_module = CriticLoss(model, chunk_tokens=chunk)
     if _is_deepspeed(accelerator):
         _configure_deepspeed(accelerator, cfg, grad_accum)
     else:
