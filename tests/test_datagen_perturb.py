@@ -101,16 +101,30 @@ def test_termination_variants():
     assert done.method == "action_after_completion" and done.calls[0]["action"] != "terminate"
 
 
-def test_timing_needs_a_wait():
+def test_timing_acts_instead_of_the_expert_wait():
     nxt = ({"action": "left_click", "coordinate": [100, 200]},)
     bad = PROGRAMMATIC["Timing and Latency Neglect"](
         view([{"action": "wait", "time": 2.0}], next_calls=nxt, next_intent="Click Next"), rng(), P
     )
+    assert bad.method == "act_instead_of_wait"
     assert bad.calls == nxt and bad.intent == "Click Next"
-    assert (
-        PROGRAMMATIC["Timing and Latency Neglect"](view([CLICK_OK], next_calls=nxt), rng(), P)
-        is None
+
+
+def test_timing_chains_an_action_on_an_element_not_rendered_yet():
+    menu_item = Element("Save As...", "menuitem", (20, 200, 200, 240))
+    nxt = ({"action": "left_click", "coordinate": [100, 220]},)
+    gen = PROGRAMMATIC["Timing and Latency Neglect"]
+    v = view([CLICK_OK], next_calls=nxt, next_intent="Choose Save As", next_elements=(menu_item,))
+    bad = gen(v, rng(), P)
+    assert bad.method == "chained_before_render"
+    assert bad.calls == (CLICK_OK, nxt[0])
+    assert marks_for_text(bad.text) == [PointMark(450, 425), PointMark(100, 220)]
+    # Negative controls: the element is already on screen, or the next screen is unknown.
+    on_screen = view(
+        [CLICK_OK], next_calls=nxt, elements=(*SCREEN, menu_item), next_elements=(menu_item,)
     )
+    assert gen(on_screen, rng(), P) is None
+    assert gen(view([CLICK_OK], next_calls=nxt), rng(), P) is None
 
 
 def test_prerequisite_types_without_focus():

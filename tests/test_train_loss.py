@@ -158,3 +158,18 @@ def test_pack_without_images_still_runs_the_vit(model, processor):
         assert not calls
     finally:
         handle.remove()
+
+
+def test_single_call_mode_and_empty_rows_call_the_head_exactly_once():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    calls = []
+    head.register_forward_hook(lambda *a: calls.append(1))
+    hidden, labels = torch.randn(37, 16), torch.randint(0, 50, (37,))
+    ref = F.cross_entropy(head(hidden), labels, reduction="sum")
+    calls.clear()
+    torch.testing.assert_close(chunked_cross_entropy(hidden, labels, head, chunk_tokens=0), ref)
+    assert len(calls) == 1
+    calls.clear()
+    empty = chunked_cross_entropy(hidden[:0], labels[:0], head, chunk_tokens=8)
+    assert float(empty) == 0.0 and len(calls) == 1  # ZeRO-3: same collectives on every rank

@@ -28,6 +28,7 @@ class StepView:
         answered_before: Whether an earlier step gave an ``answer``.
         elements: Elements on the current screen.
         earlier_elements: Elements of earlier screens, oldest first.
+        next_elements: Elements of the next screen (after this step executed).
     """
 
     sample_id: str
@@ -42,6 +43,7 @@ class StepView:
     answered_before: bool = False
     elements: tuple[Element, ...] = ()
     earlier_elements: tuple[tuple[Element, ...], ...] = ()
+    next_elements: tuple[Element, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (the annotator oracle)."""
@@ -50,6 +52,7 @@ class StepView:
         out["next_calls"] = list(self.next_calls)
         out["elements"] = [e.to_json() for e in self.elements]
         out["earlier_elements"] = [[e.to_json() for e in s] for s in self.earlier_elements]
+        out["next_elements"] = [e.to_json() for e in self.next_elements]
         return out
 
     @classmethod
@@ -72,6 +75,7 @@ class StepView:
             answered_before=obj.get("answered_before", False),
             elements=els(obj.get("elements", [])),
             earlier_elements=tuple(els(s) for s in obj.get("earlier_elements", [])),
+            next_elements=els(obj.get("next_elements", [])),
         )
 
 

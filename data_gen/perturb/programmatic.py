@@ -197,21 +197,33 @@ def termination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | N
 
 
 def timing(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
-    """Where the expert waited, act at once with the action the expert took after the wait."""
-    if not any(c.get("action") == "wait" for c in view.calls):
+    """Act before the interface is ready.
+
+    Where the expert waited, act at once with the action the expert took after the wait.
+    Otherwise, where the next step targets an element that only appears once this step's effect
+    has rendered, chain that action into this step: it fires while the screen is still changing.
+    """
+    dim = "Timing and Latency Neglect"
+    if any(c.get("action") == "wait" for c in view.calls):
+        nxt = [c for c in view.next_calls if c.get("action") not in ("wait",) + _TERMINAL]
+        if not nxt:
+            return None
+        note = "acted while the interface was still loading instead of waiting"
+        return _bad(view, dim, "act_instead_of_wait", nxt, view.next_intent or view.intent, note)
+    if any(c.get("action") in _TERMINAL for c in (*view.calls, *view.next_calls)):
         return None
-    nxt = [c for c in view.next_calls if c.get("action") not in ("wait",) + _TERMINAL]
-    if not nxt:
+    hit = primary_point(view.next_calls)
+    if hit is None:
         return None
-    note = "acted while the interface was still loading instead of waiting"
-    return _bad(
-        view,
-        "Timing and Latency Neglect",
-        "act_instead_of_wait",
-        nxt,
-        view.next_intent or view.intent,
-        note,
-    )
+    upcoming = target_at(view.next_elements, *hit[1]["coordinate"])
+    if upcoming is None or upcoming.label in {e.label for e in view.elements}:
+        return None
+    calls = [*view.calls, *view.next_calls]
+    first = view.intent.rstrip(". ") or "Do this step"
+    then = view.next_intent.rstrip(". ") or f"use '{upcoming.label}'"
+    intent = f"{first}, and straight away {then[:1].lower()}{then[1:]}."
+    note = f"chained a click on '{upcoming.label}' into the step before the screen had updated"
+    return _bad(view, dim, "chained_before_render", calls, intent, note)
 
 
 # --------------------------------------------------------------------------------------------

@@ -203,6 +203,7 @@ def step_view(traj: Trajectory, index: int, elements: ElementIndex) -> StepView:
         ),
         elements=elements.get(step.screenshot),
         earlier_elements=tuple(elements.get(steps[k].screenshot) for k in range(index)),
+        next_elements=elements.get(nxt.screenshot) if nxt is not None else (),
     )
 
 
