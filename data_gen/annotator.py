@@ -23,7 +23,8 @@ import json
 import os
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -33,7 +34,7 @@ from PIL import Image
 from data_gen.executor import atomic_write_text
 from hivig.backends import BackendError, InferenceBackend, Sampling
 from hivig.config import BackendConfig, FrameConfig
-from hivig.contracts import render_critique_target
+from hivig.contracts import render_critique_target, render_history_target
 from hivig.logging import get_logger
 from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart, mark_to_json
 from hivig.vision import ImageError, canonical_frame, draw_marks
@@ -45,12 +46,18 @@ R = TypeVar("R")
 OFFLINE_MODEL = "hivig-offline-annotator"
 """Annotator name recorded on every sample the offline annotator wrote (never a real model)."""
 
-FRAME_CACHE_SIZE = 48
-"""Decoded canonical frames kept in memory (about 2.7 MB each at the default budget)."""
+FRAME_CACHE_BYTES = 4 << 30
+"""Default memory for prepared frames (4 GiB: ~1,400 frames of 1 MP, ~3 MB each). A shard whose
+screenshots fit is decoded exactly once; beyond it the least recently used frames are dropped
+and prepared again when needed (counted as ``frames_evicted``)."""
 
 # Bump when the cache key recipe changes so stale entries miss instead of answering a
 # differently shaped request.
 CACHE_KEY_VERSION = 1
+
+
+class OfflineAnswerError(ValueError):
+    """The offline writer cannot render a contract-valid answer from this oracle."""
 
 
 class Rejected(NamedTuple):
@@ -113,8 +120,9 @@ class Annotation(Generic[R]):
 class OfflineWriter(Protocol):
     """Renders a contract-valid answer for a stage from the request's oracle."""
 
-    def __call__(self, stage: str, oracle: dict[str, Any], attempt: int) -> str:
-        """Return the answer text (``<think>`` included)."""
+    def __call__(self, stage: str, oracle: dict[str, Any], attempt: int) -> tuple[str, str | None]:
+        """Return ``(answer text, reasoning)``; reasoning comes separately, as from vLLM's
+        ``reasoning_content``, or ``None`` when the text carries it inline."""
         ...
 
 
@@ -220,6 +228,86 @@ def cache_key(
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+class FrameStore:
+    """Prepared frames of one shard: each screenshot decoded and resized once, marked once.
+
+    Every request that uses a screenshot (with the same marks) gets the *same* PIL object, so a
+    client that caches its encoded payload per frame encodes each one once. Concurrent requests
+    for a frame that is being prepared wait for it instead of decoding it again. Memory is
+    bounded by ``max_bytes``; the least recently used frames go first.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._frames: OrderedDict[Hashable, Image.Image] = OrderedDict()
+        self._pending: dict[Hashable, Future[Image.Image]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        """``frames_prepared`` (decode/resize or mark drawing done), ``frames_evicted``."""
+
+    def get(self, key: Hashable, prepare: Callable[[], Image.Image]) -> Image.Image:
+        """The frame stored under ``key``, prepared by ``prepare()`` on its first use.
+
+        Raises:
+            Whatever ``prepare`` raises (``ImageError`` for an unreadable screenshot); a failed
+            preparation is not stored, so a later call tries again.
+        """
+        with self._lock:
+            frame = self._frames.get(key)
+            if frame is not None:
+                self._frames.move_to_end(key)
+                return frame
+            pending = self._pending.get(key)
+            owner = pending is None
+            if pending is None:
+                pending = self._pending[key] = Future()
+        if not owner:
+            return pending.result()
+        try:
+            frame = prepare()
+        except BaseException as e:
+            with self._lock:
+                del self._pending[key]
+            pending.set_exception(e)
+            raise
+        with self._lock:
+            del self._pending[key]
+            self.counts["frames_prepared"] += 1
+            self._insert(key, frame)
+        pending.set_result(frame)
+        return frame
+
+    def _insert(self, key: Hashable, frame: Image.Image) -> None:
+        self._frames[key] = frame
+        self._bytes += _nbytes(frame)
+        while self._bytes > self.max_bytes and len(self._frames) > 1:
+            _, old = self._frames.popitem(last=False)
+            self._bytes -= _nbytes(old)
+            self.counts["frames_evicted"] += 1
+
+    def clear(self) -> None:
+        """Release every frame (end of a shard)."""
+        with self._lock:
+            self._frames.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+
+def _nbytes(image: Image.Image) -> int:
+    return image.width * image.height * len(image.getbands())
+
+
+def raw_answer(text: str, reasoning: str | None) -> str:
+    """An answer as the exclusion file records it; separate reasoning stays visibly separate
+    (wrapping it in think tags would misreport what the model returned)."""
+    if reasoning is None:
+        return text
+    return json.dumps({"reasoning": reasoning, "text": text}, ensure_ascii=False)
+
+
 # --------------------------------------------------------------------------------------------
 # Annotator
 
@@ -235,7 +323,7 @@ class Annotator:
         max_attempts: Answers per request before giving up on the contract.
         backend: The HTTP backend (``None`` for the offline annotator).
         offline: The offline writer (required when ``backend`` is ``None``).
-        frame_cache: Decoded canonical frames kept in memory.
+        frame_cache_bytes: Memory for prepared frames (``FrameStore``).
     """
 
     def __init__(
@@ -247,7 +335,7 @@ class Annotator:
         max_attempts: int,
         backend: InferenceBackend | None = None,
         offline: OfflineWriter | None = None,
-        frame_cache: int = FRAME_CACHE_SIZE,
+        frame_cache_bytes: int = FRAME_CACHE_BYTES,
     ) -> None:
         if backend is None and offline is None:
             raise ValueError("an annotator needs a backend or an offline writer")
@@ -266,9 +354,8 @@ class Annotator:
         self.digest = ImageDigests(corpus_root)
         """File digests by screenshot path (shared with the stages' no-change checks)."""
         self._semaphore: asyncio.Semaphore | None = None
-        self._frames: OrderedDict[str, Image.Image] = OrderedDict()
-        self._frames_lock = threading.Lock()
-        self._frame_cache = frame_cache
+        self.frames = FrameStore(frame_cache_bytes)
+        """Prepared frames (canonical, and with marks) shared by every request of the shard."""
         self.counts: Counter[str] = Counter()
         """Run-wide counters: ``requests`` (new, paid), ``cache_hits``, ``backend_errors``."""
 
@@ -313,9 +400,12 @@ class Annotator:
             except ImageError as e:
                 result.reason, result.message = "image_error", str(e)
                 return result
+            except OfflineAnswerError as e:
+                result.reason, result.message = "offline_unrenderable", str(e)
+                return result
             result.attempts += 1
             result.request_hashes.append(rhash)
-            result.raw.append(text if reasoning is None else f"<think>{reasoning}</think>{text}")
+            result.raw.append(raw_answer(text, reasoning))
             result.text, result.reasoning = text, reasoning
             verdict = validate(text, reasoning)
             if isinstance(verdict, Rejected):
@@ -339,11 +429,13 @@ class Annotator:
                 return hit["text"], hit.get("reasoning"), hit.get("request_hash", key)
         if self.backend is None:
             assert self.offline_writer is not None
-            text, reasoning, rhash = (
-                self.offline_writer(request.stage, request.oracle, attempt),
-                None,
-                key,
-            )
+            try:
+                text, reasoning = self.offline_writer(request.stage, request.oracle, attempt)
+            except ValueError as e:
+                # The ground truth itself cannot be rendered as a target (think tags in a
+                # corpus intent, say): a data problem, dropped with its reason.
+                raise OfflineAnswerError(str(e)) from e
+            rhash = key
         else:
             text, reasoning, rhash = await self._send(request)
         self.counts["requests"] += 1
@@ -369,7 +461,7 @@ class Annotator:
         return gen.text, gen.reasoning, gen.request_hash
 
     def warm(self, paths: list[str]) -> None:
-        """Decode and resize screenshots into the frame cache ahead of their requests."""
+        """Decode and resize screenshots into the frame store ahead of their requests."""
         for path in paths:
             self._frame(ImageRef(path))
 
@@ -388,37 +480,38 @@ class Annotator:
     def _frame(self, ref: ImageRef) -> Image.Image:
         """The canonical frame of a screenshot with its marks (same pixels as ``materialise``).
 
-        Unmarked frames are kept in a small LRU: a screenshot is the after-image of one step and
-        the before-image of the next, and reappears in every later stage.
+        The unmarked frame is prepared once per screenshot (it is the after-image of one step,
+        the before-image of the next, and reappears in every later stage); a marked frame is
+        drawn once per (screenshot, marks, size class) on it. Both come from the frame store,
+        so repeated uses hand the client the same object.
         """
-        with self._frames_lock:
-            base = self._frames.get(ref.path)
-            if base is not None:
-                self._frames.move_to_end(ref.path)
-        if base is None:
-            path = Path(ref.path)
-            base = canonical_frame(
-                path if path.is_absolute() else self.root / path,
-                min_pixels=self.frame.min_pixels,
-                max_pixels=self.frame.max_pixels,
-                factor=self.frame.factor,
-            )
-            with self._frames_lock:
-                self._frames[ref.path] = base
-                while len(self._frames) > self._frame_cache:
-                    self._frames.popitem(last=False)
-        return draw_marks(base, ref.marks, ref.size_class).image if ref.marks else base
+        base = self.frames.get(ref.path, lambda: self._canonical(ref.path))
+        if not ref.marks:
+            return base
+        key = (ref.path, tuple(json.dumps(mark_to_json(m)) for m in ref.marks), ref.size_class)
+        return self.frames.get(key, lambda: draw_marks(base, ref.marks, ref.size_class).image)
+
+    def _canonical(self, path_text: str) -> Image.Image:
+        path = Path(path_text)
+        return canonical_frame(
+            path if path.is_absolute() else self.root / path,
+            min_pixels=self.frame.min_pixels,
+            max_pixels=self.frame.max_pixels,
+            factor=self.frame.factor,
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # Offline writer: contract-valid answers from the ground truth (no model)
 
 
-def offline_answer(stage: str, oracle: dict[str, Any], attempt: int) -> str:
+def offline_answer(stage: str, oracle: dict[str, Any], attempt: int) -> tuple[str, str | None]:
     """Render the offline annotator's answer for ``stage`` from its oracle.
 
-    Deterministic: the same oracle always gives the same text. Raises ``KeyError`` for an
-    unknown stage (a programming error, not a data problem).
+    Deterministic: the same oracle always gives the same answer. Answers that become training
+    targets (history, rationales) are rendered by ``hivig.contracts``; the others come as answer
+    text plus separate reasoning, the way a reasoning model behind vLLM returns them. Raises
+    ``KeyError`` for an unknown stage (a programming error, not a data problem).
     """
     return _OFFLINE[stage](oracle)
 
@@ -430,7 +523,7 @@ def _describe_target(o: dict[str, Any]) -> str:
     return "the area under the marker" if o.get("has_point") else "the screen as a whole"
 
 
-def _offline_transition(o: dict[str, Any]) -> str:
+def _offline_transition(o: dict[str, Any]) -> tuple[str, str | None]:
     target = _describe_target(o)
     if o.get("terminal"):
         effect = "No structural change will follow; the episode ends on the current layout."
@@ -445,10 +538,10 @@ def _offline_transition(o: dict[str, Any]) -> str:
             "will present its next state."
         )
     think = f"[Action Mechanism] The step acts on {target}.\n[Structural Effect] {effect}"
-    return f"<think>\n{think}\n</think>\n<next_state>\n{state}\n</next_state>"
+    return f"<next_state>\n{state}\n</next_state>", think
 
 
-def _offline_history(o: dict[str, Any]) -> str:
+def _offline_history(o: dict[str, Any]) -> tuple[str, str | None]:
     intent = o.get("intent") or "the last step"
     done = list(o.get("done", []))
     progress = "; ".join(done[-6:]) if done else "No visible progress has been made yet."
@@ -462,31 +555,27 @@ def _offline_history(o: dict[str, Any]) -> str:
         f"Comparing the two screenshots after '{intent}'. {verdict} "
         f"Progress towards the goal '{o.get('task', '')}' is summarised below."
     )
-    return (
-        f"<think>\n{think}\n</think>\n<summary>\nProgress Summary: {progress}\n"
-        f"Last Action Result: {result}\n</summary>"
-    )
+    return render_history_target(think, progress, result), None
 
 
-def _offline_perturbation(o: dict[str, Any]) -> str:
-    step = o["bad_step_text"]
+def _offline_perturbation(o: dict[str, Any]) -> tuple[str, str | None]:
     obj = {
         "dimension_violated": o["dimension"],
         "rejected_thought": o["thought"],
-        "rejected_proposed_step": step,
+        "rejected_proposed_step": o["bad_step_text"],
     }
     think = f"Chosen dimension: {o['dimension']}. Divergence: {o['note']}."
-    return f"<think>\n{think}\n</think>\n{json.dumps(obj, ensure_ascii=False)}"
+    return json.dumps(obj, ensure_ascii=False), think
 
 
-def _offline_judge(o: dict[str, Any]) -> str:
+def _offline_judge(o: dict[str, Any]) -> tuple[str, str | None]:
     obj = {
         "better_candidate": o["expert_slot"],
         "predicted_error_dimension": o["dimension"],
         "reasoning_summary": f"The other candidate shows {o['dimension']}: {o['note']}.",
     }
     think = f"Candidate {o['expert_slot']} matches the screen and the goal; the other does not."
-    return f"<think>\n{think}\n</think>\n{json.dumps(obj, ensure_ascii=False)}"
+    return json.dumps(obj, ensure_ascii=False), think
 
 
 def _syntax_line(o: dict[str, Any]) -> str:
@@ -494,7 +583,7 @@ def _syntax_line(o: dict[str, Any]) -> str:
     return f"Action String Check: {o['calls_text']} - Syntax is {validity}."
 
 
-def _offline_rationale_good(o: dict[str, Any]) -> str:
+def _offline_rationale_good(o: dict[str, Any]) -> tuple[str, str | None]:
     target = _describe_target(o)
     intent = o.get("intent")
     p1 = f"{_syntax_line(o)} The step targets {target}."
@@ -507,10 +596,10 @@ def _offline_rationale_good(o: dict[str, Any]) -> str:
     )
     think = f"{p1}\n\n{p2}\n\n{p3}"
     explanation = f"{p2} Acting on the intended element is how this interface advances."
-    return render_critique_target(think, "Good", None, explanation)
+    return render_critique_target(think, "Good", None, explanation), None
 
 
-def _offline_rationale_bad(o: dict[str, Any]) -> str:
+def _offline_rationale_bad(o: dict[str, Any]) -> tuple[str, str | None]:
     target = _describe_target(o)
     p1 = f"{_syntax_line(o)} The step targets {target}."
     if o.get("intent"):
@@ -522,10 +611,10 @@ def _offline_rationale_bad(o: dict[str, Any]) -> str:
     )
     think = f"{p1}\n\n{p2}\n\n{p3}"
     explanation = f"{p2} The interface only responds as intended when {o['rule']}."
-    return render_critique_target(think, "Bad", o["dimension"], explanation)
+    return render_critique_target(think, "Bad", o["dimension"], explanation), None
 
 
-_OFFLINE: dict[str, Callable[[dict[str, Any]], str]] = {
+_OFFLINE: dict[str, Callable[[dict[str, Any]], tuple[str, str | None]]] = {
     "transitions": _offline_transition,
     "history": _offline_history,
     "perturb": _offline_perturbation,

@@ -12,11 +12,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
-from hivig.taxonomy import DIMENSIONS
+from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key
+
+
+class UnknownDimensionError(ConfigError):
+    """A config names an error dimension that is not in ``hivig.taxonomy``."""
 
 
 def _uniform_dimensions() -> dict[str, float]:
-    return {d.name: 1.0 for d in DIMENSIONS}
+    return {d.key: 1.0 for d in DIMENSIONS}
+
+
+def resolve_dimension(text: str, where: str) -> Dimension:
+    """The taxonomy dimension a config entry names, by its key or its exact name.
+
+    Args:
+        text: A ``Dimension.key`` (``visual_hallucination``) or ``Dimension.name``.
+        where: The config field, for the error message.
+
+    Raises:
+        UnknownDimensionError: ``text`` is neither a key nor a name of the taxonomy.
+    """
+    try:
+        return dimension_by_key(text)
+    except KeyError:
+        pass
+    for dim in DIMENSIONS:
+        if dim.name == text:
+            return dim
+    raise UnknownDimensionError(
+        f"`{where}` names an unknown dimension {text!r}; use a key of hivig.taxonomy "
+        f"({', '.join(d.key for d in DIMENSIONS)}) or its exact name"
+    )
 
 
 def _annotator_backend() -> BackendConfig:
@@ -36,10 +63,16 @@ class AnnotatorConfig:
     """Content-addressed request cache; empty means ``<out>/cache``. Shared across reruns."""
     cache_offline: bool = False
     """Also cache offline-annotator outputs (they are free to recompute, so off by default)."""
+    frame_cache_mb: int = 4096
+    """Memory for prepared frames: each screenshot of a shard is decoded and resized once and
+    every request using it gets the same frame; beyond this budget the least recently used are
+    dropped (and prepared again if needed). About 3 MB per 1 MP frame."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigError("`annotator.max_attempts` must be >= 1")
+        if self.frame_cache_mb < 1:
+            raise ConfigError("`annotator.frame_cache_mb` must be >= 1")
 
 
 @dataclass
@@ -70,7 +103,8 @@ class PerturbConfig:
 
     dimension_weights: dict[str, float] = field(default_factory=_uniform_dimensions)
     """Target distribution over dimensions (relative weights, any positive scale), keyed by the
-    exact taxonomy name. Default: uniform, so every dimension is ~8 % of Bad samples."""
+    taxonomy key (``visual_hallucination``) or exact name; dimensions left out get weight 0.
+    Default: uniform, so every dimension is ~8 % of Bad samples."""
     min_share: float = 0.03
     """Floor on every dimension's share of the planned Bad samples (SPEC §3: >= 3 %)."""
     platform_weights: dict[str, float] = field(default_factory=dict)
@@ -87,9 +121,7 @@ class PerturbConfig:
     def __post_init__(self) -> None:
         if not self.dimension_weights or any(w < 0 for w in self.dimension_weights.values()):
             raise ConfigError("`perturb.dimension_weights` must be non-empty and non-negative")
-        unknown = sorted(set(self.dimension_weights) - {d.name for d in DIMENSIONS})
-        if unknown:
-            raise ConfigError(f"`perturb.dimension_weights` has unknown dimensions: {unknown}")
+        self.weights_by_name()  # raises on unknown or repeated dimensions
         if not 0.0 <= self.min_share * len(self.dimension_weights) <= 1.0:
             raise ConfigError("`perturb.min_share` times the dimension count must be <= 1")
         if any(w < 0 for w in self.platform_weights.values()):
@@ -100,6 +132,22 @@ class PerturbConfig:
             raise ConfigError("`perturb.near_miss_margin` must be positive")
         if not 0.0 < self.scroll_shrink < 1.0:
             raise ConfigError("`perturb.scroll_shrink` must be in (0, 1)")
+
+
+    def weights_by_name(self) -> dict[str, float]:
+        """``dimension_weights`` keyed by exact dimension name, in taxonomy order.
+
+        Raises:
+            UnknownDimensionError: A key names no dimension of the taxonomy.
+            ConfigError: One dimension is given twice (by key and by name).
+        """
+        by_dim: dict[Dimension, float] = {}
+        for text, weight in self.dimension_weights.items():
+            dim = resolve_dimension(str(text), "perturb.dimension_weights")
+            if dim in by_dim:
+                raise ConfigError(f"`perturb.dimension_weights` gives {dim.key!r} twice")
+            by_dim[dim] = float(weight)
+        return {d.name: by_dim[d] for d in DIMENSIONS if d in by_dim}
 
 
 @dataclass

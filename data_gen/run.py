@@ -161,7 +161,7 @@ def build_plan(
         seed=cfg.seed,
         params=gen_params(cfg),
         offline=offline,
-        dimension_weights=p.dimension_weights,
+        dimension_weights=p.weights_by_name(),
         min_share=p.min_share,
         bad_share=p.bad_share,
         platform_weights=p.platform_weights,
@@ -190,6 +190,7 @@ def build_annotator(cfg: DataGenConfig) -> Annotator:
         a.max_attempts,
         backend=None if offline else build_backend(a.backend),
         offline=offline_answer if offline else None,
+        frame_cache_bytes=a.frame_cache_mb << 20,
     )
 
 
@@ -351,8 +352,10 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
         executor: Executor[Work] = Executor(cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC)
         if not merge_only:
             executor.run_shard(shard, [w for w in works if shard.owns(w.id)])
+        counts = {**annotator.counts, **annotator.frames.counts}
+        annotator.frames.clear()  # the shard is done; the export reads no annotator frame
         stats = merge(cfg, executor, shard.count, annotator, len(quarantine))
-        log.info("annotator: %s", json.dumps(dict(annotator.counts), sort_keys=True))
+        log.info("annotator: %s", json.dumps(counts, sort_keys=True))
         return stats
     finally:
         if annotator.backend is not None and hasattr(annotator.backend, "aclose"):

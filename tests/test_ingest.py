@@ -295,7 +295,8 @@ def test_parse_prompt_structural():
         [],
     )
     text = 'x\nTask: T\nPrevious operations:\nStep 1: "a\ncontinued"\nStep 2: b'
-    assert parse_prompt(text) == ("T", ["a continued", "b"])
+    # History lines keep their quotes here; the consistency check strips the surrounding ones.
+    assert parse_prompt(text) == ("T", ['"a continued"', "b"])
     assert parse_prompt("no task here")[0] == "missing_task"
     assert parse_prompt("Task: T\nPrevious operations:\nStep 2: b")[0] == "bad_history"
 

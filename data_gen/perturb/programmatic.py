@@ -21,6 +21,17 @@ from data_gen.perturb.calls import (
     render_invalid,
 )
 from data_gen.perturb.elements import Element, target_at
+from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key
+
+# The dimensions constructed here, from the taxonomy by key (an unknown key fails at import).
+PARAMETER_VECTOR = dimension_by_key("parameter_vector_miscalibration")
+ACTION_FORMULATION = dimension_by_key("action_formulation_error")
+TERMINATION = dimension_by_key("termination_misjudgment")
+TIMING = dimension_by_key("timing_and_latency_neglect")
+PREREQUISITE = dimension_by_key("procedural_prerequisite_neglect")
+MISALIGNMENT = dimension_by_key("action_operation_misalignment")
+GROUNDING = dimension_by_key("grounding_spatial_error")
+HALLUCINATION = dimension_by_key("visual_hallucination")
 
 
 @dataclass(frozen=True)
@@ -37,10 +48,10 @@ Generator = Callable[[StepView, random.Random, GenParams], "BadStep | None"]
 
 
 def _bad(
-    view: StepView, dim: str, method: str, calls: list[Call], intent: str, note: str
+    view: StepView, dim: Dimension, method: str, calls: list[Call], intent: str, note: str
 ) -> BadStep:
     return BadStep(
-        dimension=dim,
+        dimension=dim.name,
         method=method,
         generator="programmatic",
         intent=intent,
@@ -64,7 +75,7 @@ def _shrunk(start: list[int], end: list[int], factor: float) -> list[int]:
 
 def parameter_vector(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     """Reverse or shrink the vector of a scroll, hscroll, swipe or drag."""
-    dim = "Parameter Vector Miscalibration"
+    dim = PARAMETER_VECTOR
     calls = copy.deepcopy(list(view.calls))
     for i, call in enumerate(calls):
         name = call.get("action")
@@ -132,7 +143,7 @@ _BAD_ENUMS = {
 
 def action_formulation(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     """Keep the intent, break the call: unbalanced JSON, a missing argument or a bad enum."""
-    dim = "Action Formulation Error"
+    dim = ACTION_FORMULATION
     calls = list(view.calls)
     if not calls:
         return None
@@ -153,7 +164,7 @@ def action_formulation(view: StepView, rng: random.Random, p: GenParams) -> BadS
         wrong = _BAD_ENUMS.get(str(call.get("action")), f"{call.get('action')}_action")
         text = render_invalid(calls, view.space, index, {**call, "action": wrong})
         note = f"action name {wrong!r} is not in the action space"
-    return BadStep(dim, method, "programmatic", view.intent, text, None, note=note)
+    return BadStep(dim.name, method, "programmatic", view.intent, text, None, note=note)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,7 +179,7 @@ def termination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | N
     A terminate after an answer is the correct ending, never an error; its Bad counterpart is a
     redundant action instead.
     """
-    dim = "Termination Misjudgment"
+    dim = TERMINATION
     actions = [c.get("action") for c in view.calls]
     stop = {"action": "terminate", "status": "success"}
     if "answer" in actions:
@@ -203,7 +214,7 @@ def timing(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     Otherwise, where the next step targets an element that only appears once this step's effect
     has rendered, chain that action into this step: it fires while the screen is still changing.
     """
-    dim = "Timing and Latency Neglect"
+    dim = TIMING
     if any(c.get("action") == "wait" for c in view.calls):
         nxt = [c for c in view.next_calls if c.get("action") not in ("wait",) + _TERMINAL]
         if not nxt:
@@ -240,7 +251,7 @@ def prerequisite(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
     note = "typed before the text field received focus"
     return _bad(
         view,
-        "Procedural Prerequisite Neglect",
+        PREREQUISITE,
         "type_without_focus",
         typed,
         view.next_intent or view.intent,
@@ -283,7 +294,7 @@ def misalignment(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
     note = f"the intent is kept but the call targets '{el.label}' ({el.role})"
     return _bad(
         view,
-        "Action-Operation Misalignment",
+        MISALIGNMENT,
         "other_element",
         _moved(view, index, el.centre),
         view.intent,
@@ -316,7 +327,7 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     point = rng.choice(valid)
     note = f"landed at {list(point)}, just outside '{el.label}' {list(el.box)}"
     return _bad(
-        view, "Grounding/Spatial Error", "near_miss", _moved(view, index, point), view.intent, note
+        view, GROUNDING, "near_miss", _moved(view, index, point), view.intent, note
     )
 
 
@@ -341,17 +352,22 @@ def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep |
         calls = [{"action": name, "coordinate": list(ghost.centre)}]
     intent = f"Click the '{ghost.label}' {ghost.role} to continue with the task."
     note = f"'{ghost.label}' was on an earlier screen and is not on this one"
-    return _bad(view, "Visual Hallucination", "stale_target", calls, intent, note)
+    return _bad(view, HALLUCINATION, "stale_target", calls, intent, note)
 
+
+_GENERATORS: dict[Dimension, Generator] = {
+    PARAMETER_VECTOR: parameter_vector,
+    ACTION_FORMULATION: action_formulation,
+    TERMINATION: termination,
+    TIMING: timing,
+    PREREQUISITE: prerequisite,
+    MISALIGNMENT: misalignment,
+    GROUNDING: grounding,
+    HALLUCINATION: hallucination,
+}
 
 PROGRAMMATIC: dict[str, Generator] = {
-    "Parameter Vector Miscalibration": parameter_vector,
-    "Action Formulation Error": action_formulation,
-    "Termination Misjudgment": termination,
-    "Timing and Latency Neglect": timing,
-    "Procedural Prerequisite Neglect": prerequisite,
-    "Action-Operation Misalignment": misalignment,
-    "Grounding/Spatial Error": grounding,
-    "Visual Hallucination": hallucination,
+    d.name: _GENERATORS[d] for d in DIMENSIONS if "programmatic" in d.generators
 }
-"""Programmatic generator per exact dimension name."""
+"""Programmatic generator per exact dimension name, for every dimension the taxonomy marks as
+programmatically generable (in taxonomy order; a missing generator fails at import)."""

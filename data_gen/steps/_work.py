@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from data_gen.annotator import Annotator
+from data_gen.annotator import Annotator, Rejected
 from data_gen.config import DataGenConfig
 from data_gen.executor import Codec, unit_float
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
@@ -39,6 +39,10 @@ from hivig.trajectory import Trajectory
 from hivig.vision import size_class_for_platform
 
 T = TypeVar("T")
+
+UNRENDERABLE_TARGET = "unrenderable_target"
+"""Reason of an answer that parses but cannot become a training target (``render_*_target``
+refuses it: think tags inside the reasoning, a field that would not round-trip)."""
 
 INITIAL_SUMMARY = (
     "Progress Summary: No actions have been taken yet; the task is just starting.\n"
@@ -163,14 +167,12 @@ def step_text(traj: Trajectory, index: int, mask_intent: bool = False) -> str:
     return format_step(step.intent, step.actions, space_of(traj), mask_intent=mask_intent)
 
 
-def raw_step_text(intent: str, calls_text: str, mask_intent: bool) -> str:
-    """A proposed step from raw tool-call text (an invalid call cannot go through Actions).
-
-    Mirrors ``hivig.prompts.format_step`` exactly for the ``Action:`` line.
-    """
-    if mask_intent or not intent.strip():
-        return calls_text
-    return f"Action: {' '.join(intent.split())}\n{calls_text}"
+def render_or_reject(render: Callable[..., str], *args: Any) -> str | Rejected:
+    """A ``render_*_target`` result, or the refusal as a ``Rejected`` (retried, then dropped)."""
+    try:
+        return render(*args)
+    except ValueError as e:
+        return Rejected(UNRENDERABLE_TARGET, str(e))
 
 
 def past_trajectory(traj: Trajectory, index: int) -> str:

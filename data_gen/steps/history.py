@@ -19,23 +19,32 @@ from data_gen.steps._work import (
     Context,
     Work,
     image,
+    render_or_reject,
     sample_id,
     sample_spec,
     step_text,
 )
-from data_gen.steps.transitions import joined
 from hivig.contracts import ContractError, HistoryOutput, parse_history, render_history_target
 from hivig.prompts import build_history_annotation_messages, build_history_messages
 
 
-def validate_history(text: str, reasoning: str | None) -> HistoryOutput | Rejected:
-    """Contract check; the training target needs the reasoning, so it is required here."""
-    parsed = parse_history(joined(text, reasoning))
+def validate_history(text: str, reasoning: str | None) -> tuple[HistoryOutput, str] | Rejected:
+    """Contract check and the training target rendered from the answer.
+
+    The answer becomes a training target, so its reasoning is required (``missing_think``) and
+    must render (``unrenderable_target``); both are retried like any contract failure.
+    Reasoning delivered separately (``Generation.reasoning``) is passed on as is, never wrapped
+    back into tags.
+    """
+    parsed = parse_history(text, reasoning, require_think=True)
     if isinstance(parsed, ContractError):
         return Rejected(parsed.reason, parsed.message)
-    if not parsed.think:
-        return Rejected("missing_think", "the answer has no reasoning")
-    return parsed
+    target = render_or_reject(
+        render_history_target, parsed.think or "", parsed.progress, parsed.last_result
+    )
+    if isinstance(target, Rejected):
+        return target
+    return parsed, target
 
 
 class HistoryStep:
@@ -94,9 +103,8 @@ class HistoryStep:
         stats.add("llm_retries", result.retries)
         if result.value is None:
             return None, (result.reason, result.message, result.raw)
-        out = result.value
+        out, target = result.value
         messages = build_history_messages(*args)
-        target = render_history_target(out.think or "", out.progress, out.last_result)
         work.units[k]["history"] = sample_spec(
             id=f"{sid}:history",
             kind="history",

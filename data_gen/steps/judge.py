@@ -19,19 +19,17 @@ from data_gen.steps._work import (
     Work,
     image,
     past_trajectory,
-    raw_step_text,
     sample_id,
     step_text,
 )
-from data_gen.steps.transitions import joined
 from hivig.contracts import ContractError, JudgeOutput, parse_judge
-from hivig.prompts import build_judge_messages
+from hivig.prompts import build_judge_messages, format_raw_step
 from hivig.taxonomy import DIMENSIONS
 
 
 def validate_judge(text: str, reasoning: str | None) -> JudgeOutput | Rejected:
-    """Contract check of a judge answer."""
-    parsed = parse_judge(joined(text, reasoning))
+    """Contract check of a judge answer (separate reasoning is passed on, never scanned)."""
+    parsed = parse_judge(text, reasoning)
     if isinstance(parsed, ContractError):
         return Rejected(parsed.reason, parsed.message)
     return parsed
@@ -69,7 +67,7 @@ class JudgeStep:
             return
         expert_slot = "A" if unit_float(ctx.seed, sid, "judge_order") < 0.5 else "B"
         expert = step_text(traj, k)
-        other = raw_step_text(bad.intent, bad.text, False)
+        other = format_raw_step(bad.intent, bad.text)
         a, b = (expert, other) if expert_slot == "A" else (other, expert)
         order = list(DIMENSIONS)
         random.Random(sample_seed(ctx.seed, sid, "judge_dimension_order")).shuffle(order)

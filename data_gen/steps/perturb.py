@@ -23,19 +23,20 @@ from data_gen.steps._work import (
     Work,
     image,
     past_trajectory,
-    raw_step_text,
     sample_id,
     step_text,
     step_view,
 )
-from data_gen.steps.transitions import joined
 from hivig.actions import ActionError, action_from_arguments
 from hivig.contracts import ContractError, PerturbationOutput, parse_perturbation
-from hivig.prompts import build_perturbation_messages
-from hivig.taxonomy import lookup_dimension
+from hivig.prompts import build_perturbation_messages, format_raw_step
+from hivig.taxonomy import dimension_by_key, lookup_dimension
 
 _ACTION_LINE = re.compile(r"^\s*\**\s*Action\s*\**\s*:\s*(.*)$", re.IGNORECASE)
 _FIRST_CALL = re.compile(r"<tool_call>", re.IGNORECASE)
+
+BROKEN_CALL_DIMENSION = dimension_by_key("action_formulation_error")
+"""The one dimension whose Bad step is a call that does not parse, by design."""
 
 
 def split_proposed_step(step: str) -> tuple[str, str]:
@@ -60,7 +61,7 @@ def perturbation_validator(
     def validate(
         text: str, reasoning: str | None
     ) -> tuple[PerturbationOutput, str, str, Any] | Rejected:
-        parsed = parse_perturbation(joined(text, reasoning))
+        parsed = parse_perturbation(text, reasoning)
         if isinstance(parsed, ContractError):
             return Rejected(parsed.reason, parsed.message)
         if parsed.dimension != expected:
@@ -70,7 +71,7 @@ def perturbation_validator(
         intent, calls_text = split_proposed_step(parsed.rejected_proposed_step)
         calls = parse_calls(calls_text)
         if isinstance(calls, ActionError):
-            if dimension == "Action Formulation Error":
+            if expected is BROKEN_CALL_DIMENSION:
                 return parsed, intent, calls_text, None
             return Rejected("bad_tool_call", str(calls))
         for call in calls:
@@ -140,7 +141,7 @@ class PerturbStep:
             oracle.update(
                 thought=thought,
                 note=note,
-                bad_step_text=raw_step_text(intent, render_calls(calls, view.space), False),
+                bad_step_text=format_raw_step(intent, render_calls(calls, view.space)),
             )
         dim = lookup_dimension(dimension)
         assert dim is not None

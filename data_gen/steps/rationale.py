@@ -23,48 +23,59 @@ from data_gen.steps._work import (
     calls_of,
     image,
     past_trajectory,
-    raw_step_text,
+    render_or_reject,
     sample_id,
     sample_spec,
     step_text,
 )
-from data_gen.steps.transitions import joined, target_oracle
+from data_gen.steps.transitions import target_oracle
 from hivig.contracts import ContractError, CritiqueOutput, parse_critique, render_critique_target
 from hivig.prompts import (
     build_critique_messages,
     build_rationale_bad_messages,
     build_rationale_good_messages,
+    format_raw_step,
 )
-from hivig.taxonomy import lookup_dimension
+from hivig.taxonomy import Dimension, dimension_by_key, lookup_dimension
 
-UI_RULES: dict[str, str] = {
-    "Grounding/Spatial Error": "the point lands inside the clickable box of the element",
-    "Procedural Prerequisite Neglect": "the required earlier state (focus, a dismissed overlay) "
+_UI_RULES_BY_KEY: dict[str, str] = {
+    "grounding_spatial_error": "the point lands inside the clickable box of the element",
+    "procedural_prerequisite_neglect": "the required earlier state (focus, a dismissed overlay) "
     "is in place first",
-    "Semantic Error": "the element's label and meaning match what the goal needs",
-    "Termination Misjudgment": "the episode ends exactly when the goal is met, with an answer "
+    "semantic_error": "the element's label and meaning match what the goal needs",
+    "termination_misjudgment": "the episode ends exactly when the goal is met, with an answer "
     "where one is requested",
-    "Constraint Neglect": "every attribute the goal states is respected by the chosen target",
-    "Action Formulation Error": "the call is well-formed JSON with a valid action name and all "
+    "constraint_neglect": "every attribute the goal states is respected by the chosen target",
+    "action_formulation_error": "the call is well-formed JSON with a valid action name and all "
     "required arguments",
-    "Observation Neglect": "targets already on screen are used directly",
-    "Suboptimal Path": "the direct, standard method performs the whole change at once",
-    "Parameter Vector Miscalibration": "the scroll, swipe or drag vector points the right way "
+    "observation_neglect": "targets already on screen are used directly",
+    "suboptimal_path": "the direct, standard method performs the whole change at once",
+    "parameter_vector_miscalibration": "the scroll, swipe or drag vector points the right way "
     "with enough magnitude",
-    "Visual Hallucination": "the targeted element is actually present on the current screen",
-    "Timing and Latency Neglect": "the interface has finished loading before new input arrives",
-    "Action-Operation Misalignment": "the coordinates hit the element that the stated intent names",
+    "visual_hallucination": "the targeted element is actually present on the current screen",
+    "timing_and_latency_neglect": "the interface has finished loading before new input arrives",
+    "action_operation_misalignment": "the coordinates hit the element that the stated intent "
+    "names",
 }
-"""The interface rule each dimension breaks (offline explanations state it descriptively)."""
+
+UI_RULES: dict[Dimension, str] = {
+    dimension_by_key(key): rule for key, rule in _UI_RULES_BY_KEY.items()
+}
+"""The interface rule each dimension breaks (offline explanations state it descriptively); keyed
+by the taxonomy's dimensions (``dimension_by_key`` fails at import on a key it does not know)."""
 
 
 def critique_validator(
     verdict: str, dimension: str | None
-) -> Callable[[str, str | None], CritiqueOutput | Rejected]:
-    """Validator requiring the known verdict (and dimension) and a reasoning block."""
+) -> Callable[[str, str | None], tuple[CritiqueOutput, str] | Rejected]:
+    """Validator requiring the known verdict (and dimension), reasoning, and a renderable target.
 
-    def validate(text: str, reasoning: str | None) -> CritiqueOutput | Rejected:
-        parsed = parse_critique(joined(text, reasoning))
+    The answer becomes a training target, so reasoning is required (``missing_think``) and the
+    target must render (``unrenderable_target``); both are retried like any contract failure.
+    """
+
+    def validate(text: str, reasoning: str | None) -> tuple[CritiqueOutput, str] | Rejected:
+        parsed = parse_critique(text, reasoning, require_think=True)
         if isinstance(parsed, ContractError):
             return Rejected(parsed.reason, parsed.message)
         if parsed.verdict != verdict:
@@ -72,9 +83,12 @@ def critique_validator(
         got = None if parsed.dimension is None else parsed.dimension.name
         if got != dimension:
             return Rejected("wrong_dimension", f"expected {dimension}, got {got}")
-        if not parsed.think:
-            return Rejected("missing_think", "the answer has no reasoning")
-        return parsed
+        target = render_or_reject(
+            render_critique_target, parsed.think or "", verdict, dimension, parsed.explanation
+        )
+        if isinstance(target, Rejected):
+            return target
+        return parsed, target
 
     return validate
 
@@ -158,7 +172,7 @@ class RationaleStep:
         assert dim is not None
         # The plan never masks an intent-dependent dimension; checked again here on purpose.
         masked = plan.bad_masked and dim.maskable
-        text = raw_step_text(bad.intent, bad.text, masked)
+        text = format_raw_step(bad.intent, bad.text, masked)
         shot = image(traj, traj.steps[k].screenshot, marks_for_text(bad.text))
         tr = unit["transition"]
         args = (traj.task, traj.platform, past_trajectory(traj, k), shot, text)
@@ -174,7 +188,7 @@ class RationaleStep:
             "dimension": dim.name,
             "consequence": dim.consequence,
             "note": bad.note,
-            "rule": UI_RULES[dim.name],
+            "rule": UI_RULES[dim],
             **target_oracle(
                 ctx, traj.steps[k].screenshot, [] if isinstance(parsed, Exception) else parsed
             ),
@@ -211,8 +225,7 @@ class RationaleStep:
         if result.value is None:
             stats.drop(sid, result.reason, result.message, result.raw)
             return
-        out = result.value
-        target = render_critique_target(out.think or "", verdict, dimension, out.explanation)
+        _, target = result.value
         critic = build_critique_messages(*critic_args)
         hashes = list(result.request_hashes)
         bad = work.units[k].get("bad")

@@ -31,18 +31,11 @@ TERMINAL_STATE = "The task will end here and the screen will keep its current la
 
 
 def validate_transition(text: str, reasoning: str | None) -> TransitionOutput | Rejected:
-    """Contract check of a transition answer (reasoning delivered separately is joined)."""
-    parsed = parse_next_state(joined(text, reasoning))
+    """Contract check of a transition answer (separate reasoning is passed on, never scanned)."""
+    parsed = parse_next_state(text, reasoning)
     if isinstance(parsed, ContractError):
         return Rejected(parsed.reason, parsed.message)
     return parsed
-
-
-def joined(text: str, reasoning: str | None) -> str:
-    """Put reasoning delivered in a separate field back in front of the answer."""
-    if reasoning is None or "<think>" in text.lower():
-        return text
-    return f"<think>\n{reasoning}\n</think>\n{text}"
 
 
 def target_oracle(ctx: Context, screenshot: str, calls: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from PIL import Image
 
+from hivig.backends.images import default_image_cache
+from hivig.contracts import UNCLOSED_THINK, ContractError, split_think
 from hivig.media import ChatMessage, ImagePart, TextPart
 from hivig.vision import encode_png
 
@@ -281,17 +284,13 @@ def png_bytes(image: Image.Image) -> bytes:
 def image_digest(image: Image.Image) -> str:
     """SHA-256 of an image's mode, size and raw pixels (independent of any PNG encoder).
 
+    Computed once per image object (``hivig.backends.images``); treat the image as immutable
+    after its first use.
+
     Raises:
         TypeError: ``image`` is not a PIL image.
     """
-    if not isinstance(image, Image.Image):
-        raise TypeError(
-            f"image parts must hold PIL images (materialise ImageRef first), got {type(image)!r}"
-        )
-    h = hashlib.sha256()
-    h.update(f"{image.mode}:{image.width}x{image.height}:".encode())
-    h.update(image.tobytes())
-    return h.hexdigest()
+    return default_image_cache().digest(image)
 
 
 def _message_skeleton(message: ChatMessage) -> dict[str, Any]:
@@ -331,29 +330,39 @@ def request_hash(model: str, messages: Sequence[ChatMessage], sampling: Sampling
 # Reasoning
 
 
-_THINK_OPEN = "<think>"
-_THINK_CLOSE = "</think>"
+_THINK_OPEN = re.compile(r"\s*<think>", re.IGNORECASE)
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:
-    """Split inline reasoning off a completion.
+    """Split inline reasoning off a completion with the canonical splitter, never failing.
 
-    Handles ``<think>…</think>answer``, a lone ``…</think>answer`` (templates that pre-fill
-    ``<think>`` in the prompt) and ``<think>…`` cut off before its end (all reasoning, no answer).
+    Delegates to ``hivig.contracts.split_think`` without an answer tag, so a backend splits
+    exactly as the contracts do: ``<think>…</think>answer`` and a lone ``…</think>answer``
+    (templates that pre-fill ``<think>``), the reasoning running to the *last* ``</think>`` so
+    reasoning that quotes the tags stays whole. Where ``split_think`` reports an error the backend
+    still has to return a ``Generation``:
+
+    * ``<think>…`` cut off before any ``</think>`` (``unclosed_think``, a truncated answer): all
+      of it is reasoning and the answer is empty, as before.
+    * Malformed structure (a second block, text before ``<think>``, an unclosed block after the
+      reasoning): the raw text is the answer and the reasoning ``None``, so the contract parser,
+      which scans ``text`` when no separate reasoning is given, reports the precise reason.
+
+    The one remaining difference from a contract parse: a backend cannot know which answer tag
+    the caller expects, so a ``</think>`` quoted *inside the answer* is taken as the end of the
+    reasoning here, while ``split_think(text, answer_tag=...)`` leaves it to the answer.
 
     Returns:
         ``(reasoning, answer)``; ``reasoning`` is ``None`` when the text has no think markers.
     """
-    stripped = text.lstrip()
-    if stripped.startswith(_THINK_OPEN):
-        body = stripped[len(_THINK_OPEN) :]
-        end = body.find(_THINK_CLOSE)
-        if end < 0:
-            return body.strip(), ""
-        return body[:end].strip(), body[end + len(_THINK_CLOSE) :].lstrip()
-    end = text.find(_THINK_CLOSE)
-    if end >= 0:
-        return text[:end].strip(), text[end + len(_THINK_CLOSE) :].lstrip()
+    split = split_think(text)
+    if not isinstance(split, ContractError):
+        reasoning, answer = split
+        return (None, text) if reasoning is None else (reasoning, answer.lstrip())
+    if split.reason == UNCLOSED_THINK:
+        opening = _THINK_OPEN.match(text)
+        if opening is not None and "</think>" not in text.lower():
+            return text[opening.end() :].strip(), ""
     return None, text
 
 

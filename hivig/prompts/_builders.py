@@ -4,8 +4,9 @@ Each builder fills one versioned template (``_template.py``) and returns ``Promp
 of ``ChatMessage`` (system, then user with screenshots first and per-step text last) that also
 carries the id of the template it used, so every sample and response can record it.
 
-Step texts come from ``format_step`` and trajectories from ``format_trajectory``; these are the only
-places the ``Action:`` line and the ``Step k:`` layout are written, for data_gen, train and serve.
+Step texts come from ``format_step`` (``format_raw_step`` for calls given as text) and trajectories
+from ``format_trajectory``; these are the only places the ``Action:`` line and the ``Step k:``
+layout are written, for data_gen, train and serve.
 """
 
 from __future__ import annotations
@@ -51,10 +52,32 @@ def format_step(
     """
     if not actions:
         raise PromptError("a step needs at least one action")
-    calls = render_tool_calls(list(actions), space)
+    return format_raw_step(intent, render_tool_calls(list(actions), space), mask_intent)
+
+
+def format_raw_step(intent: str | None, raw_tool_calls: str, mask_intent: bool = False) -> str:
+    """Render a step whose tool calls are given as text: ``Action: <intent>`` line, then the calls.
+
+    For steps whose calls cannot go through the action model, such as an Action Formulation
+    Error (broken JSON, an unknown action name); ``format_step`` renders valid actions through
+    this function, so both write the ``Action:`` line identically.
+
+    Args:
+        intent: The verbal intent (the ``Action:`` sentence); ``None`` or blank means none.
+        raw_tool_calls: The ``<tool_call>`` blocks as text, kept verbatim.
+        mask_intent: Drop the ``Action:`` line (intent masking); the tool calls stay complete.
+
+    Returns:
+        The step text.
+
+    Raises:
+        PromptError: ``raw_tool_calls`` is blank (every step has at least one call).
+    """
+    if not raw_tool_calls.strip():
+        raise PromptError("a step needs at least one tool call")
     if mask_intent or intent is None or not intent.strip():
-        return calls
-    return f"Action: {' '.join(intent.split())}\n{calls}"
+        return raw_tool_calls
+    return f"Action: {' '.join(intent.split())}\n{raw_tool_calls}"
 
 
 def format_trajectory(steps: Sequence[str]) -> str:

@@ -1,0 +1,223 @@
+"""Per-image payload cache: PNG transport form and pixel digest, computed once per PIL image.
+
+Callers reuse one decoded frame object for every request that shows the same screenshot, so
+encoding it again per request (tens of ms of CPU for a 1 MP frame) is pure waste. The cache keys
+on the image *object*: PIL images are mutable and unhashable, so the key is ``id(image)`` and a
+weak reference evicts the entry when the image dies (before its id can be reused). No wrapper type
+is needed and callers keep passing plain PIL images.
+
+Contract: an image handed to a backend is treated as immutable from then on. A change of size or
+mode is noticed and re-encoded, but an in-place pixel edit (``ImageDraw`` on the same object) is
+not; draw on a copy instead (``hivig.vision.draw_marks`` already does).
+
+Memory: an entry holds the image's encoded part (about 4/3 of its PNG size) and lives exactly as
+long as the image itself, which is always larger, so the cache needs no bound of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import threading
+import weakref
+from dataclasses import dataclass
+
+from PIL import Image
+
+# zlib level of the transport PNG. Lossless at any level, and the request hash is over pixels,
+# so the level changes neither the model input nor any cache key, only CPU and bytes. Measured
+# on 1280x720 screens (median of 5): a flat synthetic screen 13.7 ms / 15 KiB at level 1 against
+# 18.2 ms / 4.7 KiB at level 6; a busy one (text rows, a noisy photo area) 28.7 ms / 345 KiB
+# against 48.4 ms / 483 KiB. Level 1 costs 25-40 % less CPU, and the bytes saved by level 6 on
+# flat screens are a few KiB per request on loopback or LAN.
+TRANSPORT_PNG_LEVEL = 1
+
+
+def _require_image(image: object) -> Image.Image:
+    if not isinstance(image, Image.Image):
+        raise TypeError(
+            f"image parts must hold PIL images (materialise ImageRef first), got {type(image)!r}"
+        )
+    return image
+
+
+def _digest(image: Image.Image, raw: bytes) -> str:
+    h = hashlib.sha256()
+    h.update(f"{image.mode}:{image.width}x{image.height}:".encode())
+    h.update(raw)
+    return h.hexdigest()
+
+
+def _png(image: Image.Image, raw: bytes, level: int) -> bytes:
+    # Same recipe as ``hivig.vision.encode_png`` (RGB, a bare copy so no ancillary chunks from the
+    # source file are written), but built from the raw buffer the digest already read: reading an
+    # image's pixels out costs about as much as copying them.
+    if image.mode == "RGB":
+        clean = Image.frombytes("RGB", image.size, raw)
+    else:
+        rgb = image.convert("RGB")
+        clean = Image.frombytes("RGB", rgb.size, rgb.tobytes())
+    buf = io.BytesIO()
+    clean.save(buf, format="PNG", compress_level=level, optimize=False)
+    return buf.getvalue()
+
+
+def _image_part_json(png: bytes) -> bytes:
+    # Base64 is JSON-safe ASCII, so the part is spliced into request bodies without escaping.
+    return (
+        b'{"type":"image_url","image_url":{"url":"data:image/png;base64,'
+        + base64.b64encode(png)
+        + b'"}}'
+    )
+
+
+class _Entry:
+    __slots__ = ("digest", "lock", "part", "ref", "shape")
+
+    def __init__(self, ref: weakref.ref[Image.Image], shape: tuple[str, int, int]) -> None:
+        self.ref = ref
+        self.shape = shape
+        self.lock = threading.Lock()
+        self.digest: str | None = None
+        self.part: bytes | None = None
+
+
+@dataclass
+class ImageCacheStats:
+    """Counters of an ``ImagePayloadCache``.
+
+    Attributes:
+        encodes: PNG encodings performed.
+        digests: Pixel digests computed.
+        hits: Lookups answered from the cache.
+    """
+
+    encodes: int = 0
+    digests: int = 0
+    hits: int = 0
+
+
+class ImagePayloadCache:
+    """Thread-safe cache of each live PIL image's pixel digest and OpenAI image part.
+
+    Both are computed lazily (an in-process backend needs only the digest) and at most once per
+    image object, even when several threads ask for the same image at once.
+    """
+
+    def __init__(self, png_level: int = TRANSPORT_PNG_LEVEL) -> None:
+        """Create an empty cache.
+
+        Args:
+            png_level: zlib level of the transport PNG (0-9).
+
+        Raises:
+            ValueError: ``png_level`` is out of range.
+        """
+        if not 0 <= png_level <= 9:
+            raise ValueError(f"png_level must be in 0..9, got {png_level}")
+        self.png_level = png_level
+        self.stats = ImageCacheStats()
+        self._lock = threading.Lock()
+        self._entries: dict[int, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def digest(self, image: Image.Image) -> str:
+        """SHA-256 of the image's mode, size and raw pixels (``hivig.backends.image_digest``).
+
+        Raises:
+            TypeError: ``image`` is not a PIL image.
+        """
+        entry = self._entry(_require_image(image))
+        with entry.lock:
+            if entry.digest is None:
+                entry.digest = _digest(image, image.tobytes())
+                self._count("digests")
+            else:
+                self._count("hits")
+            return entry.digest
+
+    def image_part(self, image: Image.Image) -> bytes:
+        """The OpenAI ``image_url`` content part of the image, as UTF-8 JSON bytes.
+
+        Raises:
+            TypeError: ``image`` is not a PIL image.
+        """
+        entry = self._entry(_require_image(image))
+        with entry.lock:
+            if entry.part is None:
+                raw = image.tobytes()
+                if entry.digest is None:
+                    entry.digest = _digest(image, raw)
+                    self._count("digests")
+                entry.part = _image_part_json(_png(image, raw, self.png_level))
+                self._count("encodes")
+            else:
+                self._count("hits")
+            return entry.part
+
+    def data_url(self, image: Image.Image) -> str:
+        """The ``data:image/png;base64,...`` URL the image is sent as.
+
+        Raises:
+            TypeError: ``image`` is not a PIL image.
+        """
+        part = json.loads(self.image_part(image))
+        return str(part["image_url"]["url"])
+
+    def has_part(self, image: object) -> bool:
+        """Whether ``image``'s part is ready (a request of such images needs no encoding)."""
+        entry = self._entries.get(id(image))
+        return (
+            entry is not None
+            and entry.part is not None
+            and entry.ref() is image
+            and entry.shape == _shape(image)  # type: ignore[arg-type]
+        )
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+
+    def _entry(self, image: Image.Image) -> _Entry:
+        key, shape = id(image), _shape(image)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.ref() is not image or entry.shape != shape:
+                entry = _Entry(weakref.ref(image, self._evictor(key)), shape)
+                self._entries[key] = entry
+            return entry
+
+    def _evictor(self, key: int) -> weakref.CallbackType[Image.Image]:
+        entries = self._entries
+
+        def evict(ref: weakref.ref[Image.Image]) -> None:
+            # Runs while the image is being freed, possibly inside a garbage collection that
+            # interrupted this cache's own locked section, so it takes no lock: two atomic dict
+            # operations suffice, because no live image can hold this id until the dead one is
+            # gone. The check skips an entry already replaced (size or mode changed).
+            entry = entries.get(key)
+            if entry is not None and entry.ref is ref:
+                entries.pop(key, None)
+
+        return evict
+
+
+def _shape(image: Image.Image) -> tuple[str, int, int]:
+    return image.mode, image.width, image.height
+
+
+_DEFAULT = ImagePayloadCache()
+
+
+def default_image_cache() -> ImagePayloadCache:
+    """The process-wide cache the backends and ``request_hash`` use."""
+    return _DEFAULT
