@@ -77,7 +77,7 @@ def cpu_part(corpus: Path, trajs: Path, work: Path, runs: int, images: bool) -> 
 
 def annotator_stage(
     corpus: Path, trajs: Path, work: Path, args: argparse.Namespace
-) -> tuple[float, int, float, float]:
+) -> tuple[float, int, float, float, float]:
     urls: mp.Queue = mp.Queue()
     stop = mp.Event()
     server = mp.Process(target=_serve, args=(args.latency, urls, stop), daemon=True)
@@ -103,9 +103,7 @@ def annotator_stage(
             client = OpenAIClient(url, "scripted", concurrency=args.concurrency, max_retries=0)
             works, _ = load_work(cfg)
             shots = sorted({s.screenshot for w in works for s in w.trajectory.steps})
-            annotator = Annotator(
-                backend_cfg, cfg.frame, corpus, None, 1, backend=client, frame_cache=len(shots)
-            )
+            annotator = Annotator(backend_cfg, cfg.frame, corpus, None, 1, backend=client)
             if args.prewarm:
                 annotator.warm(shots)
             elements = ElementIndex.load(corpus / cfg.elements_file)
@@ -128,10 +126,18 @@ def annotator_stage(
             requests = annotator.counts["requests"]
             fractions.append((requests / elapsed) / (args.concurrency / args.latency))
             cpu_ms.append(1000 * cpu / max(1, requests))
+            # Frame preparations per distinct screenshot: 1.0 means decoded exactly once.
+            prepared = annotator.frames.counts["frames_prepared"] / max(1, len(shots))
     finally:
         stop.set()
         server.join(timeout=10)
-    return statistics.median(fractions), requests, min(fractions), statistics.median(cpu_ms)
+    return (
+        statistics.median(fractions),
+        requests,
+        min(fractions),
+        statistics.median(cpu_ms),
+        prepared,
+    )
 
 
 def main() -> None:
@@ -173,7 +179,7 @@ def main() -> None:
             print(f"  full export (ShareGPT PNGs + report): {full:8.1f} samples/s")
             print(f"  without export image rendering      : {core:8.1f} samples/s")
         if args.only in (None, "annotator"):
-            frac, requests, worst, cpu_ms = annotator_stage(corpus, trajs, work, args)
+            frac, requests, worst, cpu_ms, prepared = annotator_stage(corpus, trajs, work, args)
             ideal = args.concurrency / args.latency
             print(
                 f"annotator stage (transitions): {requests} requests, concurrency "
@@ -182,7 +188,8 @@ def main() -> None:
             )
             print(
                 f"  achieved / ideal (median of {args.runs}): {frac:.3f}  (worst {worst:.3f}; "
-                f"target >= {TARGET}); client CPU {cpu_ms:.1f} ms/request"
+                f"target >= {TARGET}); client CPU {cpu_ms:.1f} ms/request; "
+                f"frame preparations per screenshot {prepared:.2f}"
             )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import json
 import os
 import pstats
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from data_gen.ingest import IngestConfig, ingest
+from data_gen import sample_corpus
 from data_gen.sample_corpus import SampleConfig, make_sample
 
 SIZES = {"desktop_size": (320, 180), "web_size": (320, 200), "phone_size": (180, 400)}
@@ -30,7 +32,10 @@ LINES_PER_EPISODE = 5.5  # below the ~6.1 measured on generated corpora, so the 
 def corpus(cache: Path, lines: int, seed: int) -> Path:
     """A cached corpus with at least ``lines`` annotation lines."""
     episodes = int(lines / LINES_PER_EPISODE) + 50
-    root = cache / f"corpus-{episodes}-{seed}"
+    # The generator's source is part of the cache key: a changed generator means a new corpus.
+    src = sorted(Path(sample_corpus.__file__).parent.glob("*.py"))
+    version = hashlib.sha256(b"".join(p.read_bytes() for p in src)).hexdigest()[:10]
+    root = cache / f"corpus-{episodes}-{seed}-{version}"
     if not (root / "meta.json").exists():
         t = time.perf_counter()
         made = make_sample(

@@ -12,7 +12,9 @@ Every command ends with a one-screen summary on stdout; progress bars go to stde
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -54,28 +56,74 @@ def _size(text: str) -> tuple[int, int]:
     return w, h
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of all subcommands except ``run`` (which parses its own)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m data_gen",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--quiet", action="store_true", help="no progress bars")
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the description's and epilog's line breaks and shows every option's default."""
 
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # Required options and plain switches have no default worth showing.
+        if action.default is None or action.default is False or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(" ".join(text.split()), width=88)
+
+
+INGEST_EXAMPLES = """\
+examples:
+  python -m data_gen ingest --root CORPUS --out OUT
+  python -m data_gen ingest --root CORPUS --out OUT --platforms web android --verify-images full
+  python -m data_gen ingest --root CORPUS --out OUT --shard 0/4     # shard 0 of 4 (SLURM array)
+"""
+SPLIT_EXAMPLES = """\
+examples:
+  python -m data_gen split --in OUT/trajectories.jsonl --out SPLITS
+  python -m data_gen split --in OUT/trajectories.jsonl --out SPLITS --val 0.1 --test 0.1 --seed 3
+"""
+SAMPLE_EXAMPLES = """\
+examples:
+  python -m data_gen make-sample --out CORPUS --trajectories 60 --seed 0
+  python -m data_gen make-sample --out CORPUS --platforms android --phone-size 720x1600
+  python -m data_gen make-sample --out CORPUS --copies 0.5 --boost-variants 2
+"""
+
+
+def _out_dir(text: str) -> str:
+    """An output folder: refused up front when it exists as a file (not after all the work)."""
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+    return text
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The ``ingest`` subcommand."""
     p = sub.add_parser(
         "ingest",
         parents=[common],
         help="ScaleCUA corpus -> trajectories, quarantine, stats",
-        description="Read CORPUS/meta.json and the annotation files it lists, rebuild "
-        "trajectories and write OUT/trajectories.jsonl, quarantine.jsonl (reason per rejected "
-        "line), stats.json (lines == steps_kept + sum of dropped) and report.json (scales, "
-        "scroll-sign decisions, image checks).",
+        description=_wrap(
+            "Read CORPUS/meta.json and the annotation files it lists, rebuild "
+            "trajectories and write OUT/trajectories.jsonl, quarantine.jsonl (reason per rejected "
+            "line), stats.json (lines == steps_kept + sum of dropped) and report.json (scales, "
+            "scroll-sign decisions, image checks, truncated trajectories, dropped cross-file "
+            "copies)."
+        ),
+        epilog=INGEST_EXAMPLES,
+        formatter_class=_Formatter,
     )
     p.add_argument("--root", required=True, help="corpus folder holding meta.json")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, type=_out_dir, help="output folder")
     p.add_argument(
         "--platforms",
         nargs="+",
@@ -102,26 +150,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="horizontal swipe sign: finger rule, or the reference release's sign",
     )
 
+
+def _add_split(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The ``split`` subcommand."""
     p = sub.add_parser(
         "split",
         parents=[common],
         help="assign whole episodes to train/val/test",
-        description="Split trajectories.jsonl by episode key.",
+        description=_wrap(
+            "Split trajectories.jsonl by episode key: every copy and instruction variant "
+            "of an episode lands in the same split; the assignment depends only on the seed and "
+            "the set of episode keys."
+        ),
+        epilog=SPLIT_EXAMPLES,
+        formatter_class=_Formatter,
     )
     p.add_argument("--in", dest="inp", required=True, help="trajectories.jsonl from ingest")
-    p.add_argument("--out", required=True, help="output folder for train/val/test.jsonl")
+    p.add_argument(
+        "--out", required=True, type=_out_dir, help="output folder for train/val/test.jsonl"
+    )
     p.add_argument("--val", type=float, default=0.05, help="share of episodes in val")
     p.add_argument("--test", type=float, default=0.05, help="share of episodes in test")
     p.add_argument("--seed", type=int, default=0, help="seed of the episode assignment")
 
+
+def _add_make_sample(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The ``make-sample`` subcommand."""
     p = sub.add_parser(
         "make-sample",
         parents=[common],
         help="write a synthetic ScaleCUA-format corpus",
-        description="Synthetic screens and coherent tasks in the published layout; "
-        "the same seed gives a byte-identical corpus.",
+        description=_wrap(
+            "Synthetic screens and coherent tasks in the published layout; "
+            "the same seed gives a byte-identical corpus. An existing output folder must be empty "
+            "or a corpus written by make-sample, whose generated files are then replaced (no stale "
+            "screenshot or annotation file survives)."
+        ),
+        epilog=SAMPLE_EXAMPLES,
+        formatter_class=_Formatter,
     )
-    p.add_argument("--out", required=True, help="corpus folder to write")
+    p.add_argument("--out", required=True, type=_out_dir, help="corpus folder to write")
     p.add_argument("--trajectories", type=int, default=60, help="number of episodes")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     p.add_argument(
@@ -130,16 +198,58 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("windows", "mac", "ubuntu", "web", "android"),
         help="platforms to cycle through (default: all five)",
     )
-    p.add_argument("--desktop-size", type=_size, default=(1280, 720), metavar="WxH")
-    p.add_argument("--web-size", type=_size, default=(1280, 800), metavar="WxH")
-    p.add_argument("--phone-size", type=_size, default=(540, 1200), metavar="WxH")
+    p.add_argument(
+        "--desktop-size",
+        type=_size,
+        default="1280x720",
+        metavar="WxH",
+        help="screenshot size in pixels of windows/mac/ubuntu episodes",
+    )
+    p.add_argument(
+        "--web-size",
+        type=_size,
+        default="1280x800",
+        metavar="WxH",
+        help="screenshot size in pixels of web episodes (browser window)",
+    )
+    p.add_argument(
+        "--phone-size",
+        type=_size,
+        default="540x1200",
+        metavar="WxH",
+        help="screenshot size in pixels of android episodes (portrait)",
+    )
     p.add_argument(
         "--boost-variants",
         type=int,
         default=3,
-        help="instruction variants per episode in boost-instruction files",
+        help="instruction variants per episode in boost-instruction files (capped by what the "
+        "scenario offers); each variant is one more trajectory of the same episode",
+    )
+    p.add_argument(
+        "--copies",
+        type=_share,
+        default=0.15,
+        metavar="SHARE",
+        help="share of navigation/planning episodes also written to the other family's file (a "
+        "cross-file copy, as the real data has; ingest keeps one)",
     )
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of all subcommands except ``run`` (which parses its own)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m data_gen",
+        description=DESCRIPTION,
+        formatter_class=_Formatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quiet", action="store_true", help="no progress bars (stderr)")
+
+    _add_ingest(sub, common)
+    _add_split(sub, common)
+    _add_make_sample(sub, common)
     sub.add_parser("run", help="the synthesis pipeline (own options: run --help)", add_help=False)
     return parser
 
@@ -172,6 +282,8 @@ def _ingest(args: argparse.Namespace) -> int:
         ("outcomes", ", ".join(f"{k} {v}" for k, v in r["outcomes"].items()) or "-"),
     ]
     rows += [(f"dropped {k}", v) for k, v in s["dropped"].items()]
+    rows.append(("truncated", r["truncated"]["count"]))
+    rows.append(("cross-file copies dropped", len(r["duplicate_copies"])))
     # Aggregated so the summary fits one screen for the 201 files of the real corpus; the
     # per-file detail is in report.json.
     scales = Counter(str(v["scale"]) for v in r["files"].values())
@@ -195,7 +307,8 @@ def _split(args: argparse.Namespace) -> int:
     from data_gen.split import SplitConfig, SplitError, split
 
     try:
-        stats = split(args.inp, args.out, SplitConfig(args.val, args.test, args.seed))
+        cfg = SplitConfig(args.val, args.test, args.seed)
+        stats = split(args.inp, args.out, cfg, progress=not args.quiet)
     except SplitError as exc:
         print(f"split: {exc}", file=sys.stderr)
         return 2
@@ -222,11 +335,12 @@ def _make_sample(args: argparse.Namespace) -> int:
             web_size=args.web_size,
             phone_size=args.phone_size,
             boost_variants=args.boost_variants,
+            copies=args.copies,
         )
+        corpus = make_sample(args.out, cfg, progress=not args.quiet)
     except ValueError as exc:
         print(f"make-sample: {exc}", file=sys.stderr)
         return 2
-    corpus = make_sample(args.out, cfg, progress=not args.quiet)
     by_platform: dict[str, int] = {}
     for ep in corpus.episodes:
         by_platform[ep.platform] = by_platform.get(ep.platform, 0) + 1
@@ -237,6 +351,7 @@ def _make_sample(args: argparse.Namespace) -> int:
             [
                 ("episodes", len(corpus.episodes)),
                 ("trajectories", f"{corpus.trajectories} (with instruction variants)"),
+                ("cross-file copies", corpus.copies),
                 ("failed episodes", failed),
                 ("lines", corpus.lines),
                 ("screenshots", corpus.images),

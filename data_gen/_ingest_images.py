@@ -84,7 +84,7 @@ class ImageResolver:
 
     def check(self, entry_root: str, image: str, size: tuple[int, int]) -> tuple[str, tuple]:
         """(corpus-relative path, result) where result is (w, h) or (reason, message)."""
-        rel = posixpath.normpath(f"{entry_root}/{image}")
+        rel = posixpath.normpath(f"{entry_root}/{image}" if entry_root else image)
         if rel not in self._checked:
             self._checked[rel] = self._check(rel, entry_root, image)
         path, result = self._checked[rel]

@@ -133,7 +133,6 @@ class PerturbConfig:
         if not 0.0 < self.scroll_shrink < 1.0:
             raise ConfigError("`perturb.scroll_shrink` must be in (0, 1)")
 
-
     def weights_by_name(self) -> dict[str, float]:
         """``dimension_weights`` keyed by exact dimension name, in taxonomy order.
 

@@ -4,7 +4,8 @@
     out/dataset/sharegpt/<split>.json            LlamaFactory ShareGPT rows (+ dataset_info.json)
     out/dataset/sharegpt/images/                 marked screenshots for LlamaFactory
     out/dataset/stats.json                       counters, distributions, rates
-    out/dataset/report.html                      the report with sample cards (+ report_images/)
+    out/dataset/report.html                      the report with sample cards (images: the
+                                                 ShareGPT frames, else report_images/)
     out/dataset/exclusions.jsonl                 every dropped item with reason and raw answers
 
 The export reads every shard's final stage output, sorts samples by id and writes the folder in a
@@ -27,6 +28,7 @@ from data_gen.config import DataGenConfig
 from data_gen.executor import StageStats, atomic_write_text, dumps_jsonl, merge_counts, stable_int
 from data_gen.report import ImageSizes, dataset_stats, estimated_tokens, pick_cards, render_report
 from data_gen.steps._work import Work, messages_from_json, spec_to_record
+from hivig.media import ImageRef, mark_to_json
 from hivig.records import SPLITS, RecordError, SFTRecord, to_sharegpt, write_records
 from hivig.vision import canonical_frame, encode_png
 
@@ -46,21 +48,27 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=1) + "\n"
 
 
-def _sharegpt(records: list[SFTRecord], cfg: DataGenConfig, corpus: Path, tmp: Path) -> None:
+def _sharegpt(
+    records: list[SFTRecord], cfg: DataGenConfig, corpus: Path, tmp: Path
+) -> dict[str, list[str]]:
+    """Write the ShareGPT export; returns each record's image paths (relative to the dataset)."""
     folder = tmp / "sharegpt"
     folder.mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {}
+    images: dict[str, list[str]] = {}
     for split in SPLITS:
+        chosen = [r for r in records if r.split == split]
         rows = to_sharegpt(
-            [r for r in records if r.split == split],
+            chosen,
             corpus,
             folder / "images",
             min_pixels=cfg.frame.min_pixels,
             max_pixels=cfg.frame.max_pixels,
         )
-        for row in rows:
+        for record, row in zip(chosen, rows, strict=True):
             # Relative to the dataset folder; tmp is renamed to it, at the same depth.
             row["images"] = [os.path.relpath(p, tmp) for p in row["images"]]
+            images[record.id] = row["images"]
         atomic_write_text(folder / f"{split}.json", json.dumps(rows, ensure_ascii=False, indent=1))
         info[f"hivig_{split}"] = {
             "file_name": f"sharegpt/{split}.json",
@@ -74,33 +82,58 @@ def _sharegpt(records: list[SFTRecord], cfg: DataGenConfig, corpus: Path, tmp: P
             },
         }
     atomic_write_text(folder / "dataset_info.json", _json(info))
+    return images
 
 
 def _cards(
-    specs: list[dict[str, Any]], cfg: DataGenConfig, corpus: Path, tmp: Path
+    specs: list[dict[str, Any]],
+    cfg: DataGenConfig,
+    corpus: Path,
+    tmp: Path,
+    exported: dict[str, list[str]],
 ) -> list[tuple[dict[str, Any], list[str]]]:
+    """Report cards with their images.
+
+    A card whose sample is in the ShareGPT export links the frames written there (the same
+    canonical frame with the same marks; rendering and encoding it again doubled the cost of
+    those images). Otherwise each distinct (screenshot, marks, size class) is rendered once.
+    """
     picked = pick_cards(specs, cfg.export.report_cards, lambda i: stable_int(cfg.seed, i, "card"))
     folder = tmp / "report_images"
     folder.mkdir(parents=True, exist_ok=True)
+    rendered: dict[str, str] = {}
     out = []
     for spec in picked:
+        if spec["id"] in exported:
+            out.append((spec, list(exported[spec["id"]])))
+            continue
         links = []
         for message in messages_from_json(spec["messages"]):
             for ref in message.images():
-                frame = canonical_frame(
-                    corpus / ref.path,
-                    min_pixels=cfg.frame.min_pixels,
-                    max_pixels=cfg.frame.max_pixels,
-                    factor=cfg.frame.factor,
-                    marks=ref.marks,
-                    size_class=ref.size_class,
+                key = json.dumps(
+                    [ref.path, [mark_to_json(m) for m in ref.marks], ref.size_class],
+                    sort_keys=True,
                 )
-                data = encode_png(frame)
-                name = f"{hashlib.sha256(data).hexdigest()[:20]}.png"
-                (folder / name).write_bytes(data)
-                links.append(f"report_images/{name}")
+                if key not in rendered:
+                    rendered[key] = _render_card_image(ref, cfg, corpus, folder)
+                links.append(rendered[key])
         out.append((spec, links))
     return out
+
+
+def _render_card_image(ref: ImageRef, cfg: DataGenConfig, corpus: Path, folder: Path) -> str:
+    frame = canonical_frame(
+        corpus / ref.path,
+        min_pixels=cfg.frame.min_pixels,
+        max_pixels=cfg.frame.max_pixels,
+        factor=cfg.frame.factor,
+        marks=ref.marks,
+        size_class=ref.size_class,
+    )
+    data = encode_png(frame)
+    name = f"{hashlib.sha256(data).hexdigest()[:20]}.png"
+    (folder / name).write_bytes(data)
+    return f"report_images/{name}"
 
 
 def export_dataset(
@@ -143,13 +176,14 @@ def export_dataset(
     stats.check()
     for split in SPLITS:
         write_records([r for r in records if r.split == split], tmp / "records" / split)
-    if cfg.export.sharegpt:
-        _sharegpt(records, cfg, corpus, tmp)
+    exported = _sharegpt(records, cfg, corpus, tmp) if cfg.export.sharegpt else {}
     all_counters = {**counters, "export": merge_counts([stats.counts])}
     atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))
     result = dataset_stats(specs, all_counters, tokens, run)
     atomic_write_text(tmp / "stats.json", _json(result))
-    atomic_write_text(tmp / "report.html", render_report(result, _cards(specs, cfg, corpus, tmp)))
+    atomic_write_text(
+        tmp / "report.html", render_report(result, _cards(specs, cfg, corpus, tmp, exported))
+    )
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)

@@ -204,13 +204,19 @@ def ingest(
         "outcomes": dict(sorted(Counter(t["outcome"] for t in trajectories).items())),
         "truncated": _truncated(kept),
         "duplicate_copies": copies,
-        "run": run_info(),
+        "run": _provenance(),
     }
     write_atomic(out_dir / "trajectories.jsonl", jsonl(trajectories))
     write_atomic(out_dir / "quarantine.jsonl", jsonl(e.to_json() for e in ledger.sorted_entries()))
     write_atomic(out_dir / "report.json", json.dumps(report, indent=2) + "\n")
     write_atomic(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
     return IngestResult(out_dir, stats, report)
+
+
+def _provenance() -> dict[str, Any]:
+    # Only what identifies the code: times and hosts would make reruns differ byte-wise.
+    info = run_info()
+    return {"hivig": info["packages"].get("hivig"), "git": info["git"]}
 
 
 def _file_json(r: FileReport) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from data_gen.quarantine import Ledger, jsonl, split_lines, write_atomic
 
 SPLITS = ("train", "val", "test")
@@ -66,13 +68,16 @@ def _sort_key(obj: dict, text: str) -> tuple:
     return (obj["episode_key"], str(obj.get("id", "")), str(source.get("dataset", "")), text)
 
 
-def split(inp: str | Path, out: str | Path, cfg: SplitConfig) -> dict[str, Any]:
+def split(
+    inp: str | Path, out: str | Path, cfg: SplitConfig, progress: bool = False
+) -> dict[str, Any]:
     """Split the trajectories of ``inp`` into ``out/{train,val,test}.jsonl``.
 
     Args:
         inp: A ``trajectories.jsonl`` written by ingest.
         out: Output folder.
         cfg: Fractions and seed.
+        progress: Show a tqdm bar (stderr) while the lines are read.
 
     Returns:
         The stats written to ``split_stats.json``.
@@ -86,12 +91,16 @@ def split(inp: str | Path, out: str | Path, cfg: SplitConfig) -> dict[str, Any]:
         raise SplitError(f"cannot read {inp}: {exc}") from exc
     ledger = Ledger()
     rows: list[tuple[dict, str]] = []
-    for n, text in enumerate(lines, 1):
+    bar = tqdm(lines, desc="split", unit="line", unit_scale=True, disable=not progress)
+    for n, text in enumerate(bar, 1):
         ledger.lines += 1
         try:
             obj = json.loads(text)
         except ValueError as exc:
             ledger.drop(str(inp), n, "bad_json", f"not JSON: {exc}")
+            continue
+        except RecursionError:
+            ledger.drop(str(inp), n, "bad_json", "nesting deeper than the JSON recursion limit")
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("episode_key"), str):
             ledger.drop(str(inp), n, "missing_episode_key", "line has no string episode_key")

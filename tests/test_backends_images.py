@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gc
 import io
@@ -186,3 +187,28 @@ def test_malformed_reasoning_is_left_for_the_contract_parser(raw):
 
 def test_truncated_reasoning_is_all_reasoning():
     assert split_reasoning("  <think>\ncut off") == ("cut off", "")
+
+
+def test_client_encodes_a_shared_frame_once_across_requests():
+    from hivig.backends import OpenAIClient
+    from hivig.scripted_server import ScriptedServer, request_images
+
+    cache, frame = default_image_cache(), _screen(7)
+    requests = [
+        ([ChatMessage("user", [ImagePart(frame), TextPart(f"step {i}")])], Sampling(seed=i))
+        for i in range(6)
+    ]
+
+    async def go(url: str) -> list:
+        async with OpenAIClient(url, "m", concurrency=3) as client:
+            return await client.generate_many(requests)
+
+    before = cache.stats.encodes
+    with ScriptedServer() as server:
+        gens = asyncio.run(go(server.base_url))
+        bodies = server.requests
+    assert cache.stats.encodes - before == 1
+    assert len({g.request_hash for g in gens}) == 6  # the text differs per request
+    sent = {png for body in bodies for png in request_images(body)}
+    assert len(sent) == 1
+    assert Image.open(io.BytesIO(sent.pop())).tobytes() == frame.tobytes()

@@ -327,5 +327,5 @@ def test_config_rejects_unknown_dimension_names():
     from data_gen.config import PerturbConfig
     from hivig.config import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown dimensions"):
+    with pytest.raises(ConfigError, match="unknown dimension"):
         PerturbConfig(dimension_weights={"Memory & State Tracking Error": 1.0})

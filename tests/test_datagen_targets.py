@@ -33,14 +33,18 @@ from hivig.taxonomy import DIMENSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
-OWN_SOURCES = [
-    p
-    for p in sorted((ROOT / "data_gen").rglob("*.py"))
-    # ingest parses external corpora (their formats, not ours); the sample corpus writes them.
-    if not p.name.startswith(("ingest", "_ingest", "sample_corpus"))
-]
+# The pipeline's own modules (ingest and the sample corpus read and write external formats).
+OWN_SOURCES = sorted(
+    [
+        ROOT / "data_gen" / f"{name}.py"
+        for name in ("run", "config", "executor", "annotator", "export", "report")
+    ]
+    + [*(ROOT / "data_gen" / "steps").glob("*.py"), *(ROOT / "data_gen" / "perturb").glob("*.py")]
+)
 
-SUMMARY = "<summary>\nProgress Summary: Opened the menu.\nLast Action Result: It opened.\n</summary>"
+SUMMARY = (
+    "<summary>\nProgress Summary: Opened the menu.\nLast Action Result: It opened.\n</summary>"
+)
 GOOD = "<criticism>\nOverall Grading: Good\nExplanation: The button opens the menu.\n</criticism>"
 # Reasoning as a reasoning model returns it in a separate field: it may mention the tags freely.
 TAGGY = "The format puts reasoning in </think> and then <think> would open another block."
@@ -104,8 +108,9 @@ def test_perturbation_with_separate_reasoning():
         "dimension_violated": "Semantic Error",
         "rejected_thought": "Sign up looks like the login.",
         "rejected_proposed_step": format_raw_step(
-            "Click Sign Up", '<tool_call>\n{"name": "computer_use", "arguments": '
-            '{"action": "left_click", "coordinate": [10, 10]}}\n</tool_call>'
+            "Click Sign Up",
+            '<tool_call>\n{"name": "computer_use", "arguments": '
+            '{"action": "left_click", "coordinate": [10, 10]}}\n</tool_call>',
         ),
     }
     out = perturbation_validator(view, "Semantic Error")(json.dumps(obj), TAGGY)
@@ -212,6 +217,7 @@ def misbehaving_run(tmp_path_factory):
             f"corpus={root / 'c'}",
             f"out={root / 'o'}",
             f"trajectories={root / 'i' / 'trajectories.jsonl'}",
+            "annotator.max_attempts=2",
         ],
     )
     mp = pytest.MonkeyPatch()
@@ -274,7 +280,8 @@ def _string_constants(path: Path) -> list[str]:
     return [
         node.value
         for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
         and id(node) not in docstrings
     ]
 
@@ -302,7 +309,9 @@ def test_format_raw_step_matches_format_step():
             assert format_raw_step(intent, rendered, mask) == format_step(
                 intent, actions, "computer_use", mask_intent=mask
             )
-    broken = '<tool_call>\n{"name": "computer_use", "arguments": {"action": "leftclick"\n</tool_call>'
+    broken = (
+        '<tool_call>\n{"name": "computer_use", "arguments": {"action": "leftclick"\n</tool_call>'
+    )
     assert format_raw_step("Click OK", broken) == f"Action: Click OK\n{broken}"
     assert format_raw_step("Click OK", broken, True) == broken
     with pytest.raises(PromptError):

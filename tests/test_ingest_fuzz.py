@@ -50,10 +50,18 @@ def _salt_lines(lines: list[str], rng: random.Random) -> list[str]:
             out.append(line.replace("Task: ", "Task: \u2028", 1))  # raw separator inside JSON
         elif roll < 0.22:
             out.append("".join(chr(rng.randrange(1, 0x3000)) for _ in range(rng.randrange(0, 60))))
+        elif roll < 0.23:
+            out.append("[" * rng.randrange(5_000, 100_000))  # nesting beyond the recursion limit
+        elif roll < 0.24:
+            out.append(line.replace("Task: ", "Task: \udcff", 1))  # becomes a lone 0xFF byte
         else:
             out.append(line)
         if rng.random() < 0.02:
             out.append("")
+    # Every file gets one of each: a non-UTF-8 byte inside a JSON string, and nesting past the
+    # recursion limit (json raises RecursionError there, not ValueError).
+    out.insert(rng.randrange(len(out) + 1), lines[0].replace("Task: ", "Task: \udcff", 1))
+    out.insert(rng.randrange(len(out) + 1), "[" * 100_000)
     return out
 
 
@@ -61,7 +69,8 @@ def _salt(root, rng: random.Random) -> None:
     meta = json.loads((root / "meta.json").read_text())
     for entry in meta.values():
         path = root / entry["annotation"]
-        path.write_text("\n".join(_salt_lines(path.read_text().splitlines(), rng)) + "\n")
+        text = "\n".join(_salt_lines(path.read_text().splitlines(), rng)) + "\n"
+        path.write_bytes(text.encode("utf-8", errors="surrogateescape"))
     images = sorted(root.glob("data/**/*.png"))
     for path in rng.sample(images, 6):
         data = path.read_bytes()
@@ -93,7 +102,7 @@ def test_salted_corpus_never_crashes_and_counts_balance(clean, tmp_path, seed, m
     )
     assert s["lines"] == raw_lines == s["steps_kept"] + sum(s["dropped"].values())
     assert set(s["dropped"]) <= set(REASONS)
-    for reason in ("bad_json", "missing_image", "corrupt_image", "after_bad_step"):
+    for reason in ("bad_json", "bad_encoding", "missing_image", "corrupt_image", "after_bad_step"):
         assert s["dropped"].get(reason, 0) > 0, reason
     assert (
         s["dropped"].get("ambiguous_scale", 0) + s["dropped"].get("coordinate_out_of_range", 0) > 0

@@ -16,7 +16,7 @@ SMALL = {"desktop_size": (640, 360), "web_size": (640, 400), "phone_size": (270,
 def roundtrip(tmp_path_factory):
     root = tmp_path_factory.mktemp("rt")
     corpus = make_sample(
-        root / "corpus", SampleConfig(trajectories=30, seed=7, **SMALL), progress=False
+        root / "corpus", SampleConfig(trajectories=40, seed=7, **SMALL), progress=False
     )
     res = ingest(root / "corpus", root / "out", IngestConfig(verify_images="full"), progress=False)
     trajs = [json.loads(x) for x in (res.out_dir / "trajectories.jsonl").read_text().splitlines()]
@@ -27,29 +27,52 @@ def roundtrip(tmp_path_factory):
     return corpus, res, trajs, sidecar
 
 
-def test_every_trajectory_is_recovered_with_zero_quarantine(roundtrip):
+def _kept_file(ep) -> tuple[str, str]:
+    """(annotation, meta key) of the copy ingest keeps: the planning_cot one (it has <think>)."""
+    if ep.copy_annotation is not None and "_planning_" in ep.copy_annotation:
+        return ep.copy_annotation, ep.meta_key.replace("_navigation_", "_planning_cot_")
+    return ep.annotation, ep.meta_key
+
+
+def test_every_trajectory_is_recovered_and_only_copies_are_dropped(roundtrip):
     corpus, res, trajs, _ = roundtrip
+    copy_lines = sum(ep.copy_lines for ep in corpus.episodes)
+    assert corpus.copies > 0 and copy_lines > 0  # the corpus exercises cross-file copies
     assert res.stats == {
         "lines": corpus.lines,
-        "steps_kept": corpus.lines,
+        "steps_kept": corpus.lines - copy_lines,
         "trajectories": corpus.trajectories,
-        "dropped": {},
+        "dropped": {"duplicate": copy_lines},
     }
-    assert (res.out_dir / "quarantine.jsonl").read_text() == ""
+    quarantine = [
+        json.loads(x) for x in (res.out_dir / "quarantine.jsonl").read_text().splitlines()
+    ]
+    assert {q["reason"] for q in quarantine} == {"duplicate"}
+    assert len(res.report["duplicate_copies"]) == corpus.copies
+    assert res.report["truncated"]["count"] == 0
     index = {(t["source"]["file"], t["task"]): t for t in trajs}
-    assert len(index) == len(trajs)
+    assert len(index) == len(trajs) == len({t["id"] for t in trajs})
     for ep in corpus.episodes:
         keys = set()
+        anno, meta_key = _kept_file(ep)
         for task in ep.instructions:
-            t = index[(ep.annotation, task)]
+            t = index[(anno, task)]
             assert t["platform"] == ep.platform
-            assert t["source"]["dataset"] == ep.meta_key
+            assert t["source"]["dataset"] == meta_key
             assert [s["screenshot"] for s in t["steps"]] == ep.screenshots
             assert [s["raw_action"] for s in t["steps"]] == ep.raw_actions
             assert t["outcome"] == ep.outcome
             keys.add(t["episode_key"])
         assert len(keys) == 1  # instruction variants share one episode key
     assert len({t["episode_key"] for t in trajs}) == len(corpus.episodes)
+
+
+def test_without_copies_nothing_is_quarantined(tmp_path):
+    cfg = SampleConfig(trajectories=10, seed=7, copies=0.0, **SMALL)
+    corpus = make_sample(tmp_path / "corpus", cfg, progress=False)
+    res = ingest(tmp_path / "corpus", tmp_path / "out", progress=False)
+    assert corpus.copies == 0
+    assert res.stats["dropped"] == {} and res.stats["steps_kept"] == corpus.lines
 
 
 def _points(actions):

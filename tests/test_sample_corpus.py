@@ -94,6 +94,9 @@ def test_coverage_of_actions_outcomes_and_variants(corpus):
         r"^open_app\(app_name=",
         r"^response\(answer=",
         r"^terminate\(status='(failure|fail)'",
+        r"^wait\(seconds=\d+\)$",
+        r"^long_press\(x=0\.\d+, y=0\.\d+, duration=1\)$",
+        r"^rightClick\(x=0\.\d+, y=0\.\d+\)$",
     ):
         assert re.search(pattern, calls, re.M), pattern
     assert {ep.platform for ep in corpus.episodes} == {"windows", "mac", "ubuntu", "web", "android"}
@@ -156,8 +159,94 @@ def test_cli_make_sample(tmp_path, capsys):
     argv += ["--platforms", "web", "android"]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "make-sample summary" in text and "episodes          3" in text
+    assert "make-sample summary" in text and re.search(r"episodes +3\n", text)
     meta = json.loads((out / "meta.json").read_text())
     assert {e["root"].split("/")[2] for e in meta.values()} <= {"web", "android"}
     with pytest.raises(SystemExit):
         main(["make-sample", "--out", str(out), "--desktop-size", "huge"])
+
+
+def test_rerun_replaces_a_generated_corpus_and_refuses_foreign_folders(tmp_path):
+    out = tmp_path / "c"
+    make_sample(out, SampleConfig(trajectories=6, seed=1, **SMALL), progress=False)
+    big = digest(out)
+    make_sample(out, SampleConfig(trajectories=2, seed=1, **SMALL), progress=False)
+    make_sample(tmp_path / "fresh", SampleConfig(trajectories=2, seed=1, **SMALL), progress=False)
+    # No stale screenshot or annotation of the larger corpus survives the rerun.
+    assert digest(out) == digest(tmp_path / "fresh") and len(digest(out)) < len(big)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="neither empty nor a corpus"):
+        make_sample(out, SampleConfig(trajectories=2, seed=1, **SMALL), progress=False)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "meta.json").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "meta.json").write_text("{}")  # a real corpus's meta.json, no sidecar: not ours
+    with pytest.raises(ValueError):
+        make_sample(other, SampleConfig(trajectories=1, **SMALL), progress=False)
+    assert (other / "meta.json").read_text() == "{}"
+
+
+def test_cross_file_copies_share_folder_and_task(tmp_path):
+    cfg = SampleConfig(trajectories=20, seed=4, copies=1.0, **SMALL)
+    corpus = make_sample(tmp_path / "c", cfg, progress=False)
+    plain = [ep for ep in corpus.episodes if not ep.annotation.endswith("_instruction.jsonl")]
+    assert plain and all(ep.copy_annotation for ep in plain)
+    assert corpus.copies == len(plain)
+    for ep in plain:
+        assert ("_planning_" in ep.annotation) != ("_planning_" in ep.copy_annotation)
+        copy = (corpus.root / ep.copy_annotation).read_text()
+        assert copy.count(f"{ep.source_folder}/images/") == len(ep.screenshots)
+        assert f"Task: {ep.instructions[0]}" in copy
+    none = make_sample(
+        tmp_path / "n", SampleConfig(trajectories=20, seed=4, copies=0.0, **SMALL), False
+    )
+    assert none.copies == 0 and all(ep.copy_annotation is None for ep in none.episodes)
+
+
+def test_desktop_platforms_differ_in_chrome_and_theme():
+    from data_gen.sample_corpus.screens import desktop
+
+    shots = {p: desktop(p, 640, 360, "10:00", "Notes")[0] for p in ("windows", "mac", "ubuntu")}
+    pixels = {p: s.image.getpixel((5, 5)) for p, s in shots.items()}
+    assert (
+        len(set(pixels.values())) == 3
+    )  # top-left corner: taskbar-less desktop, menu bar, top bar
+    chrome = {p: {e.role for e in s.elements} for p, s in shots.items()}
+    assert "taskbar" in chrome["windows"] and "dock" in chrome["mac"] and "dock" in chrome["ubuntu"]
+    assert "taskbar" not in chrome["mac"] | chrome["ubuntu"]
+    labels = {p: {e.label for e in s.elements} for p, s in shots.items()}
+    assert "Close" in labels["windows"] and "Close" not in labels["mac"]  # traffic lights on mac
+
+
+def test_wait_step_shows_a_spinner_then_content(corpus):
+    sidecar = {
+        (ln := json.loads(x))["screenshot"]: ln
+        for x in (corpus.root / "elements.jsonl").read_text().splitlines()
+    }
+    reports = [ep for ep in corpus.episodes if ep.scenario == "web_report"]
+    assert reports
+    for ep in reports:
+        k = next(i for i, a in enumerate(ep.raw_actions) if a.startswith("wait("))
+        before = {e["label"] for e in sidecar[ep.screenshots[k]]["elements"]}
+        after = {e["label"] for e in sidecar[ep.screenshots[k + 1]]["elements"]}
+        assert "Loading..." in before and "Loading..." not in after
+        assert any(label.startswith("Total:") for label in after)
+
+
+def test_long_press_and_right_click_open_their_menus(corpus):
+    sidecar = {
+        (ln := json.loads(x))["screenshot"]: ln
+        for x in (corpus.root / "elements.jsonl").read_text().splitlines()
+    }
+    seen = set()
+    for ep in corpus.episodes:
+        for k, action in enumerate(ep.raw_actions[:-1]):
+            name = action.split("(")[0]
+            if name not in ("long_press", "rightClick"):
+                continue
+            after = sidecar[ep.screenshots[k + 1]]["elements"]
+            roles = {e["role"] for e in after}
+            assert ("menuitem" in roles) if name == "rightClick" else ("1 selected" not in roles)
+            assert any(e["label"] in ("Delete", "Move to Trash") for e in after)
+            seen.add(name)
+    assert seen == {"long_press", "rightClick"}

@@ -72,12 +72,13 @@ def test_assignment_depends_only_on_the_key_set():
 
 
 def test_bad_lines_are_quarantined_and_counted(tmp_path):
-    lines = _trajs(5, variants=1) + ["{oops", json.dumps({"id": "x"})]
+    # ``[[[…`` past the recursion limit raises RecursionError inside json, not ValueError.
+    lines = _trajs(5, variants=1) + ["{oops", json.dumps({"id": "x"}), "[" * 100_000]
     (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
     stats = split(tmp_path / "t.jsonl", tmp_path / "s", SplitConfig(val=0.2, test=0.2))
-    assert stats["lines"] == 7 and stats["dropped"] == {"bad_json": 1, "missing_episode_key": 1}
+    assert stats["lines"] == 8 and stats["dropped"] == {"bad_json": 2, "missing_episode_key": 1}
     assert sum(v["trajectories"] for v in stats["splits"].values()) == 5
-    assert len((tmp_path / "s" / "quarantine.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "s" / "quarantine.jsonl").read_text().splitlines()) == 3
 
 
 def test_bad_options(tmp_path):
@@ -93,5 +94,8 @@ def test_cli_split(tmp_path, capsys):
     (tmp_path / "t.jsonl").write_text("\n".join(_trajs(20)) + "\n")
     argv = ["split", "--in", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "s")]
     assert main([*argv, "--val", "0.1", "--test", "0.1", "--seed", "2", "--quiet"]) == 0
-    assert "split summary" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "split summary" in out.out and "split:" not in out.err  # --quiet: no progress bar
+    assert main([*argv, "--val", "0.1", "--test", "0.1", "--seed", "2"]) == 0
+    assert "split:" in capsys.readouterr().err
     assert main([*argv, "--val", "0.7", "--test", "0.7"]) == 2

@@ -19,7 +19,10 @@ from train.config import TrainConfig
 
 def train_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m train", description="Supervised fine-tuning of the Qwen3-VL critic."
+        prog="python -m train",
+        description="Supervised fine-tuning of the Qwen3-VL critic.",
+        epilog="Other command: `python -m train merge-lora --adapter DIR --out DIR [--base CKPT]` "
+        "merges a LoRA run's adapters into its base model (see `python -m train merge-lora -h`).",
     )
     add_config_arguments(parser)
     args = parser.parse_args(argv)

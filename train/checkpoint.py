@@ -50,6 +50,37 @@ class TrainerState:
     """Training samples consumed so far, all ranks."""
     tokens_seen: int = 0
     """Packed tokens consumed so far, all ranks."""
+    world_size: int = 0
+    """Ranks of the run that wrote the state; ``step_in_epoch`` counts steps of this many ranks."""
+    grad_accum: int = 0
+    """Packs per rank per optimizer step when the state was written."""
+    plan_hash: str = ""
+    """Fingerprint of the epoch-0 pack plan (``train.data.plan_fingerprint``)."""
+
+
+def check_resumable(saved: TrainerState, current: TrainerState, path: str | Path) -> None:
+    """Refuse to resume when the data position means something else in this run.
+
+    ``step_in_epoch`` counts optimizer steps of a plan that depends on the samples, their
+    token lengths, the packing settings, the seed, the world size and the accumulation. If any
+    of them changed, skipping ``step_in_epoch`` steps would repeat or skip samples silently, so
+    this raises instead of guessing.
+
+    Raises:
+        ValueError: Naming every field that differs, with the saved and the current value.
+    """
+    fields = ("world_size", "grad_accum", "plan_hash")
+    diff = [
+        f"{f}: checkpoint {getattr(saved, f)!r}, this run {getattr(current, f)!r}"
+        for f in fields
+        if getattr(saved, f) != getattr(current, f)
+    ]
+    if diff:
+        raise ValueError(
+            f"cannot resume from {path}: the data plan changed ({'; '.join(diff)}). Resume with "
+            "the same data, packing settings, seed, number of processes and optim.grad_accum, "
+            "or start a new run (loop.resume=never or another out=)"
+        )
 
 
 def barrier() -> None:
@@ -157,14 +188,41 @@ def _prune(out: Path, keep_last: int) -> None:
 
 
 def load_checkpoint(
-    path: str | Path, accelerator: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any
+    path: str | Path,
+    accelerator: Any,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    current: TrainerState | None = None,
 ) -> TrainerState:
-    """Restore model, optimizer, scheduler, this rank's RNG and the loop position."""
+    """Restore model, optimizer, scheduler, this rank's RNG and the loop position.
+
+    Args:
+        path: Checkpoint directory (``out/checkpoints/step_N``).
+        accelerator: The run's ``Accelerator``.
+        model: The prepared module.
+        optimizer: The prepared optimizer.
+        scheduler: The LR schedule.
+        current: This run's plan identity (``world_size``, ``grad_accum``, ``plan_hash``);
+            when given, a checkpoint written under a different plan is refused before any
+            weights load (``check_resumable``).
+
+    Raises:
+        ValueError: The data plan differs from the checkpoint's.
+        FileNotFoundError: DeepSpeed found no engine state in ``path``.
+    """
     path = Path(path)
     rank, _ = rank_and_world()
+    state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
+    if current is not None:
+        check_resumable(state, current, path)
     engine = _engine(accelerator)
     if engine is not None:
-        engine.load_checkpoint(str(path), tag="engine", load_lr_scheduler_states=False)
+        loaded, _ = engine.load_checkpoint(str(path), tag="engine", load_lr_scheduler_states=False)
+        if loaded is None:
+            # DeepSpeed only logs a warning and returns (None, None) when the files are missing;
+            # continuing would train fresh weights from the checkpoint's data position.
+            raise FileNotFoundError(f"no DeepSpeed engine state under {path / 'engine'}")
     else:
         payload = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
         accelerator.unwrap_model(model).load_state_dict(payload["model"])
@@ -175,7 +233,6 @@ def load_checkpoint(
         _set_rng_state(torch.load(rng, weights_only=False))
     else:
         log.warning("no RNG state for rank %d in %s (world size changed?)", rank, path)
-    state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
     log.info("resumed from %s at step %d", path, state.step)
     return state
 
@@ -183,7 +240,7 @@ def load_checkpoint(
 class PreemptionFlag:
     """Set by SIGTERM/SIGUSR1; the loop checkpoints at the next step boundary and exits.
 
-    SLURM sends SIGUSR1 ahead of the time limit (``--signal=USR1@180``) and SIGTERM on
+    SLURM sends SIGUSR1 ahead of the time limit (``--signal=B:USR1@600``) and SIGTERM on
     preemption. The handler only records the signal: saving happens in the loop, on all ranks
     at the same step (``should_stop`` all-reduces the flag).
     """
@@ -229,11 +286,16 @@ def export_final(
 
     ``model`` is the prepared ``CriticLoss``; its ``.model`` is saved. Under ZeRO-3 the state dict
     is gathered to 16 bit first. LoRA runs save the adapter (merge with ``train merge-lora``).
+    Training runs without the KV cache; the saved config and generation config turn it back on,
+    since that is what inference needs.
     """
+    from hivig.models.qwen_vl import set_use_cache
+
     # Collective under ZeRO-3 (every rank gathers); the plain state dict elsewhere.
     state_dict = accelerator.get_state_dict(model)
     if rank_and_world()[0] == 0:
         inner = accelerator.unwrap_model(model).model
+        _enable_cache(inner, set_use_cache)
         prefix = "model."
         weights = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
         if lora:
@@ -247,3 +309,12 @@ def export_final(
         log.info("final checkpoint in %s", out)
     barrier()
     return out
+
+
+def _enable_cache(model: Any, set_use_cache: Any) -> None:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    set_use_cache(base, True)
+    # The generation config was derived from the training config (cache off) when it was built.
+    generation = getattr(base, "generation_config", None)
+    if generation is not None:
+        generation.use_cache = True

@@ -41,7 +41,9 @@ class ModelConfig:
     train_deepstack: bool = False
     """Train the three DeepStack mergers (conservative default: frozen, §11)."""
     train_llm: bool = True
-    """Train the language model and ``lm_head``."""
+    """Train the language model and ``lm_head``. Under LoRA the adapters on
+    ``lora.target_modules`` train instead and this flag is not used; the other ``train_*`` flags
+    must be false there (validation refuses them)."""
 
 
 @dataclass
@@ -151,11 +153,15 @@ class TrainLoopConfig:
     keep_last_checkpoints: int = 2
     """Resumable checkpoints kept on disk; older ones are deleted."""
     resume: str = "auto"
-    """``auto`` (latest checkpoint in ``out``, if any), ``never``, or a checkpoint directory."""
+    """``auto`` (latest checkpoint in ``out``, if any), ``never``, or a checkpoint directory.
+    A checkpoint resumes only under the same data plan (samples, packing, seed, number of
+    processes, accumulation); otherwise the run stops with the differing fields named."""
     requeue_on_signal: bool = True
     """After a SIGUSR1 checkpoint inside SLURM, run ``scontrol requeue`` for this job."""
-    peak_tflops: float = 989.0
-    """Dense bf16 peak per device for MFU, in TFLOP/s (H100 SXM / H200: 989, A100: 312)."""
+    peak_tflops_override: float = 0.0
+    """Dense bf16 peak per device for MFU, in TFLOP/s; 0 looks it up from the GPU's name
+    (``train.flops.PEAK_BF16_TFLOPS``: H100 SXM / H200 989, H100 NVL 835, H100 PCIe 756,
+    A100 / A800 312). MFU is logged as null on CPU or an unlisted GPU unless this is set."""
     progress_bar: bool = True
     """Show a tqdm bar on rank 0."""
     ledger: bool = True
@@ -236,10 +242,18 @@ def _validate(cfg: TrainConfig) -> None:
     _check(lp.eval_max_packs > 0, "`loop.eval_max_packs` must be positive")
     _check(lp.keep_last_checkpoints > 0, "`loop.keep_last_checkpoints` must be positive")
     _check(bool(lp.resume), "`loop.resume` must be auto, never or a checkpoint directory")
-    _check(lp.peak_tflops > 0, "`loop.peak_tflops` must be positive (TFLOP/s per device)")
+    _check(lp.peak_tflops_override >= 0, "`loop.peak_tflops_override` must be >= 0 (0 = lookup)")
     bad = [s for s in cfg.metrics.sinks if s not in METRIC_SINKS]
     _check(not bad, f"`metrics.sinks` has unknown entries {bad}; choose from {METRIC_SINKS}")
     if lo.enabled:
+        # Under LoRA every base weight is frozen and only adapters train; a module-group flag
+        # asking for more would be silently ignored, so it is an error instead.
+        for name in ("train_vit", "train_merger", "train_deepstack"):
+            _check(
+                not getattr(m, name),
+                f"`model.{name}` is true but LoRA trains adapters only: set model.{name}=false "
+                "or run a full fine-tune (lora.enabled=false)",
+            )
         _check(lo.r > 0 and lo.alpha > 0, "`lora.r` and `lora.alpha` must be positive")
         _check(0 <= lo.dropout < 1, "`lora.dropout` must be in [0, 1)")
         _check(bool(lo.target_modules), "`lora.target_modules` must not be empty")

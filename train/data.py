@@ -154,6 +154,7 @@ def compute_token_counts(
         batch_size=None,
         num_workers=num_workers,
         collate_fn=_identity,
+        generator=torch.Generator(),  # leaves the global RNG stream alone
     )
     for i, n, sup, reason, message in loader:
         lengths[i], supervised[i] = n, sup
@@ -288,6 +289,28 @@ class EpochPlan:
     """``steps[s][rank]`` = pack indices of that rank's micro-batches in step ``s``."""
     counts: dict[str, int]
     """``packs``, ``samples``, ``dropped_too_long``, ``dropped_partial_step``, ``fill_permille``."""
+    too_long: list[int] = field(default_factory=list)
+    """Samples longer than the budget (dropped, never truncated)."""
+
+
+def plan_fingerprint(plan: EpochPlan) -> str:
+    """Hash of the packs and their step/rank assignment: what a saved data position refers to."""
+    blob = json.dumps([plan.packs, plan.steps], separators=(",", ":"))
+    return hashlib.sha256(blob.encode("ascii")).hexdigest()[:16]
+
+
+def quarantine_too_long(
+    quarantine: Quarantine,
+    samples: Sequence[Sample],
+    lengths: Sequence[int],
+    plan: EpochPlan,
+    budget: int,
+) -> None:
+    """Record every over-budget sample of ``plan`` by id, with reason ``too_long``."""
+    for i in plan.too_long:
+        quarantine.add(
+            samples[i].id, "too_long", f"{lengths[i]} tokens > dataset.token_budget {budget}"
+        )
 
 
 def derive_grad_accum(
@@ -332,7 +355,7 @@ def plan_epoch(
         "dropped_partial_step": sum(len(p) for p in plan.packs[used:]),
         "fill_permille": int(1000 * plan.fill),
     }
-    return EpochPlan(packs=plan.packs, steps=steps, counts=counts)
+    return EpochPlan(packs=plan.packs, steps=steps, counts=counts, too_long=list(plan.too_long))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -386,8 +409,17 @@ def build_loader(
     num_workers: int,
     prefetch_factor: int,
     pin_memory: bool,
+    seed: int = 0,
 ) -> DataLoader:
-    """A loader yielding ``PackedBatch``es in plan order; workers encode whole packs."""
+    """A loader yielding ``PackedBatch``es in plan order; workers encode whole packs.
+
+    The loader draws its workers' base seed from its own generator seeded with ``seed``, never
+    from the global torch RNG: creating an iterator must not move the RNG stream a resumed run
+    has just restored (dropout masks would differ from the uninterrupted run). Torch seeds each
+    worker's ``random``, ``numpy`` and ``torch`` from that base seed and the worker id.
+    """
+    generator = torch.Generator()
+    generator.manual_seed(seed)
     extra: dict[str, Any] = {}
     if num_workers > 0:
         extra["prefetch_factor"] = prefetch_factor
@@ -398,5 +430,6 @@ def build_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         collate_fn=_identity,
+        generator=generator,
         **extra,
     )

@@ -1,8 +1,8 @@
 """Periodic evaluation: held-out loss on packed batches and generation-based verdict accuracy.
 
 Both run on every rank (held-out packs are sharded like training packs) and return metric dicts
-for the run's ``MetricLogger``; the recipe calls them every ``loop.eval_every_n_steps`` and at
-the end.
+for the run's ``MetricLogger``; the recipe calls ``run_evaluation`` every
+``loop.eval_every_n_steps`` and at the end.
 """
 
 from __future__ import annotations
@@ -143,3 +143,55 @@ def verdict_accuracy(
         "eval_verdict_unparsed": float(unparsed),
         "eval_verdict_n": float(scored),
     }
+
+
+def run_evaluation(
+    model: torch.nn.Module,
+    samples: Sequence[Any],
+    lengths: Sequence[int],
+    encoder: Any,
+    *,
+    budget: int,
+    max_packs: int,
+    device: torch.device | str,
+    generate: int = 0,
+    max_new_tokens: int = 0,
+    generation_model: torch.nn.Module | None = None,
+    processor: Any = None,
+    zero3: bool = False,
+) -> dict[str, float]:
+    """Held-out loss and, when ``generate`` > 0, verdict accuracy; leaves ``model`` training.
+
+    Args:
+        model: The prepared ``CriticLoss``.
+        samples: Held-out samples (empty: nothing is evaluated).
+        lengths: Their token lengths.
+        encoder: ``RecordEncoder``.
+        budget: Tokens per pack.
+        max_packs: Packs per rank at most.
+        device: Where the model lives.
+        generate: Critique samples to score by generation (0 = none).
+        max_new_tokens: Generation budget per sample.
+        generation_model: The unwrapped VLM that ``generate`` runs on.
+        processor: Its processor.
+        zero3: Parameters are ZeRO-3 partitioned: rank-0-only generation would wait forever
+            for the other ranks' shards, so it is skipped with a warning.
+    """
+    if not samples:
+        return {}
+    row = evaluate_loss(
+        model, samples, lengths, encoder, budget=budget, max_packs=max_packs, device=device
+    )
+    if generate and zero3:
+        log.warning("generation eval skipped under ZeRO-3; evaluate out/final instead")
+    elif generate and generation_model is not None:
+        row |= verdict_accuracy(
+            generation_model,
+            processor,
+            samples,
+            encoder,
+            limit=generate,
+            max_new_tokens=max_new_tokens,
+        )
+    model.train()
+    return row

@@ -125,8 +125,53 @@ def step_flops(
     return llm + llm_attn + vit + vit_attn + merger + deepstack
 
 
-def mfu(flops: float, seconds: float, devices: int, peak_tflops: float) -> float:
-    """Model FLOPs utilisation: ``flops / (seconds · devices · peak)``, as a fraction."""
+def mfu(flops: float, seconds: float, devices: int, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation: ``flops / (seconds · devices · peak)``, as a fraction.
+
+    ``None`` when the peak is unknown (CPU, an unlisted GPU): no number beats a wrong one.
+    """
+    if peak_tflops is None:
+        return None
     if seconds <= 0 or devices <= 0 or peak_tflops <= 0:
         return 0.0
     return flops / (seconds * devices * peak_tflops * 1e12)
+
+
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 NVL", 835.0),
+    ("H100 PCIE", 756.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+)
+"""Dense (no sparsity) bf16 tensor-core peak per GPU, in TFLOP/s, matched in order against the
+upper-cased ``torch.cuda.get_device_name()``; the specific H100 variants come before the
+generic ``H100``, which is the SXM part (its name carries no form factor: "NVIDIA H100 80GB
+HBM3")."""
+
+
+def peak_tflops(device_name: str | None, override: float = 0.0) -> float | None:
+    """Dense bf16 peak of one device for MFU, or ``None`` when unknown.
+
+    Args:
+        device_name: ``torch.cuda.get_device_name()``, or ``None`` on CPU.
+        override: A positive value wins over the table (new or unlisted hardware).
+
+    Returns:
+        TFLOP/s per device; ``None`` on CPU or for a GPU missing from ``PEAK_BF16_TFLOPS``.
+    """
+    if override > 0:
+        return override
+    if not device_name:
+        return None
+    name = device_name.upper()
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
+
+
+def device_peak_tflops(override: float = 0.0) -> float | None:
+    """``peak_tflops`` of this process's CUDA device (``None`` on CPU unless overridden)."""
+    import torch
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return peak_tflops(name, override)

@@ -1,6 +1,10 @@
 """Metric loggers behind one small Protocol, so the loop never branches on "is W&B on".
 
-Only rank 0 builds real sinks; other ranks get ``NullLogger``. JSONL is always written.
+Only rank 0 builds real sinks; other ranks get ``NullLogger``. JSONL is always written. A value
+of ``None`` means "not available" (MFU on CPU): JSONL writes null, the stdout line shows it, and
+the TensorBoard/W&B sinks leave it out.
+
+``step_metrics`` turns one optimizer step's micro-batches into the logged row.
 """
 
 from __future__ import annotations
@@ -12,11 +16,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+import torch
+import torch.distributed as dist
+
 from hivig.logging import get_logger
+from train.collate import PackedBatch
+from train.flops import FlopShape, mfu, step_flops
 
 log = get_logger(__name__)
 
-Scalars = Mapping[str, float | int]
+Scalars = Mapping[str, float | int | None]
 
 
 class MetricLogger(Protocol):
@@ -80,7 +89,7 @@ class TensorBoardLogger:
         self._writer = SummaryWriter(log_dir=str(log_dir))
 
     def log(self, metrics: Scalars, step: int) -> None:
-        for k, v in metrics.items():
+        for k, v in _available(metrics).items():
             self._writer.add_scalar(k, v, step)
 
     def close(self) -> None:
@@ -96,7 +105,7 @@ class WandbLogger:
         self._run = wandb.init(project=project, dir=str(run_dir), config=dict(config))
 
     def log(self, metrics: Scalars, step: int) -> None:
-        self._run.log(dict(metrics), step=step)
+        self._run.log(_available(metrics), step=step)
 
     def close(self) -> None:
         self._run.finish()
@@ -150,7 +159,77 @@ def build_metric_logger(
     return MultiLogger(loggers)
 
 
-def _jsonable(v: float | int) -> float | int | str:
+def _available(metrics: Scalars) -> dict[str, float | int]:
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def step_metrics(
+    micro: Sequence[PackedBatch],
+    loss_sum: torch.Tensor,
+    n_global: int,
+    *,
+    world: int,
+    device: torch.device,
+    flop_shape: FlopShape,
+    peak_tflops: float | None,
+    lr: float,
+    grad_norm: float | None,
+    wait: float,
+    elapsed: float,
+) -> dict[str, float | None]:
+    """The logged row of one optimizer step, summed over ranks (a collective: call on all).
+
+    Args:
+        micro: This rank's micro-batches of the step.
+        loss_sum: This rank's summed CE over the step.
+        n_global: Supervised tokens of the step on all ranks (the loss normaliser).
+        world: Number of ranks.
+        device: Where the all-reduce runs.
+        flop_shape: Model numbers for the FLOP count.
+        peak_tflops: Per-device peak, or ``None`` (MFU then logs as null).
+        lr: LR the step was taken with (read before the scheduler advances).
+        grad_norm: Global gradient norm before clipping, if known.
+        wait: Seconds this rank waited for the loader.
+        elapsed: Wall time of the step.
+    """
+    seq_lens = [n for b in micro for n in b.meta.seq_lens]
+    patches = [p for b in micro for p in b.meta.image_patches]
+    local = [
+        float(loss_sum),
+        float(sum(seq_lens)),
+        float(len(seq_lens)),
+        step_flops(flop_shape, seq_lens, patches, causal=True),
+        step_flops(flop_shape, seq_lens, patches, causal=False),
+        wait,
+    ]
+    loss, tokens, samples, fl_c, fl_nc, waits = _all_reduce_sum(local, device)
+    row: dict[str, float | None] = {
+        "loss": loss / max(n_global, 1),
+        "lr": lr,
+        "grad_norm": float("nan") if grad_norm is None else grad_norm,
+        "tokens": tokens,
+        "samples": samples,
+        "supervised_tokens": float(n_global),
+        "tokens_per_s_per_device": tokens / elapsed / world,
+        "samples_per_s": samples / elapsed,
+        "mfu": mfu(fl_c, elapsed, world, peak_tflops),
+        "mfu_non_causal": mfu(fl_nc, elapsed, world, peak_tflops),
+        "dataloader_wait_frac": waits / world / elapsed,
+        "step_time_s": elapsed,
+    }
+    if torch.cuda.is_available():
+        row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
+
+
+def _jsonable(v: float | int | None) -> float | int | str | None:
     # JSON has no NaN/inf; keep them visible as strings instead of writing invalid JSON.
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)

@@ -326,9 +326,7 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
         return None
     point = rng.choice(valid)
     note = f"landed at {list(point)}, just outside '{el.label}' {list(el.box)}"
-    return _bad(
-        view, GROUNDING, "near_miss", _moved(view, index, point), view.intent, note
-    )
+    return _bad(view, GROUNDING, "near_miss", _moved(view, index, point), view.intent, note)
 
 
 def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:

@@ -142,11 +142,14 @@ def _point(ctx: Ctx, scr: Screen, label: str) -> tuple[float, float]:
     return round((x1 + fx * (x2 - x1)) / scr.width, 4), round((y1 + fy * (y2 - y1)) / scr.height, 4)
 
 
-def at(ctx: Ctx, scr: Screen, name: str, label: str, lead: str = "") -> tuple[str, str]:
-    """``name([lead, ]x=…, y=…)`` aimed at ``label``; returns (call, target label)."""
+def at(
+    ctx: Ctx, scr: Screen, name: str, label: str, lead: str = "", tail: str = ""
+) -> tuple[str, str]:
+    """``name([lead, ]x=…, y=…[, tail])`` aimed at ``label``; returns (call, target label)."""
     x, y = _point(ctx, scr, label)
     head = f"{lead}, " if lead else ""
-    return f"{name}({head}x={x}, y={y})", label
+    end = f", {tail}" if tail else ""
+    return f"{name}({head}x={x}, y={y}{end})", label
 
 
 def step(scr: Screen, think: str, operation: str, *calls: tuple[str, str | None] | str) -> StepSpec:

@@ -111,47 +111,57 @@ def set_alarm(ctx: Ctx) -> Episode:
     return ep
 
 
+def _contacts_frame(
+    ctx: Ctx, people: list[str], person: str, number: str, k: int, view: str, offset: int = 0
+) -> Screen:
+    """Screen ``k`` of the contacts scenario: home, the list (scrolled by ``offset``), a contact."""
+    scr, box = phone(*ctx.size, ctx.clock(k))
+    u = scr.u
+    if view == "home":
+        _home(scr, box)
+    elif view == "list":
+        scr.text((box[0] + u(24), box[1] + u(36)), "Contacts", 26)
+        scr.rows(
+            (box[0] + u(8), box[1] + u(72), box[2] - u(8), box[3] - u(8)),
+            people,
+            offset,
+            64,
+            role="contact",
+        )
+    else:
+        scr.text((box[0] + u(24), box[1] + u(60)), person, 28)
+        scr.text((box[0] + u(24), box[1] + u(120)), f"Mobile {number}", 18)
+        scr.button(
+            (box[0] + u(24), box[1] + u(160), box[0] + u(164), box[1] + u(210)), "Call", True
+        )
+    return scr
+
+
+def _list_swipe(scr: Screen, rows: int, size: tuple[int, int]) -> tuple[str, str]:
+    """A from/to swipe that moves the finger up by exactly ``rows`` list rows."""
+    w, h = size
+    lst = scr.find("list").box
+    fy, ty = 0.8, 0.8 - rows * scr.u(64) / h
+    fx = round((lst[0] + lst[2]) / 2 / w, 4)
+    return f"swipe(from_coord=[{fx}, {fy}], to_coord=[{fx}, {round(ty, 4)}])", "list"
+
+
 def find_contact(ctx: Ctx) -> Episode:
     """Contacts: open the app, swipe the list (from/to coordinates), read a phone number."""
-    (w, h), rng = ctx.size, ctx.rng
+    rng = ctx.rng
     people = sorted(rng.sample(PEOPLE, 20))
     missing = rng.random() < 0.25
     person = "Zack Tremont" if missing else people[rng.randint(12, 19)]
     phones = [f"+1 555 01{rng.randint(10, 99)}" for _ in people]
+    number = "" if missing else phones[people.index(person)]
 
-    def frame(k: int, view: str, offset: int = 0):
-        scr, box = phone(w, h, ctx.clock(k))
-        u = scr.u
-        if view == "home":
-            _home(scr, box)
-        elif view == "list":
-            scr.text((box[0] + u(24), box[1] + u(36)), "Contacts", 26)
-            scr.rows(
-                (box[0] + u(8), box[1] + u(72), box[2] - u(8), box[3] - u(8)),
-                people,
-                offset,
-                64,
-                role="contact",
-            )
-        else:
-            scr.text((box[0] + u(24), box[1] + u(60)), person, 28)
-            scr.text(
-                (box[0] + u(24), box[1] + u(120)), f"Mobile {phones[people.index(person)]}", 18
-            )
-            scr.button(
-                (box[0] + u(24), box[1] + u(160), box[0] + u(164), box[1] + u(210)), "Call", True
-            )
-        return scr
+    def frame(k: int, view: str, offset: int = 0) -> Screen:
+        return _contacts_frame(ctx, people, person, number, k, view, offset)
 
     s0 = frame(0, "home")
     s1 = frame(1, "list")
-    lst = s1.find("list").box
-    visible = sum(1 for e in s1.elements if e.role == "contact")
-    shift = len(people) - visible
+    shift = len(people) - sum(1 for e in s1.elements if e.role == "contact")
     # The finger moves up by exactly `shift` rows, so the next screen shows the list that far down.
-    fy, ty = 0.8, 0.8 - shift * s1.u(64) / h
-    fx = round((lst[0] + lst[2]) / 2 / w, 4)
-    swipe = (f"swipe(from_coord=[{fx}, {fy}], to_coord=[{fx}, {round(ty, 4)}])", "list")
     s2 = frame(2, "list", shift)
     ep = Episode(
         "find_contact",
@@ -173,12 +183,11 @@ def find_contact(ctx: Ctx) -> Episode:
             s1,
             f"The contact list is alphabetical and {person} is further down.",
             "Swipe up on the list to scroll down",
-            swipe,
+            _list_swipe(s1, shift, ctx.size),
         ),
     ]
     if missing:
         ep.outcome = "failure"
-        s3 = frame(3, "home")
         ep.steps += [
             step(
                 s2,
@@ -187,14 +196,13 @@ def find_contact(ctx: Ctx) -> Episode:
                 "navigate_back()",
             ),
             step(
-                s3,
+                frame(3, "home"),
                 "Back on the home screen; the contact could not be found.",
                 "Stop, the contact is not saved",
                 terminate(False, rng),
             ),
         ]
         return ep
-    number = phones[people.index(person)]
     s3, s4 = frame(3, "detail"), frame(4, "detail")
     ep.steps += [
         step(s2, f"{person} is now visible.", f"Tap {person}", at(ctx, s2, "click", person)),
@@ -205,5 +213,64 @@ def find_contact(ctx: Ctx) -> Episode:
             f"response(answer={number!r})",
         ),
         step(s4, "The number has been reported.", "The task is complete", terminate(True, rng)),
+    ]
+    return ep
+
+
+def delete_alarm(ctx: Ctx) -> Episode:
+    """Clock: long-press an alarm to select it, delete it from the selection bar."""
+    rng = ctx.rng
+    alarms = sorted(rng.sample(("5:45 AM", "6:00 AM", "6:30 AM", "7:15 AM", "8:00 AM"), 4))
+    target = rng.choice(alarms)
+
+    def frame(k: int, items: list[str], selected: str | None = None) -> Screen:
+        scr, box = phone(*ctx.size, ctx.clock(k))
+        u = scr.u
+        if selected is None:
+            scr.text((box[0] + u(24), box[1] + u(40)), "Alarm", 26)
+        else:
+            scr.rect((box[0], box[1], box[2], box[1] + u(72)), "#e8def8")
+            scr.text((box[0] + u(24), box[1] + u(36)), "1 selected", 22)
+            scr.button((box[2] - u(130), box[1] + u(14), box[2] - u(20), box[1] + u(58)), "Delete")
+        scr.rows(
+            (box[0] + u(16), box[1] + u(80), box[2] - u(16), box[3] - u(140)),
+            items,
+            0,
+            88,
+            role="alarm",
+            selected=selected,
+        )
+        return scr
+
+    rest = [a for a in alarms if a != target]
+    s0, s1, s2 = frame(0, alarms), frame(1, alarms, target), frame(2, rest)
+    ep = Episode(
+        "delete_alarm",
+        "android",
+        "Clock",
+        [
+            f"Delete the {target} alarm.",
+            f"Remove my {target} alarm from the Clock app.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            f"The alarm list shows the {target} alarm; a long press selects it.",
+            f"Long-press the {target} alarm to select it",
+            at(ctx, s0, "long_press", target, tail="duration=1"),
+        ),
+        step(
+            s1,
+            "The alarm is selected and a Delete button appeared in the top bar.",
+            "Tap Delete",
+            at(ctx, s1, "click", "Delete"),
+        ),
+        step(
+            s2,
+            f"The {target} alarm is gone from the list.",
+            "The alarm is deleted, the task is complete",
+            terminate(True, rng),
+        ),
     ]
     return ep

@@ -315,3 +315,65 @@ def copy_text(ctx: Ctx) -> Episode:
         ),
     ]
     return ep
+
+
+# Context-menu entries per platform: the destructive entry is named the way each system names it.
+_CONTEXT_MENU = {
+    "windows": ("Open", "Cut", "Copy", "Rename", "Delete", "Properties"),
+    "mac": ("Open", "Get Info", "Rename", "Duplicate", "Move to Trash"),
+    "ubuntu": ("Open", "Cut", "Copy", "Rename...", "Move to Trash", "Properties"),
+}
+
+
+def delete_file(ctx: Ctx) -> Episode:
+    """File manager: right-click a file, pick the delete entry of the context menu."""
+    p, (w, h), rng = ctx.platform, ctx.size, ctx.rng
+    app = _app_name(p, "files")
+    files = file_names(rng, 8)
+    target = rng.choice(files)
+    menu = _CONTEXT_MENU[p]
+    delete = menu[-2] if p != "mac" else menu[-1]
+
+    def frame(k: int, items: list[str], status: str, context: bool = False) -> Screen:
+        scr, content = desktop(p, w, h, ctx.clock(k), f"Documents - {app}")
+        content = status_bar(scr, content, status)
+        box = (content[0] + scr.u(8), content[1] + scr.u(8), content[2] - scr.u(8), content[3])
+        scr.rows(box, items, 0, 30, role="file", selected=target if context else None)
+        if context:
+            x1, y1, x2, y2 = scr.find(target).box
+            scr.dropdown(int(x1 + (x2 - x1) * 0.4), int((y1 + y2) / 2), list(menu))
+        return scr
+
+    s0 = frame(0, files, f"{len(files)} items")
+    s1 = frame(1, files, f"{len(files)} items", context=True)
+    s2 = frame(2, [f for f in files if f != target], f"{len(files) - 1} items")
+    ep = Episode(
+        "delete_file",
+        p,
+        app,
+        [
+            f"Delete {target} from Documents using the context menu.",
+            f"Right-click {target} and remove it.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            f"{target} is in the Documents list; its context menu has a delete entry.",
+            f"Right-click {target} to open its context menu",
+            at(ctx, s0, "rightClick", target),
+        ),
+        step(
+            s1,
+            f"The context menu of {target} is open.",
+            f"Click {delete} in the context menu",
+            at(ctx, s1, "click", delete),
+        ),
+        step(
+            s2,
+            f"{target} is no longer in the list.",
+            "The file is deleted, the task is complete",
+            terminate(True, rng),
+        ),
+    ]
+    return ep

@@ -15,18 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from data_gen.sample_corpus._base import Ctx, Episode, StepSpec
-from data_gen.sample_corpus.android import find_contact, set_alarm
-from data_gen.sample_corpus.desktop import copy_text, drag_file, open_file, save_as
-from data_gen.sample_corpus.web import web_form, web_search
+from data_gen.sample_corpus.android import delete_alarm, find_contact, set_alarm
+from data_gen.sample_corpus.desktop import copy_text, delete_file, drag_file, open_file, save_as
+from data_gen.sample_corpus.web import web_form, web_report, web_search
 
 __all__ = ["SCENARIOS", "Ctx", "Episode", "Scenario", "StepSpec"]
 
 Scenario = Callable[[Ctx], Episode]
 
 SCENARIOS: dict[str, tuple[Scenario, ...]] = {
-    "windows": (save_as, open_file, drag_file, copy_text),
-    "mac": (save_as, open_file, drag_file, copy_text),
-    "ubuntu": (save_as, open_file, drag_file, copy_text),
-    "web": (web_search, web_form),
-    "android": (set_alarm, find_contact),
+    "windows": (save_as, open_file, drag_file, copy_text, delete_file),
+    "mac": (save_as, open_file, drag_file, copy_text, delete_file),
+    "ubuntu": (save_as, open_file, drag_file, copy_text, delete_file),
+    "web": (web_search, web_form, web_report),
+    "android": (set_alarm, find_contact, delete_alarm),
 }

@@ -1,4 +1,4 @@
-"""Web scenarios: a shop search with a finger-direction swipe, and a contact form."""
+"""Web scenarios: a shop search with a finger-direction swipe, a contact form, a slow report."""
 
 from __future__ import annotations
 
@@ -31,56 +31,93 @@ def _shop_header(scr: Screen, page: Box, query: str, focused: bool) -> None:
     scr.button((page[2] - u(140), page[1] + u(16), page[2] - u(24), page[1] + u(48)), "Cart (0)")
 
 
+def _shop_frame(
+    ctx: Ctx,
+    products: list[tuple[str, str]],
+    k: int,
+    q: str,
+    focused: bool,
+    results: int | None,
+    offset: int = 0,
+    product: tuple[str, str] | None = None,
+) -> Screen:
+    """Screen ``k`` of the shop: home, results (scrolled by ``offset``) or a product page."""
+    w, h = ctx.size
+    url = "http://shoplite.test/" + (
+        f"search?q={q.replace(' ', '+')}" if results is not None else ""
+    )
+    scr, page = browser(w, h, ctx.clock(k), url, "ShopLite")
+    _shop_header(scr, page, q, focused)
+    body = (page[0] + scr.u(24), page[1] + scr.u(80), page[2] - scr.u(24), page[3] - scr.u(16))
+    if product is not None:
+        scr.text((body[0], body[1] + scr.u(30)), product[0], 22)
+        scr.text((body[0], body[1] + scr.u(70)), f"Price: {product[1]}", 18, "#b12704")
+        scr.button(
+            (body[0], body[1] + scr.u(100), body[0] + scr.u(160), body[1] + scr.u(136)),
+            "Add to cart",
+            True,
+        )
+    elif results == 0:
+        scr.text((body[0], body[1] + scr.u(30)), f'No results for "{q}".', 18)
+    elif results is not None:
+        scr.rows(
+            body,
+            [n for n, _ in products],
+            offset,
+            72,
+            role="link",
+            details=[pr for _, pr in products],
+        )
+    else:
+        scr.text((body[0], body[1] + scr.u(30)), "Deals of the day", 20)
+    return scr
+
+
+def _shop_found(ctx: Ctx, ep: Episode, products: list[tuple[str, str]], query: str) -> None:
+    """The steps after a search that found ``query``: swipe to it, open it, answer the price."""
+    rng = ctx.rng
+
+    def frame(k: int, **kw) -> Screen:
+        return _shop_frame(ctx, products, k, query, False, **kw)
+
+    s2 = frame(2, results=len(products))
+    visible = sum(1 for e in s2.elements if e.role == "link" and e.label != "ShopLite")
+    price = dict(products)[query]
+    shift = max(0, min(len(products) - visible, products.index((query, price)) - 1))
+    s3 = frame(3, results=len(products), offset=shift)
+    s4 = frame(4, results=None, product=(query, price))
+    s5 = frame(5, results=None, product=(query, price))
+    ep.steps += [
+        step(
+            s2,
+            "The results list is longer than the page; the product is further down.",
+            "Scroll down the results page",
+            "swipe(direction='up', amount=0.5)",
+        ),
+        step(
+            s3,
+            f"{query} is now visible in the results.",
+            f"Open the result {query}",
+            at(ctx, s3, "click", query),
+        ),
+        step(
+            s4,
+            f"The product page shows the price {price}.",
+            f"Answer that it costs {price}",
+            f"response(answer={price!r})",
+        ),
+        step(s5, "The price has been reported.", "The task is complete", terminate(True, rng)),
+    ]
+
+
 def web_search(ctx: Ctx) -> Episode:
     """Shop: search, swipe the results (finger direction), open one, answer its price."""
-    (w, h), rng = ctx.size, ctx.rng
+    rng = ctx.rng
     products = rng.sample(PRODUCTS, 10)
     missing = rng.random() < 0.25
     query = "vintage typewriter" if missing else products[rng.randint(6, 9)][0]
-    url = "http://shoplite.test/"
-
-    def frame(
-        k: int,
-        q: str,
-        focused: bool,
-        results: int | None,
-        offset: int = 0,
-        product: tuple[str, str] | None = None,
-    ):
-        scr, page = browser(
-            w,
-            h,
-            ctx.clock(k),
-            url + (f"search?q={q.replace(' ', '+')}" if results is not None else ""),
-            "ShopLite",
-        )
-        _shop_header(scr, page, q, focused)
-        body = (page[0] + scr.u(24), page[1] + scr.u(80), page[2] - scr.u(24), page[3] - scr.u(16))
-        if product is not None:
-            scr.text((body[0], body[1] + scr.u(30)), product[0], 22)
-            scr.text((body[0], body[1] + scr.u(70)), f"Price: {product[1]}", 18, "#b12704")
-            scr.button(
-                (body[0], body[1] + scr.u(100), body[0] + scr.u(160), body[1] + scr.u(136)),
-                "Add to cart",
-                True,
-            )
-        elif results == 0:
-            scr.text((body[0], body[1] + scr.u(30)), f'No results for "{q}".', 18)
-        elif results is not None:
-            scr.rows(
-                body,
-                [n for n, _ in products],
-                offset,
-                72,
-                role="link",
-                details=[pr for _, pr in products],
-            )
-        else:
-            scr.text((body[0], body[1] + scr.u(30)), "Deals of the day", 20)
-        return scr
-
-    s0 = frame(0, "", False, None)
-    s1 = frame(1, "", True, None)
+    s0 = _shop_frame(ctx, products, 0, "", False, None)
+    s1 = _shop_frame(ctx, products, 1, "", True, None)
     ep = Episode(
         "web_search",
         "web",
@@ -106,45 +143,80 @@ def web_search(ctx: Ctx) -> Episode:
             "press(keys='enter')",
         ),
     ]
-    if missing:
-        ep.outcome = "failure"
-        s2 = frame(2, query, False, 0)
-        ep.steps.append(
-            step(
-                s2,
-                "The store has no results for this product.",
-                "Give up, the product is not sold here",
-                terminate(False, rng, "no results"),
-            )
-        )
+    if not missing:
+        _shop_found(ctx, ep, products, query)
         return ep
-    s2 = frame(2, query, False, len(products))
-    visible = sum(1 for e in s2.elements if e.role == "link" and e.label != "ShopLite")
-    shift = max(0, min(len(products) - visible, products.index((query, dict(products)[query])) - 1))
-    s3 = frame(3, query, False, len(products), shift)
-    price = dict(products)[query]
-    s4 = frame(4, query, False, None, product=(query, price))
-    s5 = frame(5, query, False, None, product=(query, price))
-    ep.steps += [
+    ep.outcome = "failure"
+    ep.steps.append(
+        step(
+            _shop_frame(ctx, products, 2, query, False, 0),
+            "The store has no results for this product.",
+            "Give up, the product is not sold here",
+            terminate(False, rng, "no results"),
+        )
+    )
+    return ep
+
+
+def web_report(ctx: Ctx) -> Episode:
+    """Dashboard: start a report, *wait* while a spinner shows, then read the total.
+
+    The ``wait`` step is ground truth for timing: its screen shows a loading spinner and the
+    next screen the loaded content.
+    """
+    (w, h), rng = ctx.size, ctx.rng
+    month = rng.choice(("January", "February", "March", "April", "May", "June"))
+    rows = [(p, rng.randint(3, 40)) for p, _ in rng.sample(PRODUCTS, 5)]
+    total = sum(n for _, n in rows)
+    seconds = rng.choice((2, 3, 5))
+
+    def frame(k: int, view: str) -> Screen:
+        scr, page = browser(w, h, ctx.clock(k), "http://sales.test/reports", "Sales reports")
+        u = scr.u
+        x0, y = page[0] + u(60), page[1] + u(40)
+        scr.text((x0, y), f"Sales report - {month}", 24)
+        if view == "start":
+            scr.button((x0, y + u(50), x0 + u(200), y + u(90)), "Generate report", True)
+        elif view == "loading":
+            cx, cy, r = (page[0] + page[2]) // 2, (page[1] + page[3]) // 2, u(28)
+            scr.draw.arc((cx - r, cy - r, cx + r, cy + r), 0, 270, fill="#1a73e8", width=u(6))
+            scr.text_centered((cx - u(150), cy + r, cx + u(150), cy + r + u(40)), "Loading...", 16)
+            scr.element("Loading...", "progress", (cx - r, cy - r, cx + r, cy + r))
+        else:
+            labels = [f"{name}: {n} sold" for name, n in rows] + [f"Total: {total} units"]
+            scr.rows((x0, y + u(50), page[2] - u(60), page[3] - u(20)), labels, 0, 44)
+        return scr
+
+    s0, s1, s2, s3 = frame(0, "start"), frame(1, "loading"), frame(2, "table"), frame(3, "table")
+    ep = Episode(
+        "web_report",
+        "web",
+        "Sales",
+        [
+            f"Generate the {month} sales report and tell me the total units sold.",
+            f"How many units were sold in {month}? Use the sales report page.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            "The report page has a Generate report button.",
+            "Click Generate report",
+            at(ctx, s0, "click", "Generate report"),
+        ),
+        step(
+            s1,
+            "A spinner shows that the report is still loading; nothing can be read yet.",
+            f"Wait {seconds} seconds for the report to load",
+            f"wait(seconds={seconds})",
+        ),
         step(
             s2,
-            "The results list is longer than the page; the product is further down.",
-            "Scroll down the results page",
-            "swipe(direction='up', amount=0.5)",
+            f"The report has loaded; the last row shows the total of {total} units.",
+            f"Answer {total} units",
+            f"response(answer='{total} units')",
         ),
-        step(
-            s3,
-            f"{query} is now visible in the results.",
-            f"Open the result {query}",
-            at(ctx, s3, "click", query),
-        ),
-        step(
-            s4,
-            f"The product page shows the price {price}.",
-            f"Answer that it costs {price}",
-            f"response(answer={price!r})",
-        ),
-        step(s5, "The price has been reported.", "The task is complete", terminate(True, rng)),
+        step(s3, "The total has been reported.", "The task is complete", terminate(True, rng)),
     ]
     return ep
 

@@ -9,6 +9,15 @@ Layout (relative to the output folder)::
                                                 the real data; used by tests and generators
                                                 that have an equivalent real source)
 
+A share of the navigation and planning_cot episodes (``copies``) is also written to the other
+family's file of the same platform, as the real data repeats episodes across files (format notes
+§5.8); ingest keeps one copy of each.
+
+An existing output folder must be empty or hold a corpus this module wrote (``meta.json`` and
+``elements.jsonl``); the generated paths of the old corpus (``meta.json``, ``elements.jsonl``,
+``annotations/``, ``data/``) are removed first, so no stale screenshot or annotation file of an
+earlier, larger corpus survives. Anything else in the folder makes ``make_sample`` refuse.
+
 Every value (dates, clock times, folder names) derives from the seed, PNGs use fixed encoder
 settings, and JSON is written with sorted-free but fixed key order, so the same seed gives a
 byte-identical corpus.
@@ -20,6 +29,7 @@ import io
 import json
 import os
 import random
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +76,8 @@ class SampleConfig:
     """Phone screenshot width, height in pixels."""
     boost_variants: int = 3
     """Instruction variants per episode in boost-instruction files (capped by the scenario)."""
+    copies: float = 0.15
+    """Share of navigation/planning_cot episodes also written to the other family's file."""
 
     def __post_init__(self) -> None:
         if self.trajectories < 0:
@@ -75,6 +87,8 @@ class SampleConfig:
             raise ValueError(f"`platforms` must be a non-empty subset of {PLATFORMS}")
         if self.boost_variants < 1:
             raise ValueError("`boost_variants` must be >= 1")
+        if not 0 <= self.copies <= 1:
+            raise ValueError("`copies` must be in [0, 1]")
 
     def size(self, platform: str) -> tuple[int, int]:
         """Screenshot size for ``platform``."""
@@ -99,6 +113,9 @@ class GeneratedEpisode:
     """Corpus-relative screenshot paths, in step order."""
     raw_actions: list[str]
     outcome: str
+    copy_annotation: str | None = None
+    """Annotation file holding a cross-file copy of the episode (the other family), if any."""
+    copy_lines: int = 0
 
 
 @dataclass
@@ -109,6 +126,8 @@ class SampleCorpus:
     episodes: list[GeneratedEpisode] = field(default_factory=list)
     lines: int = 0
     images: int = 0
+    copies: int = 0
+    """Episodes written to a second file (their lines are counted in ``lines``)."""
 
     @property
     def trajectories(self) -> int:
@@ -208,6 +227,40 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+GENERATED = ("meta.json", "elements.jsonl", "annotations", "data")
+"""Paths of a corpus that ``make_sample`` writes (and removes before writing a new one)."""
+
+
+def _prepare(root: Path) -> None:
+    """Empty ``root`` of an earlier generated corpus; refuse a folder holding anything else."""
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"{root} exists and is not a folder")
+    if not root.exists() or not any(root.iterdir()):
+        return
+    names = {p.name for p in root.iterdir()}
+    if not {"meta.json", "elements.jsonl"} <= names or names - set(GENERATED):
+        raise ValueError(
+            f"{root} is neither empty nor a corpus written by make-sample "
+            f"(unexpected: {sorted(names - set(GENERATED))[:5] or 'no elements.jsonl'})"
+        )
+    for name in GENERATED:
+        path = root / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def _copy_family(cfg: SampleConfig, i: int, family: str) -> str | None:
+    """The family a cross-file copy of episode ``i`` goes to, if it gets one."""
+    if family.endswith("boost_instruction"):
+        return None
+    # Own stream, so the share changes which episodes are copied but never their content.
+    if random.Random(f"copy:{cfg.seed}:{i}").random() >= cfg.copies:
+        return None
+    return "planning_cot" if family == "navigation" else "navigation"
+
+
 def _plan(cfg: SampleConfig) -> list[tuple[int, str, str]]:
     """(episode index, platform, family) for every episode, from the seed alone."""
     rng = random.Random(f"plan:{cfg.seed}")
@@ -223,14 +276,18 @@ def make_sample(out: str | os.PathLike, cfg: SampleConfig, progress: bool = True
     """Generate a ScaleCUA-format corpus under ``out``; same config ⇒ byte-identical files.
 
     Args:
-        out: Output folder (created; existing generated files are overwritten).
+        out: Output folder: created, or empty, or an earlier generated corpus (replaced).
         cfg: What to generate.
         progress: Show a tqdm bar on stderr.
 
     Returns:
         The summary, including the ground truth per episode.
+
+    Raises:
+        ValueError: ``out`` holds files that ``make_sample`` did not write.
     """
     root = Path(out)
+    _prepare(root)
     dates = random.Random(f"dates:{cfg.seed}")
     batch = {p: dates.choice(BATCH_DATES) for p in PLATFORMS}
     files: dict[tuple[str, str], list[str]] = {}
@@ -273,6 +330,15 @@ def make_sample(out: str | os.PathLike, cfg: SampleConfig, progress: bool = True
         corpus.lines += len(lines)
         corpus.images += len(images)
         key, anno = _names(platform, family, date)
+        copy_family, copy_anno, copy_lines = _copy_family(cfg, i, family), None, []
+        if copy_family is not None:
+            copy_lines = list(
+                episode_lines(ep, images, copy_family, 1, quoted=copy_family != "navigation")
+            )
+            files.setdefault((platform, copy_family), []).extend(copy_lines)
+            corpus.lines += len(copy_lines)
+            corpus.copies += 1
+            copy_anno = _names(platform, copy_family, date)[1]
         corpus.episodes.append(
             GeneratedEpisode(
                 key,
@@ -284,6 +350,8 @@ def make_sample(out: str | os.PathLike, cfg: SampleConfig, progress: bool = True
                 [f"{image_root}/{p}" for p in images],
                 ["\n".join(s.calls) for s in ep.steps],
                 ep.outcome,
+                copy_anno,
+                len(copy_lines),
             )
         )
     meta = {}

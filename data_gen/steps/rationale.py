@@ -54,8 +54,7 @@ _UI_RULES_BY_KEY: dict[str, str] = {
     "with enough magnitude",
     "visual_hallucination": "the targeted element is actually present on the current screen",
     "timing_and_latency_neglect": "the interface has finished loading before new input arrives",
-    "action_operation_misalignment": "the coordinates hit the element that the stated intent "
-    "names",
+    "action_operation_misalignment": "the coordinates hit the element that the stated intent names",
 }
 
 UI_RULES: dict[Dimension, str] = {

@@ -1,7 +1,9 @@
 """Inference backends: one protocol, an OpenAI-compatible HTTP client, in-process transformers.
 
 ``build_backend(cfg.backend)`` is the one place a ``BackendConfig`` becomes an object; the
-classes themselves take plain arguments.
+classes themselves take plain arguments. Images are encoded (PNG data URL) and hashed once per
+PIL image object and reused while it lives (``ImagePayloadCache``), so hand the same frame object
+to every request that shows it and do not edit its pixels in place afterwards.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from hivig.backends.base import (
     request_hash,
     split_reasoning,
 )
+from hivig.backends.images import ImageCacheStats, ImagePayloadCache, default_image_cache
 from hivig.backends.openai_client import ClientStats, OpenAIClient, parse_chat_completion
 from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
 
@@ -130,6 +133,8 @@ __all__ = [
     "ClientStats",
     "ErrorReason",
     "Generation",
+    "ImageCacheStats",
+    "ImagePayloadCache",
     "InferenceBackend",
     "OpenAIClient",
     "RetriesExhausted",
@@ -138,6 +143,7 @@ __all__ = [
     "TransformersBackend",
     "Usage",
     "build_backend",
+    "default_image_cache",
     "generate_many",
     "image_digest",
     "parse_chat_completion",

@@ -22,16 +22,17 @@ import io
 import json
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PIL import Image
 
 # zlib level of the transport PNG. Lossless at any level, and the request hash is over pixels,
 # so the level changes neither the model input nor any cache key, only CPU and bytes. Measured
-# on 1280x720 screens (median of 5): a flat synthetic screen 13.7 ms / 15 KiB at level 1 against
-# 18.2 ms / 4.7 KiB at level 6; a busy one (text rows, a noisy photo area) 28.7 ms / 345 KiB
-# against 48.4 ms / 483 KiB. Level 1 costs 25-40 % less CPU, and the bytes saved by level 6 on
-# flat screens are a few KiB per request on loopback or LAN.
+# on 1280x720 screens (encoder CPU, median of 9): a flat synthetic screen 15.3 ms / 15 KiB at
+# level 1 against 17.7 ms / 4.7 KiB at level 6; a busy one (rows of text, a noisy photo-like
+# area) 31.5 ms / 345 KiB against 51.8 ms / 483 KiB. Level 1 is the cheaper one, and the few KiB
+# level 6 saves on flat screens cost nothing to send on loopback or a LAN.
 TRANSPORT_PNG_LEVEL = 1
 
 
@@ -196,7 +197,7 @@ class ImagePayloadCache:
                 self._entries[key] = entry
             return entry
 
-    def _evictor(self, key: int) -> weakref.CallbackType[Image.Image]:
+    def _evictor(self, key: int) -> Callable[[weakref.ref[Image.Image]], None]:
         entries = self._entries
 
         def evict(ref: weakref.ref[Image.Image]) -> None:

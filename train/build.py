@@ -1,0 +1,191 @@
+"""Building blocks of the SFT recipe: accelerator, model, LoRA, optimizer, engine settings.
+
+``train.sft.setup`` calls these in order; each is small and testable on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, set_seed
+
+from hivig.config import ConfigError
+from hivig.distributed import rank_and_world
+from train.config import TrainConfig
+from train.data import Sample, TokenCounts, load_samples, mix_kinds, token_counts
+from train.encode import RecordEncoder
+from train.flops import FlopShape, shape_from_config
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_accelerator(cfg: TrainConfig) -> Accelerator:
+    """The run's ``Accelerator`` (launcher settings from the environment), global seed set."""
+    accelerator = Accelerator()
+    set_seed(cfg.loop.seed)
+    return accelerator
+
+
+def is_deepspeed(accelerator: Accelerator) -> bool:
+    """Whether the launch config chose DeepSpeed."""
+    return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+def zero_stage(accelerator: Accelerator) -> int:
+    """DeepSpeed ZeRO stage, 0 without DeepSpeed."""
+    if not is_deepspeed(accelerator):
+        return 0
+    return int(accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]["stage"])
+
+
+def check_precision(cfg: TrainConfig, accelerator: Accelerator) -> None:
+    """Refuse a full fine-tune whose optimizer would update 16-bit weights in place.
+
+    DeepSpeed keeps fp32 master weights for its bf16 mode and LoRA adapters are fp32, but a
+    plain DDP/single-process run with ``model.dtype`` bfloat16 applies AdamW to bf16 weights:
+    an update below half a bf16 ulp (lr 5e-6 against weights ~1e-2) rounds away.
+    """
+    if cfg.lora.enabled or is_deepspeed(accelerator) or cfg.model.dtype == "float32":
+        return
+    raise ConfigError(
+        f"`model.dtype` is {cfg.model.dtype} for a full fine-tune without DeepSpeed (accelerate "
+        f"mixed_precision={accelerator.mixed_precision!r}): AdamW would update 16-bit weights "
+        "and lose small updates. Launch with a DeepSpeed config (configs/accelerate/zero2.yaml), "
+        "use LoRA (lora.enabled=true), or set model.dtype=float32 (with accelerate "
+        "mixed_precision bf16 for bf16 compute)"
+    )
+
+
+def build_model(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
+    """Processor and model (HF weights or the tiny random model), cache off, freezing or LoRA."""
+    from hivig.models import qwen_vl
+
+    m, frame = cfg.model, cfg.dataset.frame
+    dtype = _DTYPES[m.dtype]
+    processor = qwen_vl.build_processor(
+        m.path or None, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels
+    )
+    if m.path:
+        model = qwen_vl.load_model(m.path, dtype=dtype, attn_implementation=m.attn_implementation)
+    else:
+        from hivig.testing import tiny_model
+
+        model = tiny_model(processor, seed=m.tiny_seed).to(dtype)
+    # Packed rows need the cache off (a cache object disables the packed-position path).
+    qwen_vl.set_use_cache(model, False)
+    if cfg.lora.enabled:
+        model = _apply_lora(cfg, model)
+    else:
+        qwen_vl.apply_freezing(
+            model,
+            train_vit=m.train_vit,
+            train_merger=m.train_merger,
+            train_deepstack=m.train_deepstack,
+            train_llm=m.train_llm,
+        )
+    if m.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs (LoRA) and is the 5.x default anyway.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, processor
+
+
+def _apply_lora(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    lc = cfg.lora
+    for p in model.parameters():
+        p.requires_grad_(False)
+    peft_cfg = LoraConfig(
+        r=lc.r,
+        lora_alpha=lc.alpha,
+        lora_dropout=lc.dropout,
+        target_modules=list(lc.target_modules),
+        bias="none",
+    )
+    return get_peft_model(model, peft_cfg)
+
+
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW over the parameter groups (or all adapter weights under LoRA), ``initial_lr`` set."""
+    o = cfg.optim
+    if cfg.lora.enabled:
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": o.lr}]
+    else:
+        from hivig.models.qwen_vl import parameter_groups
+
+        groups = parameter_groups(
+            model,
+            lr_llm=o.lr,
+            lr_merger=o.merger_lr or o.lr,
+            lr_vit=o.vit_lr,
+            weight_decay=o.weight_decay,
+        )
+    for g in groups:
+        g["initial_lr"] = g["lr"]
+    # foreach (multi-tensor) kernels on GPU; the per-parameter loop on CPU, where it is the
+    # default anyway and keeps the fp32 invariance tests bit-stable.
+    foreach = torch.cuda.is_available()
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=foreach)
+
+
+def configure_deepspeed(accelerator: Accelerator, cfg: TrainConfig, grad_accum: int) -> None:
+    """Fill the DeepSpeed batch keys ourselves: accelerate would use its own (wrong on CPU) world.
+
+    One packed row per micro-step, ``grad_accum`` micro-steps per optimizer step.
+    """
+    _, world = rank_and_world()
+    ds = accelerator.state.deepspeed_plugin.deepspeed_config
+    ds["train_micro_batch_size_per_gpu"] = 1
+    ds["gradient_accumulation_steps"] = grad_accum
+    ds["train_batch_size"] = grad_accum * world
+    ds["gradient_clipping"] = cfg.optim.max_grad_norm
+    accelerator.gradient_accumulation_steps = grad_accum
+
+
+def flop_shape(cfg: TrainConfig, model: torch.nn.Module) -> FlopShape:
+    """FLOP-count shape of ``model`` with the multipliers of what this run trains."""
+    m = cfg.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return shape_from_config(
+        base.config,
+        llm_trained=m.train_llm and not cfg.lora.enabled,
+        vit_trained=m.train_vit and not cfg.lora.enabled,
+        merger_trained=m.train_merger and not cfg.lora.enabled,
+        deepstack_trained=m.train_deepstack and not cfg.lora.enabled,
+    )
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """Fail on missing inputs before any weights load."""
+    if not cfg.data:
+        raise ValueError("`data` is empty: pass data=DIR (a data_gen output directory)")
+    split = Path(cfg.data) / "sft" / cfg.dataset.train_split
+    if not split.is_dir():
+        raise FileNotFoundError(f"`data`: no training split at {split}")
+    if cfg.model.path and not Path(cfg.model.path).exists():
+        raise FileNotFoundError(f"`model.path`: {cfg.model.path} does not exist")
+
+
+def build_data(
+    cfg: TrainConfig, processor: Any
+) -> tuple[RecordEncoder, list[Sample], list[Sample], TokenCounts]:
+    """Encoder, training samples (mixed), held-out samples and their token counts (cached)."""
+    d = cfg.dataset
+    encoder = RecordEncoder(processor, d.frame, root=d.image_root or cfg.data)
+    samples = load_samples(cfg.data, d.train_split, d.max_samples)
+    samples = mix_kinds(samples, d.history_fraction, cfg.loop.seed)
+    if not samples:
+        raise ValueError(f"no training records under {cfg.data}/sft/{d.train_split}")
+    eval_samples = load_samples(cfg.data, d.eval_split, d.max_samples)
+    counts = token_counts(
+        samples,
+        eval_samples,
+        encoder,
+        cache=Path(cfg.out) / "token_counts.json",
+        key_context=(d.frame, processor.chat_template),
+        workers=d.num_workers,
+    )
+    return encoder, samples, eval_samples, counts
