@@ -7,10 +7,13 @@
 2. Annotator stage: the state-transition stage against the loopback OpenAI-compatible server
    with a fixed latency (default 0.2 s) and ``--concurrency`` requests in flight. The ideal rate is
    concurrency / latency; the result is the achieved rate as a fraction of it (target >= 0.85).
-   The server runs in a child process, as a real inference server would.
+   The server runs in a child process, as a real inference server would. Modes: cold (frames
+   decoded and payloads encoded inside the timed stage, as in a run), ``--prewarm`` (frames
+   decoded ahead), ``--preencode`` (request payloads encoded ahead too: the request path alone).
 
     python benchmarks/bench_datagen.py
     python benchmarks/bench_datagen.py --trajectories 30 --runs 3 --concurrency 32 --latency 0.2
+    python benchmarks/bench_datagen.py --only annotator --prewarm
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from data_gen.run import build_plan, gen_params, load_work, run
 from data_gen.sample_corpus import SampleConfig, make_sample
 from data_gen.steps import TransitionsStep
 from data_gen.steps._work import Context, LoopThread
-from hivig.backends import OpenAIClient
+from hivig.backends import OpenAIClient, default_image_cache
 from hivig.config import BackendConfig, load_config
+from hivig.media import ImageRef
 from hivig.scripted_server import Reply, ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,8 +108,11 @@ def annotator_stage(
             works, _ = load_work(cfg)
             shots = sorted({s.screenshot for w in works for s in w.trajectory.steps})
             annotator = Annotator(backend_cfg, cfg.frame, corpus, None, 1, backend=client)
-            if args.prewarm:
+            if args.prewarm or args.preencode:
                 annotator.warm(shots)
+            if args.preencode:
+                for shot in shots:
+                    default_image_cache().image_part(annotator.prepared_frame(ImageRef(shot)))
             elements = ElementIndex.load(corpus / cfg.elements_file)
             loop = LoopThread()
             ctx = Context(
@@ -154,6 +161,12 @@ def main() -> None:
         help="decode the screenshots before timing (isolates the request path)",
     )
     parser.add_argument(
+        "--preencode",
+        action="store_true",
+        help="also encode every frame's request payload before timing (implies --prewarm; "
+        "leaves only the per-request work: body assembly, HTTP, parsing, validation)",
+    )
+    parser.add_argument(
         "--max-pixels",
         type=int,
         default=1_048_576,
@@ -184,7 +197,8 @@ def main() -> None:
             print(
                 f"annotator stage (transitions): {requests} requests, concurrency "
                 f"{args.concurrency}, latency {args.latency}s, ideal {ideal:.0f} req/s, "
-                f"frames <= {args.max_pixels} px, prewarmed {args.prewarm}"
+                f"frames <= {args.max_pixels} px, prewarmed {args.prewarm or args.preencode}, "
+                f"pre-encoded {args.preencode}"
             )
             print(
                 f"  achieved / ideal (median of {args.runs}): {frac:.3f}  (worst {worst:.3f}; "

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from data_gen.ingest import IngestConfig, ingest
 from data_gen import sample_corpus
+from data_gen.ingest import IngestConfig, ingest
 from data_gen.sample_corpus import SampleConfig, make_sample
 
 SIZES = {"desktop_size": (320, 180), "web_size": (320, 200), "phone_size": (180, 400)}

@@ -5,12 +5,16 @@
 
 What it measures, per sample at the default canonical frame (max 1,048,576 px):
 
-- encode throughput of one worker (decode PNG → canonical frame + marker → chat template →
+- encode throughput in process (decode PNG → canonical frame + marker → chat template →
   processor → labels → MRoPE positions), in samples/s, and the workers a node needs to feed
   8 GPUs at 0.8 samples/s/GPU (qwen3vl_training.md §16.3);
-- end-to-end packed batches through the real DataLoader with ``--workers`` processes;
-- packing: tokens in padding-free packs / token budget (fill), versus the pad-to-longest
-  efficiency of the original release's batch of 2 (real tokens / allocated tokens).
+- end-to-end packed batches through the training DataLoader with ``--workers`` processes, in
+  samples/s per worker (median of ``--repeats`` runs);
+- token efficiency measured on the batch tensors the loaders yield (tokens that belong to
+  samples / elements of ``input_ids``): padding-free packed rows versus pad-to-longest with
+  batch 2 (the original release's collation);
+- budget fill of the packed rows (tokens / rows x budget: the compute a row's budget buys),
+  per packing strategy and window, against the bound of the fewest rows that could hold them.
 
 The processor is the offline tiny one (byte-level tokenizer), so text token counts are ~3-4x
 those of the real Qwen tokenizer; image token counts and pixel work are the real ones.
@@ -19,11 +23,16 @@ those of the real Qwen tokenizer; image token counts and pixel work are the real
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader, Dataset
 
 from hivig.config import FrameConfig
 from hivig.models.qwen_vl import build_processor
@@ -52,6 +61,48 @@ def _parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+class _Encoded(Dataset):
+    """Encoded samples one by one: the pad-to-longest baseline's loader input."""
+
+    def __init__(self, samples: list, encoder: RecordEncoder):
+        self.samples, self.encoder = samples, encoder
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.as_tensor(self.encoder(self.samples[i].payload).input_ids).reshape(-1)
+
+
+def _pad_batch(ids: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    # The original release's collation: right-pad every row to the longest in the batch.
+    return pad_sequence(ids, batch_first=True, padding_value=0), sum(x.numel() for x in ids)
+
+
+def _loader_efficiency(batches) -> float:
+    """Tokens that belong to samples / elements of the batch tensors, over all batches."""
+    real = total = 0
+    for tensor, tokens in batches:
+        real += tokens
+        total += tensor.numel()
+    return real / total
+
+
+def _pack_report(lengths: list[int], budget: int) -> None:
+    total = sum(n for n in lengths if n <= budget)
+    bound = total / (math.ceil(total / budget) * budget)
+    print(f"  fill upper bound (sum of tokens / fewest rows): {bound:.3f}")
+    for strategy, window in (("first_fit", 1024), ("best_fit", 1024), ("best_fit", len(lengths))):
+        t0 = time.perf_counter()
+        plan = plan_packs(lengths, budget, strategy=strategy, window=window)
+        ms = 1000 * (time.perf_counter() - t0)
+        print(
+            f"  {strategy:9s} window {window:6d}: {len(plan.packs)} rows, "
+            f"{plan.num_samples / len(plan.packs):.2f} samples/row, fill {plan.fill:.3f} "
+            f"({ms:.0f} ms)"
+        )
+
+
 def main() -> None:
     args = _parse()
     frame = FrameConfig()
@@ -67,7 +118,7 @@ def main() -> None:
     samples = load_samples(data, "train")
     print(f"{len(samples)} samples, screens {args.screen}, frame max {frame.max_pixels} px")
 
-    # One worker: encode + collate every sample, repeated; median samples/s.
+    # One worker, in process: encode + collate every sample, repeated; median samples/s.
     rates = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -76,51 +127,57 @@ def main() -> None:
         rates.append(len(samples) / (time.perf_counter() - t0))
     per_worker = statistics.median(rates)
     demand = GPUS_PER_NODE * DEMAND_PER_GPU
-    print(f"encode+collate, 1 worker: median {per_worker:.2f} samples/s (runs {_fmt(rates)})")
+    print(f"encode+collate, in process: median {per_worker:.2f} samples/s (runs {_fmt(rates)})")
     print(f"workers per 8-GPU node for {demand:.1f} samples/s: {demand / per_worker:.1f}")
 
-    # Packing versus pad-to-longest with batch 2.
     lengths = compute_lengths(samples, encoder, Quarantine())
     plan = plan_packs(lengths, args.budget, strategy="best_fit")
     print(
         f"tokens/sample: median {statistics.median(lengths):.0f}, "
         f"min {min(lengths)}, max {max(lengths)}; too long for the budget: {len(plan.too_long)}"
     )
+
+    # End to end through the training DataLoader; efficiency from the batch tensors it yields.
+    rates, packed_eff = [], 0.0
+    for _ in range(args.repeats):
+        loader = build_loader(
+            samples, plan.packs, encoder, num_workers=args.workers, prefetch_factor=2,
+            pin_memory=False,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        batches = [(b.inputs["input_ids"], sum(b.meta.seq_lens)) for b in loader]
+        rates.append(plan.num_samples / (time.perf_counter() - t0))
+        packed_eff = _loader_efficiency(batches)
+    per_worker_e2e = [r / max(1, args.workers) for r in rates]
     print(
-        f"packing (best fit, budget {args.budget}): {len(plan.packs)} packs, "
-        f"{plan.num_samples / len(plan.packs):.2f} samples/pack, budget fill {plan.fill:.3f}, "
-        "padding-free token efficiency 1.000"
+        f"DataLoader, {args.workers} workers: median {statistics.median(rates):.2f} samples/s, "
+        f"{statistics.median(per_worker_e2e):.2f} samples/s per worker "
+        f"(runs {_fmt(per_worker_e2e)} per worker)"
     )
-    print(f"pad-to-longest, batch 2: token efficiency {pad_to_longest_efficiency(lengths, 2):.3f}")
+    padded = DataLoader(
+        _Encoded(samples, encoder), batch_size=2, num_workers=args.workers, collate_fn=_pad_batch
+    )
+    padded_eff = _loader_efficiency(list(padded))
+    print(
+        f"token efficiency from loader batches (sample tokens / batch tensor elements): "
+        f"packed rows {packed_eff:.3f}, pad-to-longest batch 2 {padded_eff:.3f}"
+    )
+    print(
+        f"packed rows (best fit, budget {args.budget}): {len(plan.packs)} rows, "
+        f"{plan.num_samples / len(plan.packs):.2f} samples/row, budget fill {plan.fill:.3f}"
+    )
+    print(f"packing these {len(lengths)} lengths, budget {args.budget}:")
+    _pack_report(lengths, args.budget)
     if args.scale:
         # A full dataset packs better than a few dozen samples (fewer partial rows at the end of
         # each window); resample the measured lengths to see the steady-state fill.
         rng = random.Random(0)
         big = [rng.choice(lengths) for _ in range(args.scale)]
-        sim = plan_packs(big, args.budget, strategy="best_fit")
         print(
-            f"packing {args.scale} resampled lengths: budget fill {sim.fill:.3f}, "
-            f"pad-to-longest batch 2: {pad_to_longest_efficiency(big, 2):.3f}"
+            f"packing {args.scale} resampled lengths, budget {args.budget} "
+            f"(pad-to-longest batch 2: {pad_to_longest_efficiency(big, 2):.3f}):"
         )
-
-    # End to end: the training DataLoader over the pack plan.
-    rates = []
-    for _ in range(args.repeats):
-        loader = build_loader(
-            samples,
-            plan.packs,
-            encoder,
-            num_workers=args.workers,
-            prefetch_factor=2,
-            pin_memory=False,
-        )
-        t0 = time.perf_counter()
-        n = sum(len(b.meta.sample_ids) for b in loader)
-        rates.append(n / (time.perf_counter() - t0))
-    print(
-        f"DataLoader, {args.workers} workers: median {statistics.median(rates):.2f} samples/s "
-        f"(runs {_fmt(rates)})"
-    )
+        _pack_report(big, args.budget)
     tmp.cleanup()
 
 

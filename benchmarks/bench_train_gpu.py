@@ -8,7 +8,8 @@ One packed row per step (the recipe's micro-batch): ``--samples-per-pack`` sampl
 ``--images`` screenshots of ``--screen`` resized to the canonical frame plus ``--text`` text
 tokens of which ``--answer`` are supervised. The step is the recipe's: frozen ViT, trained merger
 and LLM, bf16, FA2 (falls back to SDPA), LLM gradient checkpointing, chunked CE, AdamW. MFU uses
-the causal-exact FLOP count of ``train.flops`` against ``--peak-tflops`` (989 for H100 SXM/H200).
+the causal-exact FLOP count of ``train.flops`` against the GPU's dense bf16 peak, looked up from
+its name (``train.flops.PEAK_BF16_TFLOPS``) unless ``--peak-tflops`` is given; null when unknown.
 Weights are random: the numbers are speed, not quality. Single GPU, no DeepSpeed.
 """
 
@@ -27,7 +28,7 @@ from hivig.config import FrameConfig
 from hivig.models.qwen_vl import apply_freezing, mrope_position_ids, parameter_groups
 from hivig.vision import smart_resize
 from train.collate import PackedBatch, collate_pack
-from train.flops import mfu, shape_from_config, step_flops
+from train.flops import device_peak_tflops, mfu, shape_from_config, step_flops
 from train.loss import CriticLoss
 
 # Qwen3-VL-8B (qwen3vl_training.md §3.1-3.2); token ids are the Qwen3VLConfig defaults.
@@ -65,7 +66,9 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--chunk", type=int, default=4096, help="chunked-CE rows")
     p.add_argument("--no-checkpointing", action="store_true")
-    p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument(
+        "--peak-tflops", type=float, default=0.0, help="per-GPU peak; 0 = look up the GPU name"
+    )
     p.add_argument("--json", default=None, help="also write the result here")
     return p.parse_args(argv)
 
@@ -178,6 +181,8 @@ def run(argv: list[str] | None = None) -> dict[str, float]:
         if not torch.isfinite(loss_sum):
             raise FloatingPointError(f"non-finite loss at step {step}")
     t = statistics.median(times)
+    peak = device_peak_tflops(args.peak_tflops) if args.device.startswith("cuda") else None
+    peak = args.peak_tflops if peak is None and args.peak_tflops > 0 else peak
     result = {
         "preset": args.preset,
         "attn": attn,
@@ -186,12 +191,13 @@ def run(argv: list[str] | None = None) -> dict[str, float]:
         "tokens_per_s_per_gpu": batch.meta.tokens / t,
         "samples_per_s_per_gpu": len(samples) / t,
         "tflops_per_step": flops / 1e12,
-        "mfu": mfu(flops, t, 1, args.peak_tflops),
+        "peak_tflops": peak,
+        "mfu": mfu(flops, t, 1, peak),
         "mfu_non_causal": mfu(
             step_flops(shape, batch.meta.seq_lens, batch.meta.image_patches, causal=False),
             t,
             1,
-            args.peak_tflops,
+            peak,
         ),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if fused else 0.0,
         "loss": float(loss_sum.detach() / n),

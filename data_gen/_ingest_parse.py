@@ -165,10 +165,12 @@ def _tokens(*texts: str) -> list[str]:
 
 def _inside(path: str) -> str | None:
     """``path`` normalised when it stays inside the corpus (relative, no ``..`` escape)."""
-    norm = posixpath.normpath(path.replace("\\", "/"))
-    if norm.startswith(("/", "../")) or norm == ".." or re.match(r"^[A-Za-z]:", norm):
-        return None
-    return norm
+    # Windows spellings (``C:\\x``, ``..\\x``) are refused too, though POSIX reads them as names.
+    for form in (path, path.replace("\\", "/")):
+        norm = posixpath.normpath(form)
+        if norm.startswith(("/", "../")) or norm == ".." or re.match(r"^[A-Za-z]:", norm):
+            return None
+    return posixpath.normpath(path)
 
 
 def classify_entry(key: str, value: Any) -> Entry | str:

@@ -463,13 +463,13 @@ class Annotator:
     def warm(self, paths: list[str]) -> None:
         """Decode and resize screenshots into the frame store ahead of their requests."""
         for path in paths:
-            self._frame(ImageRef(path))
+            self.prepared_frame(ImageRef(path))
 
     def _materialise(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         out = []
         for m in messages:
             parts: list[TextPart | ImagePart] = [
-                ImagePart(self._frame(p.image))
+                ImagePart(self.prepared_frame(p.image))
                 if isinstance(p, ImagePart) and isinstance(p.image, ImageRef)
                 else p
                 for p in m.content
@@ -477,7 +477,7 @@ class Annotator:
             out.append(ChatMessage(m.role, parts))
         return out
 
-    def _frame(self, ref: ImageRef) -> Image.Image:
+    def prepared_frame(self, ref: ImageRef) -> Image.Image:
         """The canonical frame of a screenshot with its marks (same pixels as ``materialise``).
 
         The unmarked frame is prepared once per screenshot (it is the after-image of one step,

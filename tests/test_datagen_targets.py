@@ -352,3 +352,14 @@ def test_dimension_weight_override_by_key():
     assert cfg.perturb.weights_by_name()["Suboptimal Path"] == 0.0
     with pytest.raises(UnknownDimensionError):
         load_config(DataGenConfig, DEMO, ["perturb.dimension_weights.memory_error=1"])
+
+
+def test_offline_answer_that_cannot_render_is_a_drop_reason(tmp_path):
+    ann = Annotator(
+        BackendConfig(kind="offline"), FrameConfig(), tmp_path, None, 1, offline=offline_answer
+    )
+    oracle = {"task": "t", "intent": "Type </think> into the box", "no_change": False}
+    result = asyncio.run(ann.annotate(AnnotatorRequest("history", [], oracle), validate_history))
+    assert not result.ok and result.reason == "offline_unrenderable"
+    oracle["intent"] = "Type hello into the box"  # negative control
+    assert asyncio.run(ann.annotate(AnnotatorRequest("history", [], oracle), validate_history)).ok

@@ -104,7 +104,10 @@ def test_deepspeed_zero2_two_processes_train_save_and_resume(data_dir, reference
     # bf16 weights under DeepSpeed against the fp32 reference: loose, but a 1/GA slip is 2x.
     assert rows[0]["loss"] == pytest.approx(ref["loss"], rel=2e-2)
     assert rows[0]["grad_norm"] == pytest.approx(ref["grad_norm"], rel=0.1)
-    assert not set(_ledger(out, 0)) & set(_ledger(out, 1))
+    rank0, rank1 = _ledger(out, 0), _ledger(out, 1)
+    assert rank0 and rank1 and not set(rank0) & set(rank1)
+    # 2 steps × 2 ranks × 2 packs of one sample, all logged and all in the ledgers.
+    assert len(rank0) + len(rank1) == sum(r["samples"] for r in rows) == 8
     engine = out / "checkpoints" / "step_000002" / "engine"
     assert len(list(engine.glob("*optim_states.pt"))) == 2  # one ZeRO partition per rank
     AutoModelForImageTextToText.from_pretrained(out / "final")

@@ -15,7 +15,7 @@ from hivig.config import ConfigError, load_config
 from train.collate import collate_pack, cu_seq_lens
 from train.config import TrainConfig
 from train.data import Sample, derive_grad_accum, epoch_order, mix_kinds, plan_epoch, rank_packs
-from train.flops import FlopShape, mfu, shape_from_config, step_flops
+from train.flops import FlopShape, mfu, peak_tflops, shape_from_config, step_flops
 from train.metrics import JsonlLogger, NullLogger, StdoutLogger, build_metric_logger
 from train.packing import group_into_steps, pad_to_longest_efficiency, plan_packs
 from train.schedule import lr_factor
@@ -185,6 +185,32 @@ def test_mfu_definition():
     assert mfu(989e12, 1.0, 1, 989.0) == pytest.approx(1.0)
     assert mfu(4 * 0.4 * 989e12, 2.0, 2, 989.0) == pytest.approx(0.4)
     assert mfu(1.0, 0.0, 1, 989.0) == 0.0
+    assert mfu(1.0, 1.0, 1, None) is None  # unknown peak: unavailable, not 0
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),  # SXM
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H200 NVL", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA A800-SXM4-80GB", 312.0),
+        ("NVIDIA GeForce RTX 4090", None),
+        (None, None),  # CPU
+    ],
+)
+def test_peak_tflops_lookup_by_device_name(name, peak):
+    assert peak_tflops(name) == peak
+
+
+def test_peak_tflops_override_wins_everywhere():
+    assert peak_tflops(None, override=1.5) == 1.5
+    assert peak_tflops("NVIDIA H100 PCIe", override=400.0) == 400.0
+    assert peak_tflops("NVIDIA H100 PCIe", override=0.0) == 756.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,6 +315,51 @@ def test_config_overrides_and_named_errors():
         load_config(TrainConfig, None, ["model.train_llm=false", "model.train_merger=false"])
     with pytest.raises(ConfigError):
         load_config(TrainConfig, None, ["optim.no_such_field=1"])
+    with pytest.raises(ConfigError, match="loop.peak_tflops_override"):
+        load_config(TrainConfig, None, ["loop.peak_tflops_override=-1"])
+
+
+@pytest.mark.parametrize("flag", ["train_merger", "train_vit", "train_deepstack"])
+def test_lora_refuses_module_group_flags_it_would_ignore(flag):
+    base = ["lora.enabled=true", "model.train_merger=false"]
+    with pytest.raises(ConfigError, match=f"`model.{flag}`"):
+        load_config(TrainConfig, None, [*base, f"model.{flag}=true"])
+    cfg = load_config(TrainConfig, None, base)  # adapters only: valid
+    assert cfg.lora.enabled and not cfg.model.train_merger
+
+
+def test_cli_help_names_the_merge_lora_command(capsys):
+    from train._cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "merge-lora" in capsys.readouterr().out
+
+
+def test_resume_check_names_what_changed():
+    from train.checkpoint import TrainerState, check_resumable
+
+    saved = TrainerState(step=5, world_size=8, grad_accum=4, plan_hash="abc")
+    check_resumable(saved, TrainerState(world_size=8, grad_accum=4, plan_hash="abc"), "ck")
+    with pytest.raises(ValueError, match=r"world_size: checkpoint 8, this run 16") as e:
+        check_resumable(saved, TrainerState(world_size=16, grad_accum=2, plan_hash="abc"), "ck")
+    assert "grad_accum" in str(e.value) and "plan_hash" not in str(e.value)
+
+
+def test_plan_fingerprint_follows_packs_and_step_grouping():
+    from train.data import plan_fingerprint
+
+    kw = dict(budget=10, seed=0, epoch=0, shuffle=True)
+    a = plan_epoch([10] * 8, world=2, grad_accum=2, **kw)
+    assert plan_fingerprint(a) == plan_fingerprint(
+        plan_epoch([10] * 8, world=2, grad_accum=2, **kw)
+    )
+    assert plan_fingerprint(a) != plan_fingerprint(
+        plan_epoch([10] * 8, world=1, grad_accum=4, **kw)
+    )
+    assert plan_fingerprint(a) != plan_fingerprint(
+        plan_epoch([10] * 9, world=2, grad_accum=2, **kw)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,7 +384,7 @@ def test_paper_defaults_in_the_8b_config():
     assert (cfg.optim.lr, cfg.optim.scheduler, cfg.loop.epochs) == (5e-6, "cosine", 1)
     assert cfg.optim.global_batch_samples == 256 and not cfg.model.train_vit
     lora = load_config(TrainConfig, ROOT / "configs" / "train" / "qwen3vl_8b_lora.yaml")
-    assert lora.lora.enabled and lora.optim.lr == 1e-4
+    assert lora.lora.enabled and lora.optim.lr == 1e-4 and not lora.model.train_merger
 
 
 @pytest.mark.parametrize("name", ["zero2", "zero3", "ddp"])
@@ -350,3 +421,61 @@ def test_tensorboard_sink_writes_event_files(tmp_path):
     lg.close()
     assert list((tmp_path / "tensorboard").glob("events.*"))
     assert (tmp_path / "metrics.jsonl").is_file()  # JSONL is always written
+
+
+# --------------------------------------------------------------------------------------------
+# SLURM launcher (run with stub srun/scontrol/git/accelerate on PATH)
+
+
+def _stub(path: Path, body: str) -> None:
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+
+
+def _sbatch(tmp_path: Path, env_extra: dict[str, str], *args: str):
+    import subprocess
+
+    bin_dir, venv = tmp_path / "bin", tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("")
+    bin_dir.mkdir()
+    _stub(bin_dir / "git", "exit 0\n")  # a clean tree
+    _stub(bin_dir / "scontrol", "echo node-a; echo node-b\n")
+    _stub(bin_dir / "srun", 'while [[ "$1" == --* ]]; do shift; done; exec "$@"\n')
+    _stub(bin_dir / "accelerate", f'printf "%s\\n" "$@" > {tmp_path / "argv"}\n')
+    (tmp_path / "data").mkdir()
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HIVIG_REPO": str(ROOT),
+        "HIVIG_VENV": str(venv),
+        "HIVIG_DATA_ROOT": str(tmp_path / "data"),
+        "HIVIG_RUNS": str(tmp_path / "runs"),
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+        "SLURM_JOB_ID": "1234",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NAME": "hivig-train",
+        **env_extra,
+    }
+    env = {k: v for k, v in env.items() if v}
+    cmd = ["bash", str(ROOT / "slurm" / "train.sbatch"), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_sbatch_passes_overrides_verbatim_and_sizes_from_slurm(tmp_path):
+    odd = "metrics.wandb_project=a b;$(touch pwned)"
+    proc = _sbatch(tmp_path, {}, "configs/train/tiny_cpu.yaml", odd, "optim.lr=1e-5")
+    assert proc.returncode == 0, proc.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[-2:] == [odd, "optim.lr=1e-5"] and not (ROOT / "pwned").exists()
+    assert argv[argv.index("--num_processes") + 1] == "8"  # 2 nodes × SLURM_GPUS_ON_NODE
+    assert argv[argv.index("--machine_rank") + 1] == "1"
+    assert argv[argv.index("--main_process_ip") + 1] == "node-a"
+    assert f"data={tmp_path / 'data'}/gen" in argv and "loop.resume=auto" in argv
+
+
+def test_sbatch_requires_the_data_and_output_roots(tmp_path):
+    proc = _sbatch(tmp_path, {"HIVIG_DATA_ROOT": ""}, "configs/train/tiny_cpu.yaml")
+    assert proc.returncode != 0 and "HIVIG_DATA_ROOT" in proc.stderr
+    assert not (tmp_path / "argv").exists()
