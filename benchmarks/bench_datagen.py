@@ -14,6 +14,7 @@
     python benchmarks/bench_datagen.py
     python benchmarks/bench_datagen.py --trajectories 30 --runs 3 --concurrency 32 --latency 0.2
     python benchmarks/bench_datagen.py --only annotator --prewarm
+    python benchmarks/bench_datagen.py --only cards    # export A/B: report cards reuse frames
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import data_gen.export
 from data_gen.annotator import Annotator
 from data_gen.config import DataGenConfig
 from data_gen.executor import StageStats
@@ -77,6 +79,36 @@ def cpu_part(corpus: Path, trajs: Path, work: Path, runs: int, images: bool) -> 
         rates.append(stats["samples"] / (time.perf_counter() - t0))
         samples = stats["samples"]
     return statistics.median(rates), samples
+
+
+def card_reuse_ab(corpus: Path, trajs: Path, work: Path, runs: int) -> dict[str, float]:
+    """Samples per process-CPU second of ``run()``, report cards reusing the ShareGPT frames
+    ("after") or rendering their own as before ("before"); alternated, one core, same corpus.
+
+    Process CPU rather than wall time, so other jobs on a shared machine disturb it less.
+    """
+    real = data_gen.export._sharegpt
+
+    def no_reuse(*a, **k):  # the previous export: cards never saw the ShareGPT frames
+        real(*a, **k)
+        return {}
+
+    rates: dict[str, list[float]] = {"before": [], "after": []}
+    try:
+        for i in range(runs):
+            for label in rates:
+                data_gen.export._sharegpt = no_reuse if label == "before" else real
+                cfg = load_config(
+                    DataGenConfig,
+                    DEMO,
+                    [f"corpus={corpus}", f"out={work / f'ab_{label}{i}'}", f"trajectories={trajs}"],
+                )
+                c0 = time.process_time()
+                stats = run(cfg, None)
+                rates[label].append(stats["samples"] / (time.process_time() - c0))
+    finally:
+        data_gen.export._sharegpt = real
+    return {label: statistics.median(v) for label, v in rates.items()}
 
 
 def annotator_stage(
@@ -154,7 +186,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--core", type=int, default=0, help="CPU core for the CPU-part runs")
-    parser.add_argument("--only", choices=("cpu", "annotator"), default=None)
+    parser.add_argument("--only", choices=("cpu", "annotator", "cards"), default=None)
     parser.add_argument(
         "--prewarm",
         action="store_true",
@@ -191,6 +223,14 @@ def main() -> None:
             print(f"CPU part, 1 core, offline annotator: {samples} samples exported")
             print(f"  full export (ShareGPT PNGs + report): {full:8.1f} samples/s")
             print(f"  without export image rendering      : {core:8.1f} samples/s")
+        if args.only == "cards":
+            affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {args.core})
+            ab = card_reuse_ab(corpus, trajs, work, args.runs)
+            os.sched_setaffinity(0, affinity)
+            print(f"report cards, samples per CPU-second (median of {args.runs}, alternated):")
+            print(f"  cards render their own frames (before): {ab['before']:8.1f}")
+            print(f"  cards link the ShareGPT frames (after) : {ab['after']:8.1f}")
         if args.only in (None, "annotator"):
             frac, requests, worst, cpu_ms, prepared = annotator_stage(corpus, trajs, work, args)
             ideal = args.concurrency / args.latency

@@ -56,7 +56,15 @@ class Script:
         if first and h % 11 == 0:
             return Reply(status=503)  # the client retries transport-level failures itself
         delay = 0.05 if h % 7 == 0 else 0.0
-        return Reply(content=self._answer(text, h, images), delay_s=delay)
+        answer = self._answer(text, h, images)
+        if h % 3 == 1 and answer.startswith("<think>"):
+            # vLLM with a reasoning parser: the reasoning arrives in `reasoning_content`.
+            think, rest = answer[len("<think>") :].split("</think>", 1)
+            target = "history tracker" in text or "known to" in text
+            # Reasoning of non-target stages may quote the tags; it is never scanned for them.
+            extra = " (sent separately)" if target else " (quotes </think> and <think>)"
+            return Reply(content=rest.lstrip(), reasoning=think.strip() + extra, delay_s=delay)
+        return Reply(content=answer, delay_s=delay)
 
     def _answer(self, text: str, h: int, images: list[str]) -> str:
         if "You analyse state transitions" in text:
@@ -200,6 +208,11 @@ def test_scripted_endpoint_retries_drops_and_cache(corpus, tmp_path):
     assert records and all(r.provenance.annotator_model == "scripted" for r in records)
     assert all(r.provenance.annotator_kind == "endpoint" for r in records)
     assert first > 0
+    # Separately delivered reasoning is used as is: no stage drops it as a think-tag problem,
+    # and targets carry it inside one non-empty think block.
+    assert not any("think" in k for counts in st.values() for k in counts), st
+    assert any("(sent separately)\n</think>" in r.target for r in records)
+    assert not any(re.search(r"<think>\s*</think>", r.target) for r in records)
 
 
 def _permanent(script: Script, body: dict) -> Reply | str:

@@ -432,14 +432,14 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def _sbatch(tmp_path: Path, env_extra: dict[str, str], *args: str):
+def _sbatch(tmp_path: Path, env_extra: dict[str, str], *args: str, git: str = "exit 0\n"):
     import subprocess
 
     bin_dir, venv = tmp_path / "bin", tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "activate").write_text("")
-    bin_dir.mkdir()
-    _stub(bin_dir / "git", "exit 0\n")  # a clean tree
+    bin_dir.mkdir(parents=True)
+    _stub(bin_dir / "git", git)  # default: a clean tree
     _stub(bin_dir / "scontrol", "echo node-a; echo node-b\n")
     _stub(bin_dir / "srun", 'while [[ "$1" == --* ]]; do shift; done; exec "$@"\n')
     _stub(bin_dir / "accelerate", f'printf "%s\\n" "$@" > {tmp_path / "argv"}\n')
@@ -479,3 +479,11 @@ def test_sbatch_requires_the_data_and_output_roots(tmp_path):
     proc = _sbatch(tmp_path, {"HIVIG_DATA_ROOT": ""}, "configs/train/tiny_cpu.yaml")
     assert proc.returncode != 0 and "HIVIG_DATA_ROOT" in proc.stderr
     assert not (tmp_path / "argv").exists()
+
+
+def test_sbatch_refuses_a_dirty_tree_unless_allowed(tmp_path):
+    dirty = 'echo " M train/sft.py"\n'
+    proc = _sbatch(tmp_path / "a", {}, "configs/train/tiny_cpu.yaml", git=dirty)
+    assert proc.returncode == 1 and "uncommitted changes" in proc.stderr
+    proc = _sbatch(tmp_path / "b", {"ALLOW_DIRTY": "1"}, "configs/train/tiny_cpu.yaml", git=dirty)
+    assert proc.returncode == 0, proc.stderr

@@ -37,7 +37,11 @@ def train_main(argv: list[str]) -> int:
         return 0
     from train.sft import run
 
-    result = run(cfg)
+    try:
+        result = run(cfg)
+    except ConfigError as e:  # settings refused once the launcher's are known (precision)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     where = result.final_dir or f"{cfg.out}/checkpoints (preempted)"
     print(f"finished at step {result.state.step}: {where}")
     return 0
