@@ -160,3 +160,29 @@ def test_report_cards_without_sharegpt_render_each_frame_once(small_corpus, monk
     assert links > len(calls) > 0  # history cards share screenshots
     # Every rendered (screenshot, marks, size class) is distinct: no frame rendered twice.
     assert len(set(calls)) == len(calls)
+
+
+def test_stage_coroutines_run_in_slots():
+    import asyncio
+
+    from data_gen.steps._work import LoopThread
+
+    running, peak, done = 0, 0, []
+
+    async def job(i: int) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.001)
+        running -= 1
+        done.append(i)
+
+    loop = LoopThread()
+    try:
+        loop.run_all([job(i) for i in range(20)], limit=3)
+        assert peak == 3 and sorted(done) == list(range(20))
+        peak = 0
+        loop.run_all([job(i) for i in range(20)])  # no limit: all start at once
+        assert peak == 20
+    finally:
+        loop.close()

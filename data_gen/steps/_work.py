@@ -101,11 +101,24 @@ class LoopThread:
         """Run a coroutine on the loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-    def run_all(self, coros: list[Coroutine[Any, Any, Any]]) -> None:
-        """Run coroutines concurrently on the loop and wait for all of them."""
+    def run_all(self, coros: list[Coroutine[Any, Any, Any]], limit: int | None = None) -> None:
+        """Run coroutines concurrently on the loop and wait for all of them.
+
+        Args:
+            coros: The coroutines (each one is awaited exactly once).
+            limit: At most this many run at a time; ``None`` starts them all at once.
+        """
+
+        async def bounded(coro: Coroutine[Any, Any, Any], slots: asyncio.Semaphore) -> None:
+            async with slots:
+                await coro
 
         async def gather() -> None:
-            await asyncio.gather(*coros)
+            if limit is None:
+                await asyncio.gather(*coros)
+                return
+            slots = asyncio.Semaphore(limit)
+            await asyncio.gather(*(bounded(c, slots) for c in coros))
 
         self.run(gather())
 
@@ -132,6 +145,16 @@ class Context:
     def seed(self) -> int:
         """Run seed."""
         return self.cfg.seed
+
+    def run_all(self, coros: list[Coroutine[Any, Any, Any]]) -> None:
+        """Run a stage's coroutines, as many at a time as the annotator has requests in flight.
+
+        Starting them all at once would build every prompt of the shard before the first
+        request goes out (the loop runs each coroutine up to its first wait); in slots, a
+        coroutine builds its prompt when a request slot frees up, overlapping the other
+        requests' network wait.
+        """
+        self.loop.run_all(coros, limit=max(1, self.annotator.concurrency))
 
     def provenance(self, hashes: list[str]) -> dict[str, Any]:
         """Provenance of an annotator-written target."""

@@ -57,7 +57,7 @@ class HistoryStep:
 
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Run every trajectory's chain; chains run concurrently."""
-        self.ctx.loop.run_all([self._chain(w, stats) for w in items])
+        self.ctx.run_all([self._chain(w, stats) for w in items])
         return items
 
     async def _chain(self, work: Work, stats: StageStats) -> None:

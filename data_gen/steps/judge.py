@@ -51,7 +51,7 @@ class JudgeStep:
             for k, unit in enumerate(w.units)
             if unit.get("bad") is not None
         ]
-        self.ctx.loop.run_all(jobs)
+        self.ctx.run_all(jobs)
         return items
 
     async def _one(self, work: Work, k: int, stats: StageStats) -> None:

@@ -104,7 +104,7 @@ class PerturbStep:
                     stats.add("no_bad_planned")
                     continue
                 jobs.append(self._one(work, k, plan.dimension, stats))
-        self.ctx.loop.run_all(jobs)
+        self.ctx.run_all(jobs)
         return items
 
     async def _one(self, work: Work, k: int, dimension: str, stats: StageStats) -> None:

@@ -112,7 +112,7 @@ class RationaleStep:
                 judge = unit.get("judge")
                 if unit.get("bad") is not None and judge is not None and judge.get("accepted"):
                     jobs.append(self._bad(work, k, stats))
-        self.ctx.loop.run_all(jobs)
+        self.ctx.run_all(jobs)
         for work in items:
             for unit in work.units:
                 if unit.get("critique"):

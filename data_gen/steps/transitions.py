@@ -60,7 +60,7 @@ class TransitionsStep:
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Annotate all steps of the shard concurrently."""
         jobs = [self._one(w, k, stats) for w in items for k in range(len(w.trajectory.steps))]
-        self.ctx.loop.run_all(jobs)
+        self.ctx.run_all(jobs)
         return items
 
     async def _one(self, work: Work, k: int, stats: StageStats) -> None:
