@@ -312,6 +312,29 @@ def raw_answer(text: str, reasoning: str | None) -> str:
 # Annotator
 
 
+TRANSIENT_REASONS = frozenset(
+    {"annotator_timeout", "annotator_transport", "annotator_http_unavailable"}
+)
+"""Drop reasons of endpoint failures that may pass (timeouts, dropped connections, 429, 5xx).
+
+A stage with any of these is not committed, so a rerun retries its items; answers already
+received are in the request cache, so the rerun only pays for the failed requests.
+"""
+
+
+def backend_error_reason(e: BackendError) -> str:
+    """Drop reason of an endpoint failure: ``annotator_<root reason>``.
+
+    HTTP 429 and 5xx (after the client's own retries) become ``annotator_http_unavailable``,
+    a temporary condition; other statuses stay ``annotator_http_status``, a permanent refusal.
+    """
+    root = e.root_reason
+    status = e.status or 0
+    if root == "http_status" and (status == 429 or status >= 500):
+        return "annotator_http_unavailable"
+    return f"annotator_{root}"
+
+
 class Annotator:
     """Cached, validated, bounded-retry annotator over a backend or the offline writer.
 
@@ -394,7 +417,7 @@ class Annotator:
                 text, reasoning, rhash = await self._answer(request, attempt)
             except BackendError as e:
                 self.counts["backend_errors"] += 1
-                result.reason = f"annotator_{e.root_reason}"
+                result.reason = backend_error_reason(e)
                 result.message = str(e)
                 return result
             except ImageError as e:

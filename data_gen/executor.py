@@ -193,6 +193,10 @@ def summary_table(counters: dict[str, dict[str, int]]) -> str:
 # Steps and the executor
 
 
+class StageIncomplete(RuntimeError):
+    """A stage had items fail with a temporary error; it was left unfinished for a rerun."""
+
+
 class PipelineStep(Protocol[T]):
     """One stage: items in, items out, counting every item kept or dropped in ``stats``."""
 
@@ -218,12 +222,22 @@ class Executor(Generic[T]):
         out_dir: Run output directory.
         steps: Stages in order.
         codec: Serialisation of the items between stages.
+        retry_reasons: Drop reasons that mean "try again later" (an endpoint outage). A stage
+            with any such drop is not committed, so the next run of the shard retries it
+            instead of keeping a temporary failure as a permanent drop.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, steps: list[PipelineStep[T]], codec: Codec[T]):
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        steps: list[PipelineStep[T]],
+        codec: Codec[T],
+        retry_reasons: frozenset[str] = frozenset(),
+    ):
         self.out = Path(out_dir)
         self.steps = steps
         self.codec = codec
+        self.retry_reasons = retry_reasons
 
     def output_path(self, shard: Shard, stage: str) -> Path:
         """Where a stage's output for a shard lives."""
@@ -256,7 +270,12 @@ class Executor(Generic[T]):
         return out
 
     def run_shard(self, shard: Shard, items: list[T]) -> list[T]:
-        """Run every unfinished stage of ``shard``; finished stages are loaded, not recomputed."""
+        """Run every unfinished stage of ``shard``; finished stages are loaded, not recomputed.
+
+        Raises:
+            StageIncomplete: A stage dropped items for a reason in ``retry_reasons``; it and
+                the later stages stay unfinished.
+        """
         for step in self.steps:
             if self.is_done(shard, step.name):
                 log.info("shard %s: %s already complete, skipping", shard.name, step.name)
@@ -266,6 +285,7 @@ class Executor(Generic[T]):
             started = time.perf_counter()
             items = step.run(items, stats)
             stats.check()
+            self._refuse_temporary_drops(shard, step.name, stats)
             self._commit(shard, step.name, items, stats)
             log.info(
                 "shard %s: %s done in %.1fs\n%s",
@@ -275,6 +295,17 @@ class Executor(Generic[T]):
                 summary_table({step.name: dict(sorted(stats.counts.items()))}),
             )
         return items
+
+    def _refuse_temporary_drops(self, shard: Shard, stage: str, stats: StageStats) -> None:
+        temporary = Counter(
+            e["reason"] for e in stats.exclusions if e["reason"] in self.retry_reasons
+        )
+        if temporary:
+            raise StageIncomplete(
+                f"shard {shard.name}: {stage} left unfinished, {sum(temporary.values())} items "
+                f"failed with temporary errors ({dict(sorted(temporary.items()))}); run the "
+                "same command again to retry them (answers already received are cached)"
+            )
 
     def _commit(self, shard: Shard, stage: str, items: list[T], stats: StageStats) -> None:
         # Output and exclusions first, marker last: a marker therefore implies both files.

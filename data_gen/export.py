@@ -1,7 +1,8 @@
 """Stage 7: the deterministic final merge and export.
 
     out/dataset/records/<split>/part-*.parquet   SFT records (hivig.records; read with datasets)
-    out/dataset/sharegpt/<split>.json            LlamaFactory ShareGPT rows (+ dataset_info.json)
+    out/dataset/dataset_info.json                LlamaFactory dataset list (dataset_dir=out/dataset)
+    out/dataset/sharegpt/<split>.json            LlamaFactory ShareGPT rows
     out/dataset/sharegpt/images/                 marked screenshots for LlamaFactory
     out/dataset/stats.json                       counters, distributions, rates
     out/dataset/report.html                      the report with sample cards (images: the
@@ -44,6 +45,34 @@ def collect_specs(works: list[Work]) -> list[dict[str, Any]]:
     return sorted(specs, key=lambda s: s["id"])
 
 
+DUPLICATE_BAD_STEP = "duplicate_bad_step"
+"""Drop reason of a Bad sample whose screenshot and Bad step an earlier sample already has
+(instruction variants of one episode share screenshots, so they can produce the same pair)."""
+
+
+def duplicate_bad_samples(works: list[Work]) -> dict[str, str]:
+    """``{sample id: id of the kept sample}`` for Bad samples repeating (screenshot, Bad step).
+
+    The smallest sample id of each group is kept, so the choice does not depend on sharding.
+    """
+    first: dict[tuple[str, str, str], str] = {}
+    dupes: dict[str, str] = {}
+    rows = []
+    for work in works:
+        for k, unit in enumerate(work.units):
+            bad = unit.get("bad")
+            for spec in unit.get("critique") or []:
+                if bad is not None and spec["labels"]["verdict"] == "Bad":
+                    shot = work.trajectory.steps[k].screenshot
+                    rows.append((spec["id"], (shot, bad["intent"], bad["text"])))
+    for sid, key in sorted(rows):
+        if key in first:
+            dupes[sid] = first[key]
+        else:
+            first[key] = sid
+    return dupes
+
+
 def _json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=1) + "\n"
 
@@ -81,7 +110,9 @@ def _sharegpt(
                 "assistant_tag": "gpt",
             },
         }
-    atomic_write_text(folder / "dataset_info.json", _json(info))
+    # LlamaFactory resolves `file_name` and (media_dir defaulting to dataset_dir) the image paths
+    # against the folder holding dataset_info.json: the dataset folder, like the paths above.
+    atomic_write_text(tmp / "dataset_info.json", _json(info))
     return images
 
 
@@ -159,8 +190,12 @@ def export_dataset(
     stats = StageStats("export")
     sizes, f, limit = ImageSizes(corpus), cfg.frame, cfg.export.max_tokens
     specs, records, tokens = [], [], {}
+    dupes = duplicate_bad_samples(works)
     for spec in collect_specs(works):
         stats.seen()
+        if spec["id"] in dupes:
+            stats.drop(spec["id"], DUPLICATE_BAD_STEP, f"same as {dupes[spec['id']]}")
+            continue
         n = estimated_tokens(spec, sizes, f.min_pixels, f.max_pixels, f.factor)
         if limit and n > limit:
             stats.drop(spec["id"], "too_long", f"about {n} tokens > export.max_tokens={limit}")

@@ -10,28 +10,34 @@
 
 Reruns resume: finished (shard, stage) pairs are loaded from their completion markers, paid
 annotator requests come from the on-disk cache, and the export is rewritten deterministically.
+
+Temporary endpoint failures (timeouts, dropped connections, HTTP 429 and 5xx after the client's
+own retries) never become permanent drops: the stage is left unfinished, the command exits with
+status 3, and running it again retries only what failed (everything else is a cache hit).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import hashlib
 import json
 import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from data_gen.annotator import Annotator, offline_answer
+from data_gen.annotator import TRANSIENT_REASONS, Annotator, offline_answer
 from data_gen.config import DataGenConfig
 from data_gen.executor import (
     Executor,
     Shard,
     ShardError,
+    StageIncomplete,
     atomic_write_text,
     dumps_jsonl,
     merge_counts,
@@ -55,6 +61,7 @@ from hivig.backends import build_backend
 from hivig.config import (
     ConfigError,
     add_config_arguments,
+    config_to_dict,
     config_to_yaml,
     load_config,
     write_run_description,
@@ -67,6 +74,8 @@ log = get_logger(__name__)
 
 LOCK_POLL_S = 5.0
 """Seconds between checks while another shard holds the ingest lock."""
+LOCK_LEASE_S = 300.0
+"""Seconds without a heartbeat after which an ingest or merge lock counts as abandoned."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,16 +203,66 @@ def build_annotator(cfg: DataGenConfig) -> Annotator:
     )
 
 
-def check_resume(cfg: DataGenConfig) -> None:
-    """Record the config in ``out/config.yaml``, refusing an output folder of another config.
+OPERATIONAL_FIELDS = (
+    "out",
+    "annotator.cache_dir",
+    "annotator.cache_offline",
+    "annotator.frame_cache_mb",
+    "annotator.backend.base_url",
+    "annotator.backend.api_key_env",
+    "annotator.backend.concurrency",
+    "annotator.backend.timeout_s",
+    "annotator.backend.max_retries",
+    "annotator.backend.backoff_s",
+)
+"""Config fields that change how a run goes, never what it writes; a resume may change them."""
 
-    Shards of one array job write the same text atomically, so concurrent starts agree.
+MERGE_ONLY_FIELDS = ("export.report_cards", "export.sharegpt", "export.max_tokens")
+"""Fields read only by the merge; changing them on a resume just re-runs the export (the
+export's input digest covers the whole config). ``export.val_share`` and ``test_share`` are not
+among them: the split of every work item is fixed when the stages run."""
+
+
+def resume_fingerprint(cfg: DataGenConfig) -> dict[str, Any]:
+    """The config fields that determine the stage outputs, flattened to dotted keys."""
+    skip = set(OPERATIONAL_FIELDS) | set(MERGE_ONLY_FIELDS)
+    return {k: v for k, v in _flatten(config_to_dict(cfg)).items() if k not in skip}
+
+
+def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and not name.endswith("_weights"):
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def check_resume(cfg: DataGenConfig) -> None:
+    """Record the config in ``out/config.yaml``, refusing a resume that would change outputs.
+
+    Only the fields of ``resume_fingerprint`` must match the recorded run: concurrency,
+    timeouts, retries, the endpoint address and the cache location may change between reruns,
+    and export options only re-run the merge. Shards of one array job write the same text
+    atomically, so concurrent starts agree.
+
+    Raises:
+        ConfigError: An output-changing field differs; the message names the fields.
     """
     path, text = Path(cfg.out) / "config.yaml", config_to_yaml(cfg)
-    if path.exists() and path.read_text(encoding="utf-8") != text:
-        raise ConfigError(
-            f"{cfg.out} holds a run with a different config; use a new `out` or delete it"
-        )
+    if path.exists():
+        before = resume_fingerprint(load_config(DataGenConfig, path))
+        now = resume_fingerprint(cfg)
+        changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+        if changed:
+            cache = Path(cfg.annotator.cache_dir or Path(cfg.out) / "cache")
+            raise ConfigError(
+                f"{cfg.out} holds a run with a different config ({', '.join(changed)} "
+                "changed); write to a new `out`, keeping the paid annotator answers with "
+                f"annotator.cache_dir={cache}"
+            )
     atomic_write_text(path, text)
 
 
@@ -212,41 +271,74 @@ def check_resume(cfg: DataGenConfig) -> None:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[bool]:
+def file_lock(path: Path, lease_s: float = LOCK_LEASE_S) -> Iterator[bool]:
     """Exclusive right to a one-off job (ingest, merge): yields True for the one holder.
 
-    A lock left by a dead process (a crash) is taken over.
+    Shards run on many hosts over a shared filesystem, where a process id says nothing about
+    another host. The lock file therefore names ``host:pid`` and works as a lease: while held,
+    a heartbeat refreshes its mtime every ``lease_s / 4`` seconds, and a lock whose mtime is
+    older than ``lease_s`` (a crashed or killed holder on any host) is taken over.
+
+    Args:
+        path: The lock file.
+        lease_s: Seconds without a heartbeat after which the lock counts as abandoned.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            if _lock_is_stale(path):
+            if _lock_is_stale(path, lease_s):
                 path.unlink(missing_ok=True)
                 continue
             yield False
             return
-        os.write(fd, str(os.getpid()).encode())
+        os.write(fd, lock_owner().encode())
         os.close(fd)
+        stop = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(path, lease_s / 4, stop), daemon=True)
+        beat.start()
         try:
             yield True
         finally:
+            stop.set()
+            beat.join()
             path.unlink(missing_ok=True)
         return
     yield False
 
 
-def _lock_is_stale(path: Path) -> bool:
+def lock_owner() -> str:
+    """``host:pid`` of this process, as written into lock files."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _heartbeat(path: Path, every_s: float, stop: threading.Event) -> None:
+    while not stop.wait(every_s):
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(path)
+
+
+def _lock_is_stale(path: Path, lease_s: float) -> bool:
+    """Whether the lock's lease ran out, or its holder is a dead process on this host."""
     try:
-        pid = int(path.read_text().strip() or "0")
-        os.kill(pid, 0)
-    except ValueError:
-        return True
-    except OSError as e:
-        return e.errno == errno.ESRCH
+        age = time.time() - path.stat().st_mtime
+        owner = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
+        return True  # released meanwhile: try again
+    if age > lease_s:
         return True
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        # Another host's process cannot be probed from here; only its lease can expire.
+        # A lock still being written (empty or half a name) is fresh, so it is respected.
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, owned by another user
     return False
 
 
@@ -349,7 +441,9 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
             gen_params(cfg),
             loop,
         )
-        executor: Executor[Work] = Executor(cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC)
+        executor: Executor[Work] = Executor(
+            cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC, TRANSIENT_REASONS
+        )
         if not merge_only:
             executor.run_shard(shard, [w for w in works if shard.owns(w.id)])
         counts = {**annotator.counts, **annotator.frames.counts}
@@ -377,4 +471,8 @@ def main(argv: list[str]) -> int:
     except (ConfigError, ShardError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    except StageIncomplete as e:
+        # Not a crash: the finished work is kept and a rerun picks up the rest.
+        sys.stderr.write(f"incomplete: {e}\n")
+        return 3
     return 0

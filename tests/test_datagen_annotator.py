@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from data_gen.annotator import TRANSIENT_REASONS, backend_error_reason
 from data_gen.config import DataGenConfig
+from data_gen.executor import StageIncomplete
 from data_gen.ingest import ingest
 from data_gen.run import run
 from data_gen.sample_corpus import SampleConfig, make_sample
@@ -235,3 +237,46 @@ def test_rerun_with_the_cache_sends_no_request(corpus, tmp_path):
     a = (tmp_path / "a" / "dataset" / "stats.json").read_text()
     b = (tmp_path / "b" / "dataset" / "stats.json").read_text()
     assert a == b
+
+
+def test_temporary_endpoint_errors_are_retried_by_a_rerun(corpus, tmp_path):
+    script = Script(permanent_errors=False)
+    outage = {"on": True}
+    answered: list[str] = []  # transition requests answered during the outage
+    resent: list[str] = []  # ... and sent again by the rerun
+
+    def respond(body: dict) -> Reply | str:
+        text = request_text(body)
+        transition = "You analyse state transitions" in text
+        hit = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % 4 == 0
+        if outage["on"] and transition and hit:
+            return Reply(status=503)  # every client retry fails too: the outage outlasts them
+        if transition:
+            (answered if outage["on"] else resent).append(text)
+        return script(body)
+
+    out, cache = tmp_path / "a", tmp_path / "cache"
+    with ScriptedServer(respond=respond, model="scripted") as server:
+        with pytest.raises(StageIncomplete, match="annotator_http_unavailable"):
+            run(_cfg(corpus, out, server, cache), None)
+        # Nothing of the failed stage is committed: no marker, so a rerun retries it.
+        assert not list((out / "completions").rglob("transitions.json"))
+        assert not (out / "dataset" / "stats.json").exists()
+        outage["on"] = False
+        stats = run(_cfg(corpus, out, server, cache), None)
+    assert not any("annotator_http" in k for c in stats["stages"].values() for k in c)
+    assert stats["stages"]["transitions"]["kept"] == stats["stages"]["transitions"]["in"]
+    # Cached successes make the rerun cheap: only the failed requests are sent again.
+    assert answered and resent
+    assert not set(answered) & set(resent)
+
+
+def test_permanent_http_errors_are_drops_and_other_statuses_are_temporary():
+    from hivig.backends.base import BackendHTTPError, BackendTimeout, RetriesExhausted
+
+    assert backend_error_reason(BackendHTTPError("x", status=400)) == "annotator_http_status"
+    for status in (429, 500, 503):
+        err = RetriesExhausted(BackendHTTPError("x", status=status), attempts=3)
+        assert backend_error_reason(err) in TRANSIENT_REASONS
+    assert backend_error_reason(BackendTimeout("x")) in TRANSIENT_REASONS
+    assert "annotator_http_status" not in TRANSIENT_REASONS

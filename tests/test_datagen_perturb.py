@@ -85,20 +85,42 @@ def test_action_formulation_error_is_an_invalid_call(seed):
     assert bad.intent == "Click OK to confirm"
 
 
+STOP = {"action": "terminate", "status": "success"}
+
+
 def test_termination_variants():
     gen = PROGRAMMATIC["Termination Misjudgment"]
-    early = gen(view([CLICK_OK]), rng(), P)
+    early = gen(view([CLICK_OK], final_intent="The file is saved"), rng(), P)
     assert early.method == "premature_terminate" and early.calls[0]["action"] == "terminate"
+    # The expert's own closing words, not a template sentence.
+    assert early.intent == "The file is saved"
     answer = gen(view([{"action": "answer", "text": "42"}], is_final=True), rng(), P)
-    assert answer.method == "terminate_instead_of_answer"
+    assert answer.method == "terminate_instead_of_answer" and answer.intent == "Click OK to confirm"
     # Terminate after an answer is the correct ending: its Bad is a redundant action, never
-    # another terminate.
+    # another terminate, worded like the earlier step that clicked the same element.
     done = gen(
-        view([{"action": "terminate", "status": "success"}], is_final=True, answered_before=True),
+        view(
+            [STOP],
+            is_final=True,
+            answered_before=True,
+            earlier_intents=("Press OK",),
+            earlier_calls=((CLICK_OK,),),
+            earlier_elements=(SCREEN,),
+        ),
         rng(),
         P,
     )
     assert done.method == "action_after_completion" and done.calls[0]["action"] != "terminate"
+    assert done.intent == "Press OK"
+
+
+def test_no_premature_terminate_after_the_expert_answered():
+    gen = PROGRAMMATIC["Termination Misjudgment"]
+    after = view([CLICK_OK], answered_before=True, final_intent="The task is complete")
+    assert gen(after, rng(), P) is None
+    # Negative control: the same step before any answer is a premature terminate.
+    before = view([CLICK_OK], answered_before=False, final_intent="The task is complete")
+    assert gen(before, rng(), P).method == "premature_terminate"
 
 
 def test_timing_acts_instead_of_the_expert_wait():
@@ -110,21 +132,14 @@ def test_timing_acts_instead_of_the_expert_wait():
     assert bad.calls == nxt and bad.intent == "Click Next"
 
 
-def test_timing_chains_an_action_on_an_element_not_rendered_yet():
+def test_timing_never_targets_an_element_not_on_screen():
+    # Chaining the next click (on an element that only renders later) would be Visual
+    # Hallucination by definition, so Timing comes only from a skipped wait.
     menu_item = Element("Save As...", "menuitem", (20, 200, 200, 240))
     nxt = ({"action": "left_click", "coordinate": [100, 220]},)
     gen = PROGRAMMATIC["Timing and Latency Neglect"]
     v = view([CLICK_OK], next_calls=nxt, next_intent="Choose Save As", next_elements=(menu_item,))
-    bad = gen(v, rng(), P)
-    assert bad.method == "chained_before_render"
-    assert bad.calls == (CLICK_OK, nxt[0])
-    assert marks_for_text(bad.text) == [PointMark(450, 425), PointMark(100, 220)]
-    # Negative controls: the element is already on screen, or the next screen is unknown.
-    on_screen = view(
-        [CLICK_OK], next_calls=nxt, elements=(*SCREEN, menu_item), next_elements=(menu_item,)
-    )
-    assert gen(on_screen, rng(), P) is None
-    assert gen(view([CLICK_OK], next_calls=nxt), rng(), P) is None
+    assert gen(v, rng(), P) is None
 
 
 def test_prerequisite_types_without_focus():
@@ -164,15 +179,33 @@ def test_misalignment_keeps_intent_and_moves_to_another_element():
 
 def test_hallucination_targets_an_element_gone_from_the_screen():
     ghost = Element("Sign in", "button", (700, 800, 900, 850))
-    v = view([CLICK_OK], earlier_elements=((ghost, OK),))
-    bad = PROGRAMMATIC["Visual Hallucination"](v, rng(), P)
+    earlier = {
+        "earlier_elements": ((ghost, OK),),
+        "earlier_intents": ("Sign in to the account",),
+        "earlier_calls": (({"action": "left_click", "coordinate": list(ghost.centre)},),),
+    }
+    bad = PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], **earlier), rng(), P)
     assert bad.calls[0]["coordinate"] == list(ghost.centre)
-    assert "Sign in" in bad.intent
+    # The wording of the earlier step that clicked the ghost, not a template.
+    assert bad.intent == "Sign in to the account"
     # Negative control: the same element still on screen is no hallucination.
     assert (
         PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], earlier_elements=((OK,),)), rng(), P)
         is None
     )
+
+
+def test_hallucination_leaves_terminal_steps_to_termination():
+    ghost = Element("Sign in", "button", (700, 800, 900, 850))
+    earlier = {
+        "earlier_elements": ((ghost,),),
+        "earlier_intents": ("Sign in",),
+        "earlier_calls": (({"action": "left_click", "coordinate": list(ghost.centre)},),),
+    }
+    gen = PROGRAMMATIC["Visual Hallucination"]
+    assert gen(view([STOP], is_final=True, **earlier), rng(), P) is None
+    assert gen(view([{"action": "answer", "text": "4"}], **earlier), rng(), P) is None
+    assert gen(view([CLICK_OK], **earlier), rng(), P) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +257,11 @@ def _views(n):
                 calls,
                 sample_id=f"t{i:04d}:000",
                 next_calls=({"action": "type", "text": "hello"},),
+                next_intent="Type hello",
+                final_intent="The task is complete",
                 earlier_elements=((Element("Gone", "button", (700, 800, 900, 850)),),),
+                earlier_intents=("Click Gone",),
+                earlier_calls=(({"action": "left_click", "coordinate": [800, 825]},),),
             )
         )
     return out

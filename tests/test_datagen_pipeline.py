@@ -81,7 +81,22 @@ def test_every_stage_accounts_for_every_item(one_shard):
     assert stats["stages"]["export"]["kept"] == stats["samples"] > 0
     # Chained: history and critique samples in the export are what the stages kept.
     assert stats["by_kind"]["history"] == stats["stages"]["history"]["kept"]
-    assert stats["by_kind"]["critique"] == stats["stages"]["rationale"]["kept"]
+    duplicates = stats["stages"]["export"].get("dropped_duplicate_bad_step", 0)
+    assert stats["by_kind"]["critique"] == stats["stages"]["rationale"]["kept"] - duplicates
+
+
+def test_instruction_variants_leave_no_duplicate_bad_samples(one_shard):
+    out, stats = one_shard
+    # The corpus has instruction variants, which share screenshots: duplicates were found...
+    assert stats["stages"]["export"].get("dropped_duplicate_bad_step", 0) > 0
+    # ... and no two exported Bad samples show the same screenshot with the same Bad step.
+    seen = set()
+    for r in _records(out):
+        if r.kind == "critique" and r.labels.verdict == "Bad":
+            step = "".join(p.text for p in r.user if hasattr(p, "text"))
+            key = (r.images[-1].path, step.split("Current Proposed Step:", 1)[1])
+            assert key not in seen
+            seen.add(key)
 
 
 def test_records_are_labelled_offline_and_versioned(one_shard):
@@ -156,6 +171,33 @@ def test_report_and_exports_are_self_contained(one_shard):
     )
 
 
+def _llamafactory_rows(dataset_dir: Path) -> list[tuple[Path, list[Path]]]:
+    """Resolve the export as LlamaFactory does with ``dataset_dir`` (and media_dir defaulting
+    to it): ``dataset_dir/dataset_info.json`` -> ``dataset_dir/file_name``, image paths relative
+    to ``dataset_dir``."""
+    info = json.loads((dataset_dir / "dataset_info.json").read_text())
+    out = []
+    for entry in info.values():
+        data = dataset_dir / entry["file_name"]
+        for row in json.loads(data.read_text()):
+            out.append((data, [dataset_dir / p for p in row[entry["columns"]["images"]]]))
+    return out
+
+
+def test_llamafactory_resolves_the_export_from_the_dataset_dir(one_shard, tmp_path):
+    out, _ = one_shard
+    resolved = _llamafactory_rows(out / "dataset")
+    assert resolved and all(data.is_file() for data, _ in resolved)
+    assert all(p.is_file() for _, images in resolved for p in images)
+    # Negative control: pointing dataset_dir at sharegpt/ (where dataset_info.json used to be)
+    # resolves neither the data files nor the images.
+    wrong = tmp_path / "sharegpt"
+    wrong.mkdir()
+    (wrong / "dataset_info.json").write_text((out / "dataset" / "dataset_info.json").read_text())
+    with pytest.raises(FileNotFoundError):
+        _llamafactory_rows(wrong)
+
+
 def test_three_shards_equal_one_shard(one_shard, corpus, tmp_path):
     out1, _ = one_shard
     out3 = tmp_path / "one"  # same depth as the one-shard run: relative paths agree
@@ -170,8 +212,31 @@ def test_rerun_is_idempotent_and_refuses_other_config(one_shard, corpus):
     before = _tree(out / "dataset")
     run(_cfg(corpus, out), None)
     assert _tree(out / "dataset") == before
-    with pytest.raises(ConfigError, match="different config"):
+    with pytest.raises(ConfigError, match="different config") as refused:
         run(_cfg(corpus, out, "rationale.intent_mask_rate=0.5"), None)
+    # The advice names the field and keeps the cache (which lives in `out`) instead of
+    # telling the user to delete the folder that holds it.
+    assert "rationale.intent_mask_rate" in str(refused.value)
+    assert "annotator.cache_dir=" in str(refused.value) and "delete" not in str(refused.value)
+
+
+def test_resume_accepts_operational_and_export_changes(one_shard, corpus):
+    out, _ = one_shard
+    records = _tree(out / "dataset" / "records")
+    operational = [
+        "annotator.backend.concurrency=3",
+        "annotator.backend.timeout_s=7",
+        "annotator.backend.max_retries=1",
+        "annotator.frame_cache_mb=64",
+    ]
+    run(_cfg(corpus, out, *operational), None)
+    assert _tree(out / "dataset" / "records") == records
+    # Export options re-run only the merge.
+    run(_cfg(corpus, out, "export.report_cards=2"), None)
+    assert _tree(out / "dataset" / "records") == records
+    run(_cfg(corpus, out), None)  # back to the original options
+    with pytest.raises(ConfigError, match="seed"):
+        run(_cfg(corpus, out, "seed=5"), None)
 
 
 def test_cli_errors_are_typed(tmp_path, capsys):

@@ -29,6 +29,10 @@ class StepView:
         elements: Elements on the current screen.
         earlier_elements: Elements of earlier screens, oldest first.
         next_elements: Elements of the next screen (after this step executed).
+        earlier_intents: Intents of the earlier steps, oldest first (aligned with
+            ``earlier_elements``); generators reuse this real wording instead of templates.
+        earlier_calls: Calls of the earlier steps, oldest first.
+        final_intent: Intent of the trajectory's last step when it ends the episode, else empty.
     """
 
     sample_id: str
@@ -44,6 +48,9 @@ class StepView:
     elements: tuple[Element, ...] = ()
     earlier_elements: tuple[tuple[Element, ...], ...] = ()
     next_elements: tuple[Element, ...] = ()
+    earlier_intents: tuple[str, ...] = ()
+    earlier_calls: tuple[tuple[Call, ...], ...] = ()
+    final_intent: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (the annotator oracle)."""
@@ -53,6 +60,8 @@ class StepView:
         out["elements"] = [e.to_json() for e in self.elements]
         out["earlier_elements"] = [[e.to_json() for e in s] for s in self.earlier_elements]
         out["next_elements"] = [e.to_json() for e in self.next_elements]
+        out["earlier_intents"] = list(self.earlier_intents)
+        out["earlier_calls"] = [list(c) for c in self.earlier_calls]
         return out
 
     @classmethod
@@ -76,6 +85,9 @@ class StepView:
             elements=els(obj.get("elements", [])),
             earlier_elements=tuple(els(s) for s in obj.get("earlier_elements", [])),
             next_elements=els(obj.get("next_elements", [])),
+            earlier_intents=tuple(obj.get("earlier_intents", ())),
+            earlier_calls=tuple(tuple(c) for c in obj.get("earlier_calls", ())),
+            final_intent=obj.get("final_intent", ""),
         )
 
 

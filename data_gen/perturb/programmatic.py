@@ -173,34 +173,56 @@ def action_formulation(view: StepView, rng: random.Random, p: GenParams) -> BadS
 _TERMINAL = ("terminate", "answer")
 
 
+def _earlier_intent_for(view: StepView, label: str) -> str:
+    """The wording of the latest earlier step whose click landed on an element named ``label``.
+
+    Bad steps reuse real expert wording rather than a template sentence, so the intent alone
+    never identifies the dimension.
+    """
+    steps = zip(view.earlier_intents, view.earlier_calls, view.earlier_elements, strict=False)
+    for intent, calls, screen in reversed(list(steps)):
+        hit = primary_point(list(calls))
+        if hit is None or not intent.strip():
+            continue
+        el = target_at(screen, *hit[1]["coordinate"])
+        if el is not None and el.label == label:
+            return intent
+    return ""
+
+
 def termination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     """Premature terminate, terminate instead of answer, or an action after completion.
 
     A terminate after an answer is the correct ending, never an error; its Bad counterpart is a
-    redundant action instead.
+    redundant action instead. Once the expert has answered, ending early is not an error either,
+    so no premature terminate is built after an answer.
     """
     dim = TERMINATION
     actions = [c.get("action") for c in view.calls]
     stop = {"action": "terminate", "status": "success"}
     if "answer" in actions:
-        note = "ended with terminate where the task asks for an answer"
-        intent = "The requested information is visible, so the task is complete; ending now."
-        return _bad(view, dim, "terminate_instead_of_answer", [stop], intent, note)
-    if "terminate" in actions:
-        targets = sorted((e for e in view.elements if e.is_target), key=lambda e: (e.box, e.label))
-        if not targets:
+        if not view.intent.strip():
             return None
-        el = rng.choice(targets)
+        note = "ended with terminate where the task asks for an answer"
+        return _bad(view, dim, "terminate_instead_of_answer", [stop], view.intent, note)
+    if "terminate" in actions:
+        present = {e.label for e in _targets(view.elements)}
+        options = sorted(
+            {(label, intent) for label in present if (intent := _earlier_intent_for(view, label))}
+        )
+        if not options:
+            return None
+        label, intent = rng.choice(options)
+        el = next(e for e in _targets(view.elements) if e.label == label)
         name = "click" if view.space == "mobile_use" else "left_click"
         call = {"action": name, "coordinate": list(el.centre)}
-        intent = f"Click '{el.label}' once more to make sure the change is applied."
         note = f"a redundant click on '{el.label}' after the goal was met"
         return _bad(view, dim, "action_after_completion", [call], intent, note)
-    if view.is_final:
+    if view.is_final or view.answered_before or not view.final_intent.strip():
         return None
-    intent = "The goal looks achieved on this screen, so the task can be finished."
+    # The expert's own closing words, said too early.
     note = "terminated while the task was still unfinished"
-    return _bad(view, dim, "premature_terminate", [stop], intent, note)
+    return _bad(view, dim, "premature_terminate", [stop], view.final_intent, note)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,33 +230,21 @@ def termination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | N
 
 
 def timing(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
-    """Act before the interface is ready.
+    """Act before the interface is ready: where the expert waited, act at once.
 
-    Where the expert waited, act at once with the action the expert took after the wait.
-    Otherwise, where the next step targets an element that only appears once this step's effect
-    has rendered, chain that action into this step: it fires while the screen is still changing.
+    The Bad step is the action the expert took after the wait, with the expert's words for it.
+    Chaining the next step's click into this one is not built: its target is not on the current
+    screen yet, which is Visual Hallucination's definition, so the sample would fit two
+    dimensions.
     """
-    dim = TIMING
-    if any(c.get("action") == "wait" for c in view.calls):
-        nxt = [c for c in view.next_calls if c.get("action") not in ("wait",) + _TERMINAL]
-        if not nxt:
-            return None
-        note = "acted while the interface was still loading instead of waiting"
-        return _bad(view, dim, "act_instead_of_wait", nxt, view.next_intent or view.intent, note)
-    if any(c.get("action") in _TERMINAL for c in (*view.calls, *view.next_calls)):
+    if not any(c.get("action") == "wait" for c in view.calls):
         return None
-    hit = primary_point(view.next_calls)
-    if hit is None:
+    # An answer read off the still-loading screen is acting while busy too; a terminate is not.
+    nxt = [c for c in view.next_calls if c.get("action") not in ("wait", "terminate")]
+    if not nxt or not view.next_intent.strip():
         return None
-    upcoming = target_at(view.next_elements, *hit[1]["coordinate"])
-    if upcoming is None or upcoming.label in {e.label for e in view.elements}:
-        return None
-    calls = [*view.calls, *view.next_calls]
-    first = view.intent.rstrip(". ") or "Do this step"
-    then = view.next_intent.rstrip(". ") or f"use '{upcoming.label}'"
-    intent = f"{first}, and straight away {then[:1].lower()}{then[1:]}."
-    note = f"chained a click on '{upcoming.label}' into the step before the screen had updated"
-    return _bad(view, dim, "chained_before_render", calls, intent, note)
+    note = "acted while the interface was still loading instead of waiting"
+    return _bad(view, TIMING, "act_instead_of_wait", nxt, view.next_intent, note)
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,17 +340,30 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
 
 
 def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
-    """Act on an element from an earlier screen that is no longer on this one."""
+    """Act on an element from an earlier screen that is no longer on this one.
+
+    Terminal steps get none: a click where the expert ended the task is Termination
+    Misjudgment's "action after completion". The intent is the wording of the earlier step that
+    clicked the ghost element, so only the screen tells that it is gone.
+    """
+    if any(c.get("action") in _TERMINAL for c in view.calls):
+        return None
     present = {e.label for e in view.elements}
-    ghosts = [
-        e
-        for screen in view.earlier_elements
-        for e in _targets(screen)
-        if e.label and e.label not in present and target_at(view.elements, *e.centre) is None
-    ]
+    ghosts = sorted(
+        {
+            (e, intent)
+            for screen in view.earlier_elements
+            for e in _targets(screen)
+            if e.label
+            and e.label not in present
+            and target_at(view.elements, *e.centre) is None
+            and (intent := _earlier_intent_for(view, e.label))
+        },
+        key=lambda g: (g[0].box, g[0].label, g[1]),
+    )
     if not ghosts:
         return None
-    ghost = rng.choice(sorted(set(ghosts), key=lambda e: (e.box, e.label)))
+    ghost, intent = rng.choice(ghosts)
     hit = primary_point(view.calls)
     if hit is not None:
         calls = _moved(view, hit[0], ghost.centre)
@@ -348,7 +371,6 @@ def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep |
     else:
         name = "click" if view.space == "mobile_use" else "left_click"
         calls = [{"action": name, "coordinate": list(ghost.centre)}]
-    intent = f"Click the '{ghost.label}' {ghost.role} to continue with the task."
     note = f"'{ghost.label}' was on an earlier screen and is not on this one"
     return _bad(view, HALLUCINATION, "stale_target", calls, intent, note)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from data_gen.annotator import Annotator, Rejected
+from data_gen.annotator import Annotation, Annotator, AnnotatorRequest, Rejected
 from data_gen.config import DataGenConfig
-from data_gen.executor import Codec, unit_float
+from data_gen.executor import Codec, StageStats, unit_float
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
 from hivig.actions import space_for_platform
 from hivig.media import (
@@ -156,6 +156,22 @@ class Context:
         """
         self.loop.run_all(coros, limit=max(1, self.annotator.concurrency))
 
+    async def annotate_or_drop(
+        self,
+        stats: StageStats,
+        item_id: str,
+        request: AnnotatorRequest,
+        validate: Callable[[str, str | None], Any],
+    ) -> Annotation[Any] | None:
+        """Annotate with validation retries; count the retries, and on failure record the drop
+        (with the raw answers) under ``item_id`` and return ``None``."""
+        result = await self.annotator.annotate(request, validate)
+        stats.add("llm_retries", result.retries)
+        if result.value is None:
+            stats.drop(item_id, result.reason, result.message, result.raw)
+            return None
+        return result
+
     def provenance(self, hashes: list[str]) -> dict[str, Any]:
         """Provenance of an annotator-written target."""
         return {
@@ -198,6 +214,16 @@ def render_or_reject(render: Callable[..., str], *args: Any) -> str | Rejected:
         return Rejected(UNRENDERABLE_TARGET, str(e))
 
 
+def step_prompt_args(traj: Trajectory, index: int) -> tuple[str, str, str, ImageRef]:
+    """``(task, platform, past trajectory, unmarked screenshot)``: how every step prompt starts."""
+    return (
+        traj.task,
+        traj.platform,
+        past_trajectory(traj, index),
+        image(traj, traj.steps[index].screenshot),
+    )
+
+
 def past_trajectory(traj: Trajectory, index: int) -> str:
     """``format_trajectory`` of the steps before ``index`` (past steps keep their intents)."""
     return format_trajectory([step_text(traj, k) for k in range(index)])
@@ -229,6 +255,11 @@ def step_view(traj: Trajectory, index: int, elements: ElementIndex) -> StepView:
         elements=elements.get(step.screenshot),
         earlier_elements=tuple(elements.get(steps[k].screenshot) for k in range(index)),
         next_elements=elements.get(nxt.screenshot) if nxt is not None else (),
+        earlier_intents=tuple(steps[k].intent or "" for k in range(index)),
+        earlier_calls=tuple(tuple(calls_of(traj, k)) for k in range(index)),
+        final_intent=(steps[-1].intent or "")
+        if is_terminal(calls_of(traj, len(steps) - 1))
+        else "",
     )
 
 

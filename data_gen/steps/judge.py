@@ -17,9 +17,8 @@ from data_gen.perturb import BadStep
 from data_gen.steps._work import (
     Context,
     Work,
-    image,
-    past_trajectory,
     sample_id,
+    step_prompt_args,
     step_text,
 )
 from hivig.contracts import ContractError, JudgeOutput, parse_judge
@@ -72,22 +71,17 @@ class JudgeStep:
         order = list(DIMENSIONS)
         random.Random(sample_seed(ctx.seed, sid, "judge_dimension_order")).shuffle(order)
         messages = build_judge_messages(
-            traj.task,
-            traj.platform,
-            past_trajectory(traj, k),
-            image(traj, traj.steps[k].screenshot),
+            *step_prompt_args(traj, k),
             a,
             b,
             dimension_order=order,
         )
         oracle = {"expert_slot": expert_slot, "dimension": bad.dimension, "note": bad.note}
-        result = await ctx.annotator.annotate(
-            AnnotatorRequest(self.name, list(messages), oracle), validate_judge
-        )
-        stats.add("llm_retries", result.retries)
-        if result.value is None:
-            unit["judge"] = {"accepted": False, "reason": result.reason}
-            stats.drop(sid, result.reason, result.message, result.raw)
+        request = AnnotatorRequest(self.name, list(messages), oracle)
+        result = await ctx.annotate_or_drop(stats, sid, request, validate_judge)
+        if result is None:
+            # No await since the drop: the last exclusion is this item's.
+            unit["judge"] = {"accepted": False, "reason": stats.exclusions[-1]["reason"]}
             return
         out = result.value
         verdict = {

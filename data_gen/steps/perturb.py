@@ -21,9 +21,8 @@ from data_gen.perturb.calls import parse_calls, render_calls
 from data_gen.steps._work import (
     Context,
     Work,
-    image,
-    past_trajectory,
     sample_id,
+    step_prompt_args,
     step_text,
     step_view,
 )
@@ -146,19 +145,16 @@ class PerturbStep:
         dim = lookup_dimension(dimension)
         assert dim is not None
         messages = build_perturbation_messages(
-            traj.task,
-            traj.platform,
-            past_trajectory(traj, k),
-            image(traj, traj.steps[k].screenshot),
+            *step_prompt_args(traj, k),
             traj.steps[k].think or "",
             step_text(traj, k),
             [dim],
         )
         request = AnnotatorRequest(self.name, list(messages), oracle)
-        result = await ctx.annotator.annotate(request, perturbation_validator(view, dimension))
-        stats.add("llm_retries", result.retries)
-        if result.value is None:
-            stats.drop(sid, result.reason, result.message, result.raw)
+        result = await ctx.annotate_or_drop(
+            stats, sid, request, perturbation_validator(view, dimension)
+        )
+        if result is None:
             return None
         parsed, intent, calls_text, calls = result.value
         return BadStep(

@@ -219,10 +219,10 @@ class RationaleStep:
         ctx = self.ctx
         verdict, dimension, masked, generator = label
         request = AnnotatorRequest(stage, list(messages), oracle)
-        result = await ctx.annotator.annotate(request, critique_validator(verdict, dimension))
-        stats.add("llm_retries", result.retries)
-        if result.value is None:
-            stats.drop(sid, result.reason, result.message, result.raw)
+        result = await ctx.annotate_or_drop(
+            stats, sid, request, critique_validator(verdict, dimension)
+        )
+        if result is None:
             return
         _, target = result.value
         critic = build_critique_messages(*critic_args)

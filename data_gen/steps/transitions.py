@@ -101,12 +101,9 @@ class TransitionsStep:
             "terminal": False,
             **target_oracle(self.ctx, before, calls),
         }
-        result = await self.ctx.annotator.annotate(
-            AnnotatorRequest(self.name, list(messages), oracle), validate_transition
-        )
-        stats.add("llm_retries", result.retries)
-        if result.value is None:
-            stats.drop(sid, result.reason, result.message, result.raw)
+        request = AnnotatorRequest(self.name, list(messages), oracle)
+        result = await self.ctx.annotate_or_drop(stats, sid, request, validate_transition)
+        if result is None:
             return
         out = result.value
         unit["transition"] = {

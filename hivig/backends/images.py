@@ -1,4 +1,4 @@
-"""Per-image payload cache: PNG transport form and pixel digest, computed once per PIL image.
+"""Per-image payload cache: transport form (PNG or JPEG) and pixel digest, once per PIL image.
 
 Callers reuse one decoded frame object for every request that shows the same screenshot, so
 encoding it again per request (tens of ms of CPU for a 1 MP frame) is pure waste. The cache keys
@@ -24,6 +24,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from PIL import Image
 
@@ -34,6 +35,11 @@ from PIL import Image
 # area) 31.5 ms / 345 KiB against 51.8 ms / 483 KiB. Level 1 is the cheaper one, and the few KiB
 # level 6 saves on flat screens cost nothing to send on loopback or a LAN.
 TRANSPORT_PNG_LEVEL = 1
+
+ImageFormat = Literal["png", "jpeg"]
+IMAGE_FORMATS: tuple[str, ...] = ("png", "jpeg")
+"""Transport formats: ``png`` is lossless (the critic path); ``jpeg`` is lossy and several times
+cheaper to encode, for senders that only need the model to read the screen (the annotator)."""
 
 
 def _require_image(image: object) -> Image.Image:
@@ -51,38 +57,62 @@ def _digest(image: Image.Image, raw: bytes) -> str:
     return h.hexdigest()
 
 
+def _rgb(image: Image.Image, raw: bytes) -> Image.Image:
+    if image.mode == "RGB":
+        return Image.frombytes("RGB", image.size, raw)
+    rgb = image.convert("RGB")
+    return Image.frombytes("RGB", rgb.size, rgb.tobytes())
+
+
+def _jpeg(image: Image.Image, raw: bytes, quality: int) -> bytes:
+    buf = io.BytesIO()
+    # 4:4:4 keeps the colour of thin text and markers as sharp as the luma.
+    _rgb(image, raw).save(buf, format="JPEG", quality=quality, subsampling=0, optimize=False)
+    return buf.getvalue()
+
+
 def _png(image: Image.Image, raw: bytes, level: int) -> bytes:
     # Same recipe as ``hivig.vision.encode_png`` (RGB, a bare copy so no ancillary chunks from the
     # source file are written), but built from the raw buffer the digest already read: reading an
     # image's pixels out costs about as much as copying them.
-    if image.mode == "RGB":
-        clean = Image.frombytes("RGB", image.size, raw)
-    else:
-        rgb = image.convert("RGB")
-        clean = Image.frombytes("RGB", rgb.size, rgb.tobytes())
     buf = io.BytesIO()
-    clean.save(buf, format="PNG", compress_level=level, optimize=False)
+    _rgb(image, raw).save(buf, format="PNG", compress_level=level, optimize=False)
     return buf.getvalue()
 
 
-def _image_part_json(png: bytes) -> bytes:
+def _image_part_json(data: bytes, mime: str = "image/png") -> bytes:
     # Base64 is JSON-safe ASCII, so the part is spliced into request bodies without escaping.
     return (
-        b'{"type":"image_url","image_url":{"url":"data:image/png;base64,'
-        + base64.b64encode(png)
+        b'{"type":"image_url","image_url":{"url":"data:'
+        + mime.encode()
+        + b";base64,"
+        + base64.b64encode(data)
         + b'"}}'
     )
 
 
+def check_transport(image_format: str, jpeg_quality: int) -> None:
+    """Validate a transport format and JPEG quality.
+
+    Raises:
+        ValueError: Unknown format or quality outside 1..100.
+    """
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image_format must be one of {IMAGE_FORMATS}, got {image_format!r}")
+    if not 1 <= jpeg_quality <= 100:
+        raise ValueError(f"jpeg_quality must be in 1..100, got {jpeg_quality}")
+
+
 class _Entry:
-    __slots__ = ("digest", "lock", "part", "ref", "shape")
+    __slots__ = ("digest", "lock", "parts", "ref", "shape")
 
     def __init__(self, ref: weakref.ref[Image.Image], shape: tuple[str, int, int]) -> None:
         self.ref = ref
         self.shape = shape
         self.lock = threading.Lock()
         self.digest: str | None = None
-        self.part: bytes | None = None
+        # One part per transport (``("png", 0)`` or ``("jpeg", quality)``).
+        self.parts: dict[tuple[str, int], bytes] = {}
 
 
 @dataclass
@@ -90,7 +120,7 @@ class ImageCacheStats:
     """Counters of an ``ImagePayloadCache``.
 
     Attributes:
-        encodes: PNG encodings performed.
+        encodes: Transport encodings performed (PNG or JPEG).
         digests: Pixel digests computed.
         hits: Lookups answered from the cache.
     """
@@ -141,40 +171,60 @@ class ImagePayloadCache:
                 self._count("hits")
             return entry.digest
 
-    def image_part(self, image: Image.Image) -> bytes:
+    def image_part(
+        self, image: Image.Image, image_format: ImageFormat = "png", jpeg_quality: int = 95
+    ) -> bytes:
         """The OpenAI ``image_url`` content part of the image, as UTF-8 JSON bytes.
+
+        Args:
+            image: The image.
+            image_format: ``png`` (lossless, default) or ``jpeg``.
+            jpeg_quality: JPEG quality (1-100), used for ``jpeg`` only.
 
         Raises:
             TypeError: ``image`` is not a PIL image.
+            ValueError: Unknown format or quality out of range.
         """
+        check_transport(image_format, jpeg_quality)
+        key = _transport_key(image_format, jpeg_quality)
         entry = self._entry(_require_image(image))
         with entry.lock:
-            if entry.part is None:
+            part = entry.parts.get(key)
+            if part is None:
                 raw = image.tobytes()
                 if entry.digest is None:
                     entry.digest = _digest(image, raw)
                     self._count("digests")
-                entry.part = _image_part_json(_png(image, raw, self.png_level))
+                if image_format == "jpeg":
+                    part = _image_part_json(_jpeg(image, raw, jpeg_quality), "image/jpeg")
+                else:
+                    part = _image_part_json(_png(image, raw, self.png_level))
+                entry.parts[key] = part
                 self._count("encodes")
             else:
                 self._count("hits")
-            return entry.part
+            return part
 
-    def data_url(self, image: Image.Image) -> str:
-        """The ``data:image/png;base64,...`` URL the image is sent as.
+    def data_url(
+        self, image: Image.Image, image_format: ImageFormat = "png", jpeg_quality: int = 95
+    ) -> str:
+        """The ``data:image/...;base64,...`` URL the image is sent as.
 
         Raises:
             TypeError: ``image`` is not a PIL image.
+            ValueError: Unknown format or quality out of range.
         """
-        part = json.loads(self.image_part(image))
+        part = json.loads(self.image_part(image, image_format, jpeg_quality))
         return str(part["image_url"]["url"])
 
-    def has_part(self, image: object) -> bool:
-        """Whether ``image``'s part is ready (a request of such images needs no encoding)."""
+    def has_part(
+        self, image: object, image_format: ImageFormat = "png", jpeg_quality: int = 95
+    ) -> bool:
+        """Whether ``image``'s part in this transport is ready (no encoding needed)."""
         entry = self._entries.get(id(image))
         return (
             entry is not None
-            and entry.part is not None
+            and _transport_key(image_format, jpeg_quality) in entry.parts
             and entry.ref() is image
             and entry.shape == _shape(image)  # type: ignore[arg-type]
         )
@@ -210,6 +260,10 @@ class ImagePayloadCache:
                 entries.pop(key, None)
 
         return evict
+
+
+def _transport_key(image_format: str, jpeg_quality: int) -> tuple[str, int]:
+    return (image_format, jpeg_quality if image_format == "jpeg" else 0)
 
 
 def _shape(image: Image.Image) -> tuple[str, int, int]:

@@ -5,7 +5,9 @@ a total per-attempt timeout, and bounded retries with exponential backoff and fu
 transport errors, timeouts, 429 and 5xx (``Retry-After`` honoured, capped). Other 4xx answers and
 malformed bodies fail at once with a typed ``BackendError``.
 
-Images are PNG-encoded and hashed once per PIL image object (``hivig.backends.images``); a
+Images are encoded (lossless PNG by default; ``image_format="jpeg"`` trades exact pixels for
+5-10x less encoding CPU and bytes, for callers that only need the model to read the screen) and
+hashed once per PIL image object (``hivig.backends.images``); a
 request whose images are all cached is spliced from ready-made bytes on the event loop, costing
 well under a millisecond, and only requests with a new image go to a worker thread.
 
@@ -48,7 +50,12 @@ from hivig.backends.base import (
     request_hash,
     split_reasoning,
 )
-from hivig.backends.images import ImagePayloadCache, default_image_cache
+from hivig.backends.images import (
+    ImageFormat,
+    ImagePayloadCache,
+    check_transport,
+    default_image_cache,
+)
 from hivig.logging import get_logger
 from hivig.media import ChatMessage, ImagePart, TextPart
 
@@ -106,6 +113,8 @@ class OpenAIClient:
         max_retry_after_s: float = 60.0,
         headers: Mapping[str, str] | None = None,
         rng: random.Random | None = None,
+        image_format: ImageFormat = "png",
+        jpeg_quality: int = 95,
     ) -> None:
         """Configure the client; no connection is made until the first request.
 
@@ -123,11 +132,19 @@ class OpenAIClient:
             max_retry_after_s: Upper bound on a server's ``Retry-After``, seconds.
             headers: Extra HTTP headers.
             rng: Random source of the jitter (a fresh unseeded one by default).
+            image_format: How images travel: ``png`` (lossless, the default: the critic must
+                see exactly the training pixels) or ``jpeg``. The request hash is over pixels
+                either way, so caches keyed on it do not depend on the format.
+            jpeg_quality: JPEG quality (1-100) when ``image_format`` is ``jpeg``.
 
         Raises:
-            ValueError: A limit is out of range or the URL or model is empty.
+            ValueError: A limit is out of range, the URL or model is empty, or the image
+                format or JPEG quality is invalid.
         """
         _check_args(base_url, model, concurrency, timeout_s, max_retries, backoff_s)
+        check_transport(image_format, jpeg_quality)
+        self.image_format: ImageFormat = image_format
+        self.jpeg_quality = jpeg_quality
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.concurrency = concurrency
@@ -173,7 +190,9 @@ class OpenAIClient:
             # The slot covers encoding, attempts and backoff, so at most `concurrency` requests
             # hold encoded images in memory and an overloaded server sees its load drop.
             async with pools.slot() as http:
-                body, rhash = await _encode_request(self.model, messages, sampling)
+                body, rhash = await _encode_request(
+                    self.model, messages, sampling, self.image_format, self.jpeg_quality
+                )
                 start = time.perf_counter()
                 data, attempts = await self._post_with_retries(http, body)
                 text, reasoning, finish, usage, model = parse_chat_completion(data, attempts)
@@ -392,7 +411,12 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _message_json(message: ChatMessage, images: ImagePayloadCache) -> bytes:
+def _message_json(
+    message: ChatMessage,
+    images: ImagePayloadCache,
+    image_format: ImageFormat = "png",
+    jpeg_quality: int = 95,
+) -> bytes:
     if all(isinstance(p, TextPart) for p in message.content):
         return _json({"role": message.role, "content": message.text()})
     parts: list[bytes] = []
@@ -400,7 +424,7 @@ def _message_json(message: ChatMessage, images: ImagePayloadCache) -> bytes:
         if isinstance(part, TextPart):
             parts.append(_json({"type": "text", "text": part.text}))
         elif isinstance(part, ImagePart):
-            parts.append(images.image_part(part.image))
+            parts.append(images.image_part(part.image, image_format, jpeg_quality))
         else:
             raise TypeError(f"unknown message part {type(part)!r}")
     return b'{"role":' + _json(message.role) + b',"content":[' + b",".join(parts) + b"]}"
@@ -426,6 +450,8 @@ def chat_request_body(
     messages: Sequence[ChatMessage],
     sampling: Sampling,
     images: ImagePayloadCache | None = None,
+    image_format: ImageFormat = "png",
+    jpeg_quality: int = 95,
 ) -> bytes:
     """The JSON body of a chat completion request, encoded once and resent on retries.
 
@@ -437,9 +463,12 @@ def chat_request_body(
         messages: The chat; image parts hold PIL images.
         sampling: Sampling parameters (``extra`` fields are merged in at the top level).
         images: Payload cache of the images (the process-wide one by default).
+        image_format: Transport format of the images (``png`` or ``jpeg``).
+        jpeg_quality: JPEG quality (1-100) for ``jpeg``.
 
     Raises:
         TypeError: A message holds something other than text and PIL images.
+        ValueError: Unknown image format or JPEG quality out of range.
     """
     cache = images or default_image_cache()
     head: dict[str, Any] = {
@@ -458,7 +487,7 @@ def chat_request_body(
     return b"".join(
         [
             b'{"messages":[',
-            b",".join(_message_json(m, cache) for m in messages),
+            b",".join(_message_json(m, cache, image_format, jpeg_quality) for m in messages),
             b"],",
             _json(head)[1:],
         ]
@@ -466,14 +495,20 @@ def chat_request_body(
 
 
 async def _encode_request(
-    model: str, messages: Sequence[ChatMessage], sampling: Sampling
+    model: str,
+    messages: Sequence[ChatMessage],
+    sampling: Sampling,
+    image_format: ImageFormat = "png",
+    jpeg_quality: int = 95,
 ) -> tuple[bytes, str]:
     def encode() -> tuple[bytes, str]:
-        return chat_request_body(model, messages, sampling), request_hash(model, messages, sampling)
+        body = chat_request_body(model, messages, sampling, None, image_format, jpeg_quality)
+        # Over pixels, not transport bytes: the format never changes a cache key.
+        return body, request_hash(model, messages, sampling)
 
     cache = default_image_cache()
     images = [p.image for m in messages for p in m.content if isinstance(p, ImagePart)]
-    cold = not all(cache.has_part(image) for image in images)
+    cold = not all(cache.has_part(image, image_format, jpeg_quality) for image in images)
     # PNG encoding takes tens of ms per frame; Pillow releases the GIL while compressing, so a
     # worker thread keeps the event loop serving other requests meanwhile. Once every image is
     # cached, splicing the body costs well under a millisecond: a thread hop would cost more.
