@@ -14,6 +14,7 @@
     python benchmarks/bench_datagen.py
     python benchmarks/bench_datagen.py --trajectories 30 --runs 3 --concurrency 32 --latency 0.2
     python benchmarks/bench_datagen.py --only annotator --prewarm
+    python benchmarks/bench_datagen.py --only annotator --image-format png   # lossless transport
     python benchmarks/bench_datagen.py --only cards    # export A/B: report cards reuse frames
 """
 
@@ -136,7 +137,14 @@ def annotator_stage(
             backend_cfg = BackendConfig(
                 kind="openai", base_url=url, model="scripted", concurrency=args.concurrency
             )
-            client = OpenAIClient(url, "scripted", concurrency=args.concurrency, max_retries=0)
+            client = OpenAIClient(
+                url,
+                "scripted",
+                concurrency=args.concurrency,
+                max_retries=0,
+                image_format=args.image_format,
+                jpeg_quality=args.jpeg_quality,
+            )
             works, _ = load_work(cfg)
             shots = sorted({s.screenshot for w in works for s in w.trajectory.steps})
             annotator = Annotator(backend_cfg, cfg.frame, corpus, None, 1, backend=client)
@@ -144,7 +152,11 @@ def annotator_stage(
                 annotator.warm(shots)
             if args.preencode:
                 for shot in shots:
-                    default_image_cache().image_part(annotator.prepared_frame(ImageRef(shot)))
+                    default_image_cache().image_part(
+                        annotator.prepared_frame(ImageRef(shot)),
+                        args.image_format,
+                        args.jpeg_quality,
+                    )
             elements = ElementIndex.load(corpus / cfg.elements_file)
             loop = LoopThread()
             ctx = Context(
@@ -199,6 +211,13 @@ def main() -> None:
         "leaves only the per-request work: body assembly, HTTP, parsing, validation)",
     )
     parser.add_argument(
+        "--image-format",
+        choices=("png", "jpeg"),
+        default=DataGenConfig().annotator.image_format,
+        help="transport format of the annotator-stage images (default: the annotator config's)",
+    )
+    parser.add_argument("--jpeg-quality", type=int, default=DataGenConfig().annotator.jpeg_quality)
+    parser.add_argument(
         "--max-pixels",
         type=int,
         default=1_048_576,
@@ -237,7 +256,8 @@ def main() -> None:
             print(
                 f"annotator stage (transitions): {requests} requests, concurrency "
                 f"{args.concurrency}, latency {args.latency}s, ideal {ideal:.0f} req/s, "
-                f"frames <= {args.max_pixels} px, prewarmed {args.prewarm or args.preencode}, "
+                f"frames <= {args.max_pixels} px, transport {args.image_format}, "
+                f"prewarmed {args.prewarm or args.preencode}, "
                 f"pre-encoded {args.preencode}"
             )
             print(

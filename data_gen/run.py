@@ -58,6 +58,7 @@ from data_gen.steps._work import (
 )
 from hivig.actions import ActionError
 from hivig.backends import build_backend
+from hivig.backends.openai_client import OpenAIClient
 from hivig.config import (
     ConfigError,
     add_config_arguments,
@@ -191,13 +192,19 @@ def build_annotator(cfg: DataGenConfig) -> Annotator:
     cache = None
     if not offline or a.cache_offline:
         cache = Path(a.cache_dir) if a.cache_dir else Path(cfg.out) / "cache"
+    backend = None if offline else build_backend(a.backend)
+    if isinstance(backend, OpenAIClient):
+        # The transport format is an annotator choice (see AnnotatorConfig.image_format), not
+        # part of the shared backend config, so the critic keeps lossless PNG.
+        backend.image_format = "jpeg" if a.image_format == "jpeg" else "png"
+        backend.jpeg_quality = a.jpeg_quality
     return Annotator(
         a.backend,
         cfg.frame,
         Path(cfg.corpus),
         cache,
         a.max_attempts,
-        backend=None if offline else build_backend(a.backend),
+        backend=backend,
         offline=offline_answer if offline else None,
         frame_cache_bytes=a.frame_cache_mb << 20,
     )
