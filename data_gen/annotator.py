@@ -539,6 +539,14 @@ def offline_answer(stage: str, oracle: dict[str, Any], attempt: int) -> tuple[st
     return _OFFLINE[stage](oracle)
 
 
+def _offline_grounding(o: dict[str, Any]) -> tuple[str, str | None]:
+    # The sidecar's element at the click is the ground truth; without one there is nothing
+    # honest to answer.
+    if o.get("element") is None:
+        raise OfflineAnswerError("no sidecar element at the click to ground it")
+    return json.dumps(o["element"]), "The click lands on this element."
+
+
 def _describe_target(o: dict[str, Any]) -> str:
     label, role = o.get("target_label"), o.get("target_role")
     if label:
@@ -644,4 +652,5 @@ _OFFLINE: dict[str, Callable[[dict[str, Any]], tuple[str, str | None]]] = {
     "judge": _offline_judge,
     "rationale_good": _offline_rationale_good,
     "rationale_bad": _offline_rationale_bad,
+    "grounding": _offline_grounding,
 }

@@ -132,6 +132,15 @@ class PerturbConfig:
     units."""
     scroll_shrink: float = 0.05
     """Parameter Vector Miscalibration magnitude shrink factor (200 px -> 10 px)."""
+    element_source: str = "auto"
+    """Where element boxes come from: ``sidecar`` (``elements_file`` only), ``annotator`` (a
+    grounding request per click step on a screen the sidecar lacks; the answer counts only when
+    the expert's click is inside the returned box), or ``auto`` (annotator grounding when there
+    is no sidecar file, as on real ScaleCUA data)."""
+    unreachable_dimension: str = "error"
+    """What to do when a dimension with positive weight has no eligible step in the corpus
+    (e.g. element-based dimensions without element boxes): ``error`` stops the run before any
+    work starts, naming the dimensions; ``warn`` logs them and plans the others."""
 
     def __post_init__(self) -> None:
         if not self.dimension_weights or any(w < 0 for w in self.dimension_weights.values()):
@@ -147,6 +156,10 @@ class PerturbConfig:
             raise ConfigError("`perturb.near_miss_margin` must be positive")
         if not 0.0 < self.scroll_shrink < 1.0:
             raise ConfigError("`perturb.scroll_shrink` must be in (0, 1)")
+        if self.element_source not in ("auto", "sidecar", "annotator"):
+            raise ConfigError("`perturb.element_source` must be `auto`, `sidecar` or `annotator`")
+        if self.unreachable_dimension not in ("error", "warn"):
+            raise ConfigError("`perturb.unreachable_dimension` must be `error` or `warn`")
 
     def weights_by_name(self) -> dict[str, float]:
         """``dimension_weights`` keyed by exact dimension name, in taxonomy order.

@@ -93,6 +93,7 @@ def _sharegpt(
             folder / "images",
             min_pixels=cfg.frame.min_pixels,
             max_pixels=cfg.frame.max_pixels,
+            factor=cfg.frame.factor,
         )
         for record, row in zip(chosen, rows, strict=True):
             # Relative to the dataset folder; tmp is renamed to it, at the same depth.

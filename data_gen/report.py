@@ -112,6 +112,7 @@ def dataset_stats(
         "dimension_shares": {
             k: round(v / len(bad), 4) if bad else 0.0 for k, v in dim_totals.items()
         },
+        "dimension_target_vs_achieved": _target_vs_achieved(dim_totals, len(bad), run),
         "generator": dict(sorted(Counter(s["labels"]["generator"] for s in bad).items())),
         "critique_intent_mask_rate": round(masked / len(critique), 4) if critique else 0.0,
         "history_intent_mask_rate": round(hist_masked / len(history), 4) if history else 0.0,
@@ -198,6 +199,20 @@ def pick_cards(
     return sorted(picked, key=lambda s: s["id"])
 
 
+def _target_vs_achieved(
+    totals: dict[str, int], bad: int, run: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    """Per dimension: the planned target share and the share the export achieved."""
+    targets = run.get("configured", {}).get("dimension_target_shares", {})
+    return {
+        name: {
+            "target": round(targets.get(name, 0.0), 4),
+            "achieved": round(n / bad, 4) if bad else 0.0,
+        }
+        for name, n in totals.items()
+    }
+
+
 def render_report(stats: dict[str, Any], cards: list[tuple[dict[str, Any], list[str]]]) -> str:
     """The whole ``report.html`` page."""
     dims = stats["dimension_by_platform"]
@@ -208,6 +223,7 @@ def render_report(stats: dict[str, Any], cards: list[tuple[dict[str, Any], list[
             *[row[p] for p in platforms],
             stats["dimension_totals"][name],
             f"{100 * stats['dimension_shares'][name]:.1f}%",
+            f"{100 * stats['dimension_target_vs_achieved'][name]['target']:.1f}%",
         ]
         for name, row in dims.items()
     ]
@@ -232,7 +248,7 @@ def render_report(stats: dict[str, Any], cards: list[tuple[dict[str, Any], list[
         "<h2>Splits (by episode)</h2>",
         _table(split_rows, ["split", "history", "critique"]),
         "<h2>Bad samples: dimension × platform</h2>",
-        _table(dim_rows, ["dimension", *platforms, "total", "share"]),
+        _table(dim_rows, ["dimension", *platforms, "total", "share", "target"]),
         "<h2>Token lengths (estimated: text bytes/4 + canonical-frame image tokens)</h2>",
         _table(hist_rows, ["tokens", "samples"]),
         "<h2>Stages: counts and drop reasons</h2>",

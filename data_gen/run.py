@@ -46,6 +46,8 @@ from data_gen.executor import (
 from data_gen.export import export_dataset
 from data_gen.ingest import IngestConfig, ingest
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, plan_corpus
+from data_gen.perturb.grounding import ground_corpus
+from data_gen.perturb.plan import UnreachableDimensionError, target_shares
 from data_gen.steps import STEP_CLASSES
 from data_gen.steps._work import (
     WORK_CODEC,
@@ -177,7 +179,45 @@ def build_plan(
         platform_weights=p.platform_weights,
         intent_mask_rate=cfg.rationale.intent_mask_rate,
         maskable={d.name: d.maskable for d in DIMENSIONS},
+        unreachable=p.unreachable_dimension,
     )
+
+
+def load_elements(
+    cfg: DataGenConfig, works: list[Work], annotator: Annotator, loop: LoopThread
+) -> ElementIndex:
+    """The element boxes of the run: the sidecar, annotator grounding, or both (see
+    ``PerturbConfig.element_source``).
+
+    Grounding covers the whole corpus in every shard, because the plan is global; with a shared
+    ``annotator.cache_dir`` a shard started after another has finished pays nothing for it.
+
+    Raises:
+        StageIncomplete: Grounding requests failed with temporary endpoint errors (rerun).
+    """
+    path = Path(cfg.corpus) / cfg.elements_file
+    sidecar = ElementIndex.load(path)
+    source = cfg.perturb.element_source
+    if source == "sidecar" or (source == "auto" and path.exists()):
+        return sidecar
+    # `annotator`: the sidecar, if any, is only the offline annotator's ground truth.
+    elements = ElementIndex()
+    counts = ground_corpus(
+        [w.trajectory for w in works],
+        elements,
+        annotator,
+        lambda coros: loop.run_all(coros, limit=max(1, annotator.concurrency)),
+        sidecar,
+    )
+    atomic_write_text(Path(cfg.out) / "grounding.json", json.dumps(dict(sorted(counts.items()))))
+    log.info("grounding: %s", json.dumps(dict(sorted(counts.items()))))
+    temporary = {k: n for k, n in counts.items() if k.removeprefix("dropped_") in TRANSIENT_REASONS}
+    if temporary:
+        raise StageIncomplete(
+            f"grounding left unfinished, temporary errors {temporary}; run the same command "
+            "again to retry (answers already received are cached)"
+        )
+    return elements
 
 
 def gen_params(cfg: DataGenConfig) -> GenParams:
@@ -399,6 +439,9 @@ def merge(
                 "critique_intent_mask_rate": cfg.rationale.intent_mask_rate,
                 "history_intent_mask_rate": cfg.history.intent_mask_rate,
                 "min_dimension_share": cfg.perturb.min_share,
+                "dimension_target_shares": target_shares(
+                    cfg.perturb.weights_by_name(), cfg.perturb.min_share
+                ),
             },
         }
         stats = export_dataset(cfg, works, counters, executor.merged_exclusions(shards), run)
@@ -435,10 +478,10 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
     write_run_description(Path(cfg.out) / "runs" / shard.name, cfg)
     works, quarantine = load_work(cfg)
     atomic_write_text(Path(cfg.out) / "input_quarantine.jsonl", dumps_jsonl(quarantine))
-    elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
     annotator = build_annotator(cfg)
     loop = LoopThread()
     try:
+        elements = load_elements(cfg, works, annotator, loop)
         ctx = Context(
             cfg,
             Path(cfg.corpus),
@@ -475,7 +518,7 @@ def main(argv: list[str]) -> int:
         shard = Shard.parse(args.shard) if args.shard else None
         configure_logging()
         run(cfg, shard, args.merge)
-    except (ConfigError, ShardError) as e:
+    except (ConfigError, ShardError, UnreachableDimensionError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
     except StageIncomplete as e:

@@ -177,6 +177,7 @@ def _cfg(corpus, out, server, cache):
             "annotator.backend.backoff_s=0.01",
             "export.sharegpt=false",
             "export.report_cards=4",
+            "perturb.unreachable_dimension=warn",  # 4 trajectories cannot express all 12
         ],
     )
 

@@ -10,7 +10,7 @@ import pytest
 from data_gen.perturb import DRAFTERS, PROGRAMMATIC, GenParams, StepView, plan_corpus
 from data_gen.perturb.calls import marks_for_text, parse_calls, primary_point
 from data_gen.perturb.elements import Element, ElementIndex, target_at
-from data_gen.perturb.plan import eligible_dimensions, target_shares
+from data_gen.perturb.plan import UnreachableDimensionError, eligible_dimensions, target_shares
 from hivig.actions import ActionError
 from hivig.media import ArrowMark, PointMark
 from hivig.taxonomy import DIMENSIONS
@@ -366,3 +366,38 @@ def test_config_rejects_unknown_dimension_names():
 
     with pytest.raises(ConfigError, match="unknown dimension"):
         PerturbConfig(dimension_weights={"Memory & State Tracking Error": 1.0})
+
+
+def _plan_kwargs(**kw):
+    return {
+        "seed": 0,
+        "params": P,
+        "offline": True,
+        "dimension_weights": {d.name: 1.0 for d in DIMENSIONS},
+        "min_share": 0.03,
+        "bad_share": 1.0,
+        "platform_weights": {},
+        "intent_mask_rate": 0.0,
+        "maskable": {d.name: d.maskable for d in DIMENSIONS},
+        **kw,
+    }
+
+
+def test_unreachable_dimension_fails_before_work_with_its_name():
+    # Without element boxes (real data without a sidecar) the element dimensions have no step.
+    bare = [
+        view([{"action": "scroll", "pixels": -300}], sample_id=f"t{i:03d}:000", elements=())
+        for i in range(20)
+    ]
+    with pytest.raises(UnreachableDimensionError, match="Visual Hallucination") as err:
+        plan_corpus(bare, **_plan_kwargs(unreachable="error"))
+    assert "Grounding/Spatial Error" in err.value.dimensions
+    # As a warning the others are still planned; with weight 0 the dimension is not required.
+    plan = plan_corpus(bare, **_plan_kwargs(unreachable="warn"))
+    assert any(p.dimension for p in plan.values())
+    reachable = {
+        d.name: 1.0
+        for d in DIMENSIONS
+        if d.name in ("Parameter Vector Miscalibration", "Action Formulation Error")
+    }
+    plan_corpus(bare, **_plan_kwargs(unreachable="error", dimension_weights=reachable))

@@ -306,6 +306,9 @@ def test_golden_critique_prompt(monkeypatch):
 # sha256 of every shipped ``<name>_v<N>.txt``. A changed hash means a released template was edited:
 # revert it and add ``<name>_v<N+1>.txt`` instead. A new version is added here with its hash.
 TEMPLATE_SHA256 = {
+    "annotator_grounding_v1.txt": (
+        "51f14b1606f7e5f29a6c4c896ffe1b56c55aabc33d42b3a5e5026a1b9089ceb9"
+    ),
     "annotator_history_v1.txt": "ffa0163c7c8c21f470534479bce184508694d6ec2b8f2127ed22ea8e7624664a",
     "annotator_judge_v1.txt": "055f46d520456369f3d8623daf2b1390dc3bba99f9ef150c5785ede95d7724ca",
     "annotator_perturbation_v1.txt": (

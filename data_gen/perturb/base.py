@@ -33,6 +33,8 @@ class StepView:
             ``earlier_elements``); generators reuse this real wording instead of templates.
         earlier_calls: Calls of the earlier steps, oldest first.
         final_intent: Intent of the trajectory's last step when it ends the episode, else empty.
+        partial_screens: Whether the current or an earlier screen's element list is incomplete
+            (annotator-grounded targets only), so absence from a screen cannot be verified.
     """
 
     sample_id: str
@@ -51,6 +53,7 @@ class StepView:
     earlier_intents: tuple[str, ...] = ()
     earlier_calls: tuple[tuple[Call, ...], ...] = ()
     final_intent: str = ""
+    partial_screens: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (the annotator oracle)."""
@@ -88,6 +91,7 @@ class StepView:
             earlier_intents=tuple(obj.get("earlier_intents", ())),
             earlier_calls=tuple(tuple(c) for c in obj.get("earlier_calls", ())),
             final_intent=obj.get("final_intent", ""),
+            partial_screens=obj.get("partial_screens", False),
         )
 
 

@@ -86,6 +86,9 @@ class ElementIndex:
     def __init__(self, by_path: dict[str, tuple[Element, ...]] | None = None) -> None:
         self.by_path = by_path or {}
         self.malformed = 0
+        # Screens whose list holds only some of their elements (annotator grounding gives the
+        # clicked target alone): nothing can be concluded about what is absent from them.
+        self.partial: set[str] = set()
 
     @classmethod
     def load(cls, path: Path) -> ElementIndex:
@@ -110,6 +113,10 @@ class ElementIndex:
             index.malformed += sum(e is None for e in parsed)
             index.by_path[shot] = tuple(e for e in parsed if e is not None)
         return index
+
+    def is_partial(self, screenshot: str) -> bool:
+        """Whether the screenshot's element list is known to be incomplete."""
+        return screenshot in self.partial
 
     def get(self, screenshot: str) -> tuple[Element, ...]:
         """Elements of a screenshot (empty when unknown)."""

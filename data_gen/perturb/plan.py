@@ -23,6 +23,19 @@ from hivig.logging import get_logger
 log = get_logger(__name__)
 
 
+class UnreachableDimensionError(ValueError):
+    """Dimensions with a positive target weight that no step of the corpus can express."""
+
+    def __init__(self, dimensions: list[str]) -> None:
+        super().__init__(
+            "no step of this corpus can express: "
+            + ", ".join(dimensions)
+            + " (element-based dimensions need element boxes: an elements sidecar or grounding);"
+            " give them weight 0, or set perturb.unreachable_dimension=warn to plan the others"
+        )
+        self.dimensions = dimensions
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """What the pipeline will do with one step's critique samples.
@@ -102,6 +115,7 @@ def plan_corpus(
     platform_weights: Mapping[str, float],
     intent_mask_rate: float,
     maskable: Mapping[str, bool],
+    unreachable: str = "warn",
 ) -> dict[str, StepPlan]:
     """Plan every critique step of the corpus.
 
@@ -116,16 +130,22 @@ def plan_corpus(
         platform_weights: Target platform mix (empty keeps the natural mix).
         intent_mask_rate: Share of all critique samples whose intent is hidden.
         maskable: Per dimension, whether its samples may be masked.
+        unreachable: ``error`` raises when a positive-weight dimension has no eligible step;
+            ``warn`` logs it.
 
     Returns:
         ``{sample_id: StepPlan}``.
+
+    Raises:
+        UnreachableDimensionError: ``unreachable`` is ``error`` and a dimension with positive
+            weight has no eligible step.
     """
     views = sorted(views, key=lambda v: v.sample_id)
     keep_rate = _platform_keep(views, platform_weights)
     kept = [v for v in views if unit_float(seed, v.sample_id, "platform") < keep_rate[v.platform]]
     with_bad = [v for v in kept if unit_float(seed, v.sample_id, "bad_share") < bad_share]
     shares = target_shares(dimension_weights, min_share)
-    assigned = _assign(with_bad, shares, seed, params, offline)
+    assigned = _assign(with_bad, shares, seed, params, offline, unreachable)
     masked = _masking(kept, assigned, seed, intent_mask_rate, maskable)
     kept_ids = {v.sample_id for v in kept}
     plan: dict[str, StepPlan] = {}
@@ -142,12 +162,21 @@ def plan_corpus(
 
 
 def _assign(
-    views: list[StepView], shares: Mapping[str, float], seed: int, params: GenParams, offline: bool
+    views: list[StepView],
+    shares: Mapping[str, float],
+    seed: int,
+    params: GenParams,
+    offline: bool,
+    unreachable: str,
 ) -> dict[str, str]:
     options = {
         v.sample_id: [d for d in eligible_dimensions(v, seed, params, offline) if d in shares]
         for v in views
     }
+    reachable = {d for opts in options.values() for d in opts}
+    missing = [d for d in shares if d not in reachable]
+    if missing and unreachable == "error":
+        raise UnreachableDimensionError(missing)
     order = sorted(options, key=lambda s: (len(options[s]), sample_seed(seed, s, "assign_order")))
     total = sum(1 for s in order if options[s])
     target = {d: s * total for d, s in shares.items()}

@@ -346,7 +346,8 @@ def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep |
     Misjudgment's "action after completion". The intent is the wording of the earlier step that
     clicked the ghost element, so only the screen tells that it is gone.
     """
-    if any(c.get("action") in _TERMINAL for c in view.calls):
+    if view.partial_screens or any(c.get("action") in _TERMINAL for c in view.calls):
+        # A partial element list cannot show that the ghost is gone from this screen.
         return None
     present = {e.label for e in view.elements}
     ghosts = sorted(

@@ -260,6 +260,7 @@ def step_view(traj: Trajectory, index: int, elements: ElementIndex) -> StepView:
         final_intent=(steps[-1].intent or "")
         if is_terminal(calls_of(traj, len(steps) - 1))
         else "",
+        partial_screens=any(elements.is_partial(steps[k].screenshot) for k in range(index + 1)),
     )
 
 

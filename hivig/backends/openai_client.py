@@ -6,8 +6,8 @@ transport errors, timeouts, 429 and 5xx (``Retry-After`` honoured, capped). Othe
 malformed bodies fail at once with a typed ``BackendError``.
 
 Images are encoded (lossless PNG by default; ``image_format="jpeg"`` trades exact pixels for
-4-6x less encoding CPU (not fewer bytes at high quality), for callers that only need the model to read the screen) and
-hashed once per PIL image object (``hivig.backends.images``); a
+4-6x less encoding CPU, not fewer bytes at high quality, for callers that only need the model to
+read the screen) and hashed once per PIL image object (``hivig.backends.images``); a
 request whose images are all cached is spliced from ready-made bytes on the event loop, costing
 well under a millisecond, and only requests with a new image go to a worker thread.
 
