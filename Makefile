@@ -47,7 +47,8 @@ demo: venv
 	@echo "== 2/4 data_gen with the offline annotator (no model; outputs derived from ground truth)"
 	$(PY) -m data_gen run --config configs/data_gen/demo.yaml corpus=$(DEMO)/corpus out=$(DEMO)/data
 	@echo "== 3/4 a few SFT steps of a tiny random-weight Qwen3-VL on CPU"
-	$(PY) -m train --config configs/train/tiny_cpu.yaml data=$(DEMO)/data out=$(DEMO)/train
+	$(PY) -m train --config configs/train/tiny_cpu.yaml data=$(DEMO)/data out=$(DEMO)/train \
+		dataset.token_budget=16384 dataset.max_samples=16 optim.global_batch_samples=4 loop.max_steps=3
 	@echo "== 4/4 serving: the gateway and the scripted agent episode are not built yet; skipped"
 	@echo "demo done: data report $(DEMO)/data/report.html, checkpoint $(DEMO)/train/final"
 	@echo "note: the tiny model has random weights, so anything it would say carries no meaning"

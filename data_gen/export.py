@@ -1,6 +1,7 @@
 """Stage 7: the deterministic final merge and export.
 
     out/dataset/records/<split>/part-*.parquet   SFT records (hivig.records; read with datasets)
+    out/dataset/records/manifest.json            the corpus root image paths resolve against
     out/dataset/dataset_info.json                LlamaFactory dataset list (dataset_dir=out/dataset)
     out/dataset/sharegpt/<split>.json            LlamaFactory ShareGPT rows
     out/dataset/sharegpt/images/                 marked screenshots for LlamaFactory
@@ -30,7 +31,15 @@ from data_gen.executor import StageStats, atomic_write_text, dumps_jsonl, merge_
 from data_gen.report import ImageSizes, dataset_stats, estimated_tokens, pick_cards, render_report
 from data_gen.steps._work import Work, messages_from_json, spec_to_record
 from hivig.media import ImageRef, mark_to_json
-from hivig.records import SPLITS, RecordError, SFTRecord, to_sharegpt, write_records
+from hivig.records import (
+    SPLITS,
+    RecordError,
+    SFTRecord,
+    records_dir,
+    to_sharegpt,
+    write_manifest,
+    write_records,
+)
 from hivig.vision import canonical_frame, encode_png
 
 
@@ -212,6 +221,8 @@ def export_dataset(
     stats.check()
     for split in SPLITS:
         write_records([r for r in records if r.split == split], tmp / "records" / split)
+    # Training reads the corpus root from here (records hold corpus-relative image paths).
+    write_manifest(tmp / "records", corpus, final_root=records_dir(out))
     exported = _sharegpt(records, cfg, corpus, tmp) if cfg.export.sharegpt else {}
     all_counters = {**counters, "export": merge_counts([stats.counts])}
     atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))

@@ -602,3 +602,72 @@ def to_sharegpt(
             }
         )
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset layout shared by data_gen (writer) and train (reader)
+
+RECORDS_SUBDIR = "dataset/records"
+"""Where a data_gen output directory keeps its record splits: ``<out>/dataset/records/<split>``."""
+MANIFEST_NAME = "manifest.json"
+"""File in the records folder naming the directory that relative image paths resolve against."""
+
+
+def records_dir(data_dir: str | os.PathLike[str]) -> Path:
+    """The records folder of a data_gen output directory (``<data_dir>/dataset/records``).
+
+    Args:
+        data_dir: A data_gen output directory (what training takes as ``data=``).
+
+    Returns:
+        The folder holding one sub-folder of Parquet shards per split.
+    """
+    return Path(data_dir) / RECORDS_SUBDIR
+
+
+def write_manifest(
+    records_root: str | os.PathLike[str],
+    image_root: str | os.PathLike[str],
+    *,
+    final_root: str | os.PathLike[str] | None = None,
+) -> None:
+    """Record where the records' relative image paths resolve, relative to the records folder.
+
+    A relative path keeps the pair (output folder, corpus) movable together.
+
+    Args:
+        records_root: The records folder to write the manifest into.
+        image_root: The directory image paths are relative to (the corpus root).
+        final_root: Where ``records_root`` will live once moved into place (writers that build
+            in a temporary folder and rename it); defaults to ``records_root``.
+    """
+    root = Path(records_root)
+    root.mkdir(parents=True, exist_ok=True)
+    anchor = Path(final_root) if final_root is not None else root
+    rel = os.path.relpath(Path(image_root).resolve(), anchor.resolve())
+    text = json.dumps({"image_root": Path(rel).as_posix()}, indent=2) + "\n"
+    (root / MANIFEST_NAME).write_text(text, encoding="utf-8")
+
+
+def read_image_root(records_root: str | os.PathLike[str]) -> Path | None:
+    """The image root a records folder's manifest names, or ``None`` without a manifest.
+
+    Args:
+        records_root: The records folder.
+
+    Returns:
+        The absolute-or-joined image root, resolved against ``records_root``.
+
+    Raises:
+        RecordError: The manifest exists but is not a JSON object with a string ``image_root``.
+    """
+    path = Path(records_root) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise RecordError(f"{path}: not JSON ({e})") from e
+    if not isinstance(obj, dict) or not isinstance(obj.get("image_root"), str):
+        raise RecordError(f"{path}: expected an object with a string 'image_root'")
+    return Path(records_root) / obj["image_root"]

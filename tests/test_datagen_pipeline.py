@@ -96,9 +96,15 @@ def test_stats_report_achieved_against_target_per_dimension(one_shard):
 
 
 def test_default_config_refuses_a_corpus_missing_a_dimension(corpus, tmp_path):
-    # 8 trajectories cannot express every dimension: the production default stops before any
-    # stage runs and names what is missing.
-    cfg = _cfg(corpus, tmp_path / "out", "perturb.unreachable_dimension=error")
+    # Without any ground-truth wait (or scroll) Timing and Latency Neglect cannot be built
+    # honestly: the production default stops before any stage runs and names what is missing.
+    c, trajectories = corpus
+    lines = trajectories.read_text(encoding="utf-8").splitlines()
+    kept = [ln for ln in lines if '"wait"' not in ln and '"scroll"' not in ln]
+    assert 0 < len(kept) < len(lines)
+    no_waits = tmp_path / "no_waits.jsonl"
+    no_waits.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    cfg = _cfg((c, no_waits), tmp_path / "out", "perturb.unreachable_dimension=error")
     with pytest.raises(UnreachableDimensionError, match="no step of this corpus can express"):
         run(cfg, None)
     assert not (tmp_path / "out" / "work").exists()
@@ -325,11 +331,8 @@ def test_must_show_sixty_trajectories(tmp_path):
     dims = {r.labels.error_dimension for r in critique if r.labels.verdict == "Bad"}
     assert len(dims) == 12, sorted(dims)
     shares = stats["dimension_shares"]
-    # Timing's only honest source is a skipped ground-truth wait, and this corpus has four
-    # episodes with one (web_report); instruction variants of them are deduplicated. Until the
-    # sample corpus has more waiting scenarios Timing stays below the 3 % floor, but present.
     low = {d for d, share in shares.items() if share < 0.03}
-    assert low <= {"Timing and Latency Neglect"}, shares
+    assert not low, shares
     masked = sum(r.labels.intent_masked for r in critique) / len(critique)
     assert abs(masked - 0.3) <= 0.03
     assert not any(

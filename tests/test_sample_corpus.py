@@ -218,19 +218,39 @@ def test_desktop_platforms_differ_in_chrome_and_theme():
     assert "Close" in labels["windows"] and "Close" not in labels["mac"]  # traffic lights on mac
 
 
-def test_wait_step_shows_a_spinner_then_content(corpus):
+WAITING = {"web_report", "web_search", "open_file", "drag_file", "find_contact"}
+
+
+def test_wait_steps_show_a_busy_screen_then_content(corpus):
     sidecar = {
         (ln := json.loads(x))["screenshot"]: ln
         for x in (corpus.root / "elements.jsonl").read_text().splitlines()
     }
-    reports = [ep for ep in corpus.episodes if ep.scenario == "web_report"]
-    assert reports
-    for ep in reports:
-        k = next(i for i, a in enumerate(ep.raw_actions) if a.startswith("wait("))
-        before = {e["label"] for e in sidecar[ep.screenshots[k]]["elements"]}
-        after = {e["label"] for e in sidecar[ep.screenshots[k + 1]]["elements"]}
-        assert "Loading..." in before and "Loading..." not in after
-        assert any(label.startswith("Total:") for label in after)
+
+    def busy(shot: str) -> set[str]:
+        return {e["label"] for e in sidecar[shot]["elements"] if e["role"] == "progress"}
+
+    waited, acted_after = set(), set()
+    for ep in corpus.episodes:
+        for k, action in enumerate(ep.raw_actions):
+            if not action.startswith("wait("):
+                continue
+            waited.add(ep.scenario)
+            before, after = ep.screenshots[k], ep.screenshots[k + 1]
+            assert busy(before), (ep.scenario, action)  # spinner or progress bar on screen
+            assert not busy(after), ep.scenario  # the next screen has finished loading
+            labels = {e["label"] for e in sidecar[after]["elements"]}
+            assert labels != {e["label"] for e in sidecar[before]["elements"]}
+            if ep.scenario == "web_report":
+                assert any(label.startswith("Total:") for label in labels)
+            if not ep.raw_actions[k + 1].startswith("terminate("):
+                acted_after.add(ep.platform)
+        # Negative control: screens of steps that do not wait show nothing busy.
+        idle = [s for s, a in zip(ep.screenshots, ep.raw_actions, strict=True) if "wait(" not in a]
+        assert not any(busy(s) for s in idle), ep.scenario
+    assert waited == WAITING
+    # Timing samples need an action right after the wait, on every platform.
+    assert acted_after == {"windows", "mac", "ubuntu", "web", "android"}
 
 
 def test_long_press_and_right_click_open_their_menus(corpus):

@@ -14,6 +14,7 @@ from accelerate.utils import DistributedType, set_seed
 
 from hivig.config import ConfigError
 from hivig.distributed import rank_and_world
+from hivig.records import read_image_root, records_dir
 from train.config import TrainConfig
 from train.data import Sample, TokenCounts, load_samples, mix_kinds, token_counts
 from train.encode import RecordEncoder
@@ -162,11 +163,18 @@ def check_inputs(cfg: TrainConfig) -> None:
     """Fail on missing inputs before any weights load."""
     if not cfg.data:
         raise ValueError("`data` is empty: pass data=DIR (a data_gen output directory)")
-    split = Path(cfg.data) / "sft" / cfg.dataset.train_split
+    split = records_dir(cfg.data) / cfg.dataset.train_split
     if not split.is_dir():
-        raise FileNotFoundError(f"`data`: no training split at {split}")
+        raise FileNotFoundError(f"`data`: no training split at {split} (a data_gen output?)")
     if cfg.model.path and not Path(cfg.model.path).exists():
         raise FileNotFoundError(f"`model.path`: {cfg.model.path} does not exist")
+
+
+def image_root(cfg: TrainConfig) -> Path:
+    """Where record image paths resolve: ``dataset.image_root``, the data's manifest, or data."""
+    if cfg.dataset.image_root:
+        return Path(cfg.dataset.image_root)
+    return read_image_root(records_dir(cfg.data)) or Path(cfg.data)
 
 
 def build_data(
@@ -174,18 +182,19 @@ def build_data(
 ) -> tuple[RecordEncoder, list[Sample], list[Sample], TokenCounts]:
     """Encoder, training samples (mixed), held-out samples and their token counts (cached)."""
     d = cfg.dataset
-    encoder = RecordEncoder(processor, d.frame, root=d.image_root or cfg.data)
+    encoder = RecordEncoder(processor, d.frame, root=image_root(cfg))
     samples = load_samples(cfg.data, d.train_split, d.max_samples)
     samples = mix_kinds(samples, d.history_fraction, cfg.loop.seed)
     if not samples:
-        raise ValueError(f"no training records under {cfg.data}/sft/{d.train_split}")
+        raise ValueError(f"no training records under {records_dir(cfg.data) / d.train_split}")
     eval_samples = load_samples(cfg.data, d.eval_split, d.max_samples)
     counts = token_counts(
         samples,
         eval_samples,
         encoder,
         cache=Path(cfg.out) / "token_counts.json",
-        key_context=(d.frame, processor.chat_template),
+        # The image root is part of the key: a corrected root must not reuse not-found results.
+        key_context=(d.frame, processor.chat_template, str(encoder.root.resolve())),
         workers=d.num_workers,
     )
     return encoder, samples, eval_samples, counts

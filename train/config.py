@@ -89,7 +89,8 @@ class DatasetConfig:
     prefetch_factor: int = 2
     """Packs each worker prepares ahead."""
     image_root: str = ""
-    """Directory that relative image paths of records resolve against; empty = ``data``."""
+    """Directory that relative image paths resolve against; empty = the data's manifest (data_gen
+    writes the corpus root there), else ``data``."""
     frame: FrameConfig = field(default_factory=FrameConfig)
     """Canonical frame for every screenshot (same values as data_gen and serve)."""
     max_samples: int = 0
@@ -183,7 +184,7 @@ class TrainConfig:
     """The whole SFT recipe; every field has a YAML value in ``configs/train/``."""
 
     data: str = ""
-    """data_gen output directory holding ``sft/<split>/*.parquet`` (stable override ``data=``)."""
+    """data_gen output directory (``dataset/records/<split>/*.parquet``); override ``data=``."""
     out: str = "outputs/train"
     """Output directory: checkpoints, logs, final HF checkpoint in ``out/final`` (``out=``)."""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)

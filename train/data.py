@@ -1,9 +1,9 @@
 """From data_gen's SFT records to packed micro-batches, per rank and resumable.
 
-Flow: records (``<data>/sft/<split>/*.parquet``) → history/critique mix → per-sample encoding
-(canonical frames with markers via ``hivig.vision``, tokens/labels/positions via
-``hivig.models.qwen_vl``) → token lengths → seeded order → pack plan → optimizer steps × ranks →
-a ``DataLoader`` whose workers encode and collate whole packs.
+Flow: records (``<data>/dataset/records/<split>/*.parquet``, data_gen's layout) →
+history/critique mix → per-sample encoding (canonical frames with markers via ``hivig.vision``,
+tokens/labels/positions via ``hivig.models.qwen_vl``) → token lengths → seeded order → pack plan
+→ optimizer steps × ranks → a ``DataLoader`` whose workers encode and collate whole packs.
 
 The plan is a pure function of (lengths, seed, epoch, world, accumulation), so every rank computes
 the same plan and takes its own packs, and a resumed run skips exactly the steps already done.
@@ -80,10 +80,10 @@ class Quarantine:
 
 
 def load_samples(data_dir: str | Path, split: str, max_samples: int = 0) -> list[Sample]:
-    """Read ``<data_dir>/sft/<split>`` as ``Sample``s (empty list when the split is absent)."""
-    from hivig.records import read_records
+    """Read ``<data_dir>/dataset/records/<split>`` as ``Sample``s (empty if the split is absent)."""
+    from hivig.records import read_records, records_dir
 
-    split_dir = Path(data_dir) / "sft" / split
+    split_dir = records_dir(data_dir) / split
     if not split_dir.is_dir():
         return []
     samples = [Sample(id=str(r.id), kind=str(r.kind), payload=r) for r in read_records(split_dir)]

@@ -200,6 +200,12 @@ def _peak(cfg: TrainConfig) -> float | None:
 def _plan_run(cfg: TrainConfig, lengths: list[int], world: int) -> tuple[EpochPlan, int, int]:
     """Epoch-0 plan, micro-steps per rank per step and the run's total optimizer steps."""
     plan0 = _plan(cfg, lengths, epoch=0, grad_accum=1)
+    if not plan0.counts["packs"]:
+        raise ValueError(
+            f"every one of the {len(lengths)} training samples is longer than "
+            f"`dataset.token_budget`={cfg.dataset.token_budget} tokens (dropped as too_long); "
+            "raise the budget"
+        )
     mean_per_pack = plan0.counts["samples"] / max(1, plan0.counts["packs"])
     grad_accum = derive_grad_accum(
         mean_per_pack, world, cfg.optim.global_batch_samples, cfg.optim.grad_accum

@@ -12,7 +12,14 @@ import random
 from pathlib import Path
 
 from hivig.media import ArrowMark, ImageRef, PointMark, TextPart
-from hivig.records import ImageSlot, Labels, SFTRecord, write_records
+from hivig.records import (
+    ImageSlot,
+    Labels,
+    SFTRecord,
+    records_dir,
+    write_manifest,
+    write_records,
+)
 from hivig.testing import synthetic_screenshot
 
 # Small screens keep tiny-model runs fast; the benchmark passes real screen sizes instead.
@@ -78,7 +85,10 @@ def write_dataset(
     sizes: tuple[tuple[int, int], ...] = DEFAULT_SIZES,
     words: tuple[int, int] = (4, 40),
 ) -> Path:
-    """Write ``out/images/*.png`` and ``out/sft/{train,val}/part-*.parquet``; returns ``out``."""
+    """Write ``out/images/*.png`` and ``out/dataset/records/{train,val}/part-*.parquet``.
+
+    The data_gen layout, with a manifest pointing image paths at ``out``; returns ``out``.
+    """
     out = Path(out)
     (out / "images").mkdir(parents=True, exist_ok=True)
     images = []
@@ -90,5 +100,6 @@ def write_dataset(
     for split, n in (("train", n_train), ("val", n_val)):
         if n:
             recs = [_record(i, split, images, rng, rng.randint(*words)) for i in range(n)]
-            write_records(recs, out / "sft" / split, overwrite=True)
+            write_records(recs, records_dir(out) / split, overwrite=True)
+    write_manifest(records_dir(out), out)
     return out

@@ -114,11 +114,16 @@ def set_alarm(ctx: Ctx) -> Episode:
 def _contacts_frame(
     ctx: Ctx, people: list[str], person: str, number: str, k: int, view: str, offset: int = 0
 ) -> Screen:
-    """Screen ``k`` of the contacts scenario: home, the list (scrolled by ``offset``), a contact."""
+    """Screen ``k`` of the contacts scenario: home, the loading splash, the list (scrolled by
+    ``offset``), a contact."""
     scr, box = phone(*ctx.size, ctx.clock(k))
     u = scr.u
     if view == "home":
         _home(scr, box)
+    elif view == "splash":
+        # The app's splash: its name on top and a spinner while the contact list syncs.
+        scr.text_centered((box[0], box[1] + u(120), box[2], box[1] + u(180)), "Contacts", 30)
+        scr.spinner((box[0] + box[2]) // 2, (box[1] + box[3]) // 2, "Loading contacts...")
     elif view == "list":
         scr.text((box[0] + u(24), box[1] + u(36)), "Contacts", 26)
         scr.rows(
@@ -147,7 +152,7 @@ def _list_swipe(scr: Screen, rows: int, size: tuple[int, int]) -> tuple[str, str
 
 
 def find_contact(ctx: Ctx) -> Episode:
-    """Contacts: open the app, swipe the list (from/to coordinates), read a phone number."""
+    """Contacts: open the app, wait out its splash, swipe the list (from/to), read a number."""
     rng = ctx.rng
     people = sorted(rng.sample(PEOPLE, 20))
     missing = rng.random() < 0.25
@@ -159,10 +164,11 @@ def find_contact(ctx: Ctx) -> Episode:
         return _contacts_frame(ctx, people, person, number, k, view, offset)
 
     s0 = frame(0, "home")
-    s1 = frame(1, "list")
+    splash = frame(1, "splash")
+    s1 = frame(2, "list")
     shift = len(people) - sum(1 for e in s1.elements if e.role == "contact")
     # The finger moves up by exactly `shift` rows, so the next screen shows the list that far down.
-    s2 = frame(2, "list", shift)
+    s2 = frame(3, "list", shift)
     ep = Episode(
         "find_contact",
         "android",
@@ -178,6 +184,12 @@ def find_contact(ctx: Ctx) -> Episode:
             "The home screen is visible.",
             "Open the Contacts app",
             "open_app(app_name='Contacts')",
+        ),
+        step(
+            splash,
+            "Contacts is still starting: its splash screen shows a spinner and no list yet.",
+            "Wait 2 seconds for the contact list to load",
+            "wait(seconds=2)",
         ),
         step(
             s1,
@@ -196,14 +208,14 @@ def find_contact(ctx: Ctx) -> Episode:
                 "navigate_back()",
             ),
             step(
-                frame(3, "home"),
+                frame(4, "home"),
                 "Back on the home screen; the contact could not be found.",
                 "Stop, the contact is not saved",
                 terminate(False, rng),
             ),
         ]
         return ep
-    s3, s4 = frame(3, "detail"), frame(4, "detail")
+    s3, s4 = frame(4, "detail"), frame(5, "detail")
     ep.steps += [
         step(s2, f"{person} is now visible.", f"Tap {person}", at(ctx, s2, "click", person)),
         step(

@@ -119,7 +119,11 @@ def save_as(ctx: Ctx) -> Episode:
 
 
 def open_file(ctx: Ctx) -> Episode:
-    """File manager: scroll a long list, open a file and report its size (or fail if absent)."""
+    """File manager: wait for the folder to load, scroll, open a file and report its size.
+
+    The first screen shows a spinner in place of the list (a ``wait`` step); an absent file
+    makes the episode fail.
+    """
     p, (w, h), rng = ctx.platform, ctx.size, ctx.rng
     app = _app_name(p, "files")
     files = file_names(rng, 34)
@@ -129,15 +133,20 @@ def open_file(ctx: Ctx) -> Episode:
         "quarterly_review.pptx" if missing else files[rng.randint(len(files) // 2, len(files) - 2)]
     )
 
-    def frame(k: int, offset: int, opened: bool = False):
+    def frame(k: int, offset: int, opened: bool = False, loading: bool = False):
         scr, content = desktop(p, w, h, ctx.clock(k), f"Documents - {app}")
-        content = status_bar(scr, content, f"{len(files)} items")
+        content = status_bar(scr, content, "Loading..." if loading else f"{len(files)} items")
         box = (
             content[0] + scr.u(10),
             content[1] + scr.u(10),
             content[2] - scr.u(10),
             content[3] - scr.u(10),
         )
+        if loading:
+            # A large folder on a slow drive: the list is empty until the listing arrives.
+            scr.rect(box, "#ffffff", outline="#c8c8c8")
+            scr.spinner((box[0] + box[2]) // 2, (box[1] + box[3]) // 2, "Loading items...")
+            return scr
         scr.rows(box, files, offset, 30, role="file", details=sizes)
         if opened:
             body = scr.dialog(420, 200, f"{target} Properties")
@@ -146,11 +155,12 @@ def open_file(ctx: Ctx) -> Episode:
             scr.button((body[2] - scr.u(90), body[3] - scr.u(34), body[2], body[3]), "OK", True)
         return scr
 
-    s0 = frame(0, 0)
+    busy = frame(0, 0, loading=True)
+    s0 = frame(1, 0)
     visible = sum(1 for e in s0.elements if e.role == "file")
     last = max(0, len(files) - visible)
     shift = last if missing else min(last, files.index(target) - visible + 3)
-    s1 = frame(1, shift)
+    s1 = frame(2, shift)
     ep = Episode(
         "open_file",
         p,
@@ -165,12 +175,18 @@ def open_file(ctx: Ctx) -> Episode:
     scroll = at(ctx, s0, "scroll", "list", f"clicks={-shift}")
     ep.steps = [
         step(
+            busy,
+            f"{app} is still reading the Documents folder; a spinner shows instead of the files.",
+            "Wait 2 seconds for the folder contents to load",
+            "wait(seconds=2)",
+        ),
+        step(
             s0,
             f"The Documents folder lists {len(files)} files sorted by name; {target} is "
             "not visible yet, so I need to scroll down the list.",
             "Scroll down the file list to reveal more files",
             scroll,
-        )
+        ),
     ]
     if missing:
         ep.outcome = "failure"
@@ -183,8 +199,8 @@ def open_file(ctx: Ctx) -> Episode:
             )
         )
         return ep
-    s2 = frame(2, shift, opened=True)
-    s3 = frame(3, shift, opened=True)
+    s2 = frame(3, shift, opened=True)
+    s3 = frame(4, shift, opened=True)
     size = sizes[files.index(target)]
     ep.steps += [
         step(
@@ -205,14 +221,18 @@ def open_file(ctx: Ctx) -> Episode:
 
 
 def drag_file(ctx: Ctx) -> Episode:
-    """File manager: drag a file from the list onto a sidebar folder (moveTo + dragTo)."""
+    """File manager: wait out a copy progress dialog, then drag the copied file onto a folder.
+
+    The ``wait`` step's screen shows the progress bar and the list without the file; the next
+    screen shows the file arrived (``moveTo`` + ``dragTo`` follow).
+    """
     p, (w, h), rng = ctx.platform, ctx.size, ctx.rng
     app = _app_name(p, "files")
     files = file_names(rng, 8)
     target = rng.choice(files)
     folder = rng.choice(("Archive", "Projects", "Shared"))
 
-    def frame(k: int, items: list[str], status: str):
+    def frame(k: int, items: list[str], status: str, copying: bool = False):
         scr, content = desktop(p, w, h, ctx.clock(k), f"Downloads - {app}")
         content = status_bar(scr, content, status)
         side = (
@@ -236,10 +256,19 @@ def drag_file(ctx: Ctx) -> Episode:
             30,
             role="file",
         )
+        if copying:
+            body = scr.dialog(440, 170, "Copying files...")
+            scr.text((body[0], body[1] + scr.u(22)), f"Copying {target} to Downloads", 13)
+            bar = (body[0], body[1] + scr.u(48), body[2], body[1] + scr.u(66))
+            scr.progress_bar(bar, 0.6, "Copy progress")
+            scr.text((body[0], body[1] + scr.u(84)), "About 2 seconds remaining", 12, "#6b6b6b")
+            scr.button((body[2] - scr.u(90), body[3] - scr.u(32), body[2], body[3]), "Cancel")
         return scr
 
-    s0 = frame(0, files, f"{len(files)} items")
-    s1 = frame(1, [f for f in files if f != target], f"Moved 1 item to {folder}")
+    others = [f for f in files if f != target]
+    busy = frame(0, others, "Copying 1 item", copying=True)
+    s0 = frame(1, files, f"{len(files)} items")
+    s1 = frame(2, others, f"Moved 1 item to {folder}")
     ep = Episode(
         "drag_file",
         p,
@@ -250,6 +279,12 @@ def drag_file(ctx: Ctx) -> Episode:
         ],
     )
     ep.steps = [
+        step(
+            busy,
+            f"{target} is still being copied into Downloads; a progress dialog covers the window.",
+            "Wait 2 seconds for the copy to finish",
+            "wait(seconds=2)",
+        ),
         step(
             s0,
             f"{target} is in the Downloads list and {folder} is in the sidebar.",

@@ -183,6 +183,29 @@ class Screen:
         self.element("list", "list", box)
         return out
 
+    def spinner(self, cx: int, cy: int, label: str, radius: float = 28) -> Element:
+        """A loading spinner with ``label`` under it; the element (role ``progress``) is the arc."""
+        r = self.u(radius)
+        self.draw.arc((cx - r, cy - r, cx + r, cy + r), 0, 270, fill="#1a73e8", width=self.u(6))
+        self.text_centered(
+            (cx - self.u(150), cy + r, cx + self.u(150), cy + r + self.u(40)), label, 16
+        )
+        return self.element(label, "progress", (cx - r, cy - r, cx + r, cy + r))
+
+    def progress_bar(self, box: Box, fraction: float, label: str) -> Element:
+        """A determinate progress bar, ``fraction`` full, with ``label`` (role ``progress``)."""
+        self.rect(box, "#e6e6e6", outline="#9a9a9a", radius=3)
+        fill = box[0] + int((box[2] - box[0]) * fraction)
+        if fill > box[0]:
+            self.rect((box[0], box[1], fill, box[3]), "#2e9d4f", radius=3)
+        return self.element(label, "progress", box)
+
+    def disabled_button(self, box: Box, label: str) -> Element:
+        """A greyed-out button: visible but not clickable while something is busy."""
+        self.rect(box, "#eeeeee", outline="#c4c4c4", radius=4)
+        self.text_centered(box, label, 13, "#a0a0a0")
+        return self.element(label, "button_disabled", box)
+
     def dropdown(self, x: int, y: int, items: list[str]) -> list[Element]:
         """An open menu below ``(x, y)``."""
         rh, w = self.u(26), self.u(180)

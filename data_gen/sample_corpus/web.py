@@ -1,4 +1,5 @@
-"""Web scenarios: a shop search with a finger-direction swipe, a contact form, a slow report."""
+"""Web scenarios: a shop search (results spinner, finger-direction swipe), a contact form, a
+slow report."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from data_gen.sample_corpus._base import (
 from data_gen.sample_corpus.screens import Box, Screen, browser
 
 
-def _shop_header(scr: Screen, page: Box, query: str, focused: bool) -> None:
+def _shop_header(scr: Screen, page: Box, query: str, focused: bool, busy: bool = False) -> None:
     u = scr.u
     scr.rect((page[0], page[1], page[2], page[1] + u(64)), "#232f3e")
     scr.text((u(24), page[1] + u(32)), "ShopLite", 22, "#ffffff")
@@ -25,9 +26,12 @@ def _shop_header(scr: Screen, page: Box, query: str, focused: bool) -> None:
         query,
         focused,
     )
-    scr.button(
-        (page[2] - u(250), page[1] + u(16), page[2] - u(160), page[1] + u(48)), "Search", True
-    )
+    search = (page[2] - u(250), page[1] + u(16), page[2] - u(160), page[1] + u(48))
+    # While a search runs its button is greyed out, one more sign that the page is busy.
+    if busy:
+        scr.disabled_button(search, "Search")
+    else:
+        scr.button(search, "Search", True)
     scr.button((page[2] - u(140), page[1] + u(16), page[2] - u(24), page[1] + u(48)), "Cart (0)")
 
 
@@ -40,14 +44,16 @@ def _shop_frame(
     results: int | None,
     offset: int = 0,
     product: tuple[str, str] | None = None,
+    loading: bool = False,
 ) -> Screen:
-    """Screen ``k`` of the shop: home, results (scrolled by ``offset``) or a product page."""
+    """Screen ``k`` of the shop: home, results (scrolled by ``offset``, or still loading) or a
+    product page."""
     w, h = ctx.size
     url = "http://shoplite.test/" + (
-        f"search?q={q.replace(' ', '+')}" if results is not None else ""
+        f"search?q={q.replace(' ', '+')}" if results is not None or loading else ""
     )
     scr, page = browser(w, h, ctx.clock(k), url, "ShopLite")
-    _shop_header(scr, page, q, focused)
+    _shop_header(scr, page, q, focused, busy=loading)
     body = (page[0] + scr.u(24), page[1] + scr.u(80), page[2] - scr.u(24), page[3] - scr.u(16))
     if product is not None:
         scr.text((body[0], body[1] + scr.u(30)), product[0], 22)
@@ -57,6 +63,8 @@ def _shop_frame(
             "Add to cart",
             True,
         )
+    elif loading:
+        scr.spinner((body[0] + body[2]) // 2, (body[1] + body[3]) // 2, "Searching...")
     elif results == 0:
         scr.text((body[0], body[1] + scr.u(30)), f'No results for "{q}".', 18)
     elif results is not None:
@@ -80,13 +88,13 @@ def _shop_found(ctx: Ctx, ep: Episode, products: list[tuple[str, str]], query: s
     def frame(k: int, **kw) -> Screen:
         return _shop_frame(ctx, products, k, query, False, **kw)
 
-    s2 = frame(2, results=len(products))
+    s2 = frame(3, results=len(products))
     visible = sum(1 for e in s2.elements if e.role == "link" and e.label != "ShopLite")
     price = dict(products)[query]
     shift = max(0, min(len(products) - visible, products.index((query, price)) - 1))
-    s3 = frame(3, results=len(products), offset=shift)
-    s4 = frame(4, results=None, product=(query, price))
-    s5 = frame(5, results=None, product=(query, price))
+    s3 = frame(4, results=len(products), offset=shift)
+    s4 = frame(5, results=None, product=(query, price))
+    s5 = frame(6, results=None, product=(query, price))
     ep.steps += [
         step(
             s2,
@@ -111,7 +119,7 @@ def _shop_found(ctx: Ctx, ep: Episode, products: list[tuple[str, str]], query: s
 
 
 def web_search(ctx: Ctx) -> Episode:
-    """Shop: search, swipe the results (finger direction), open one, answer its price."""
+    """Shop: search, wait for the results spinner, swipe the results, open one, answer its price."""
     rng = ctx.rng
     products = rng.sample(PRODUCTS, 10)
     missing = rng.random() < 0.25
@@ -142,6 +150,12 @@ def web_search(ctx: Ctx) -> Episode:
             f"write(message={query!r})",
             "press(keys='enter')",
         ),
+        step(
+            _shop_frame(ctx, products, 2, query, False, None, loading=True),
+            "The search is running; a spinner stands where the results will appear.",
+            "Wait 2 seconds for the search results to load",
+            "wait(seconds=2)",
+        ),
     ]
     if not missing:
         _shop_found(ctx, ep, products, query)
@@ -149,7 +163,7 @@ def web_search(ctx: Ctx) -> Episode:
     ep.outcome = "failure"
     ep.steps.append(
         step(
-            _shop_frame(ctx, products, 2, query, False, 0),
+            _shop_frame(ctx, products, 3, query, False, 0),
             "The store has no results for this product.",
             "Give up, the product is not sold here",
             terminate(False, rng, "no results"),
@@ -178,10 +192,7 @@ def web_report(ctx: Ctx) -> Episode:
         if view == "start":
             scr.button((x0, y + u(50), x0 + u(200), y + u(90)), "Generate report", True)
         elif view == "loading":
-            cx, cy, r = (page[0] + page[2]) // 2, (page[1] + page[3]) // 2, u(28)
-            scr.draw.arc((cx - r, cy - r, cx + r, cy + r), 0, 270, fill="#1a73e8", width=u(6))
-            scr.text_centered((cx - u(150), cy + r, cx + u(150), cy + r + u(40)), "Loading...", 16)
-            scr.element("Loading...", "progress", (cx - r, cy - r, cx + r, cy + r))
+            scr.spinner((page[0] + page[2]) // 2, (page[1] + page[3]) // 2, "Loading...")
         else:
             labels = [f"{name}: {n} sold" for name, n in rows] + [f"Total: {total} units"]
             scr.rows((x0, y + u(50), page[2] - u(60), page[3] - u(20)), labels, 0, 44)
