@@ -263,10 +263,16 @@ def _reasoning(
     return reasoning.strip(), text
 
 
-def _check_think(think: str | None, require_think: bool) -> ContractError | None:
-    if require_think and (think is None or not think.strip()):
+def _think_and_answer(
+    text: str, reasoning: str | None, answer_tag: str | None, require_think: bool
+) -> tuple[str | None, str] | ContractError:
+    """Split the reasoning off (or take the separate one) and enforce ``require_think``."""
+    split = _reasoning(text, reasoning, answer_tag)
+    if isinstance(split, ContractError):
+        return split
+    if require_think and (split[0] is None or not split[0].strip()):
         return ContractError(MISSING_THINK, "the output has no reasoning")
-    return None
+    return split
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,13 +375,10 @@ def parse_history(
     Returns:
         A ``HistoryOutput`` or a ``ContractError``.
     """
-    split = _reasoning(text, reasoning, "summary")
+    split = _think_and_answer(text, reasoning, "summary", require_think)
     if isinstance(split, ContractError):
         return split
     think, rest = split
-    missing = _check_think(think, require_think)
-    if missing is not None:
-        return missing
     block = _block(rest, "summary")
     if isinstance(block, ContractError):
         return block
@@ -418,13 +421,10 @@ def parse_critique(
         A ``CritiqueOutput`` or a ``ContractError`` (``bad_verdict``, ``unknown_dimension`` for a
         name outside the taxonomy, ``unexpected_dimension`` for a dimension on a Good verdict, ...).
     """
-    split = _reasoning(text, reasoning, "criticism")
+    split = _think_and_answer(text, reasoning, "criticism", require_think)
     if isinstance(split, ContractError):
         return split
     think, rest = split
-    missing = _check_think(think, require_think)
-    if missing is not None:
-        return missing
     block = _block(rest, "criticism")
     if isinstance(block, ContractError):
         return block
@@ -491,13 +491,10 @@ def parse_next_state(
     Returns:
         A ``TransitionOutput`` or a ``ContractError``.
     """
-    split = _reasoning(text, reasoning, "next_state")
+    split = _think_and_answer(text, reasoning, "next_state", require_think)
     if isinstance(split, ContractError):
         return split
     think, rest = split
-    missing = _check_think(think, require_think)
-    if missing is not None:
-        return missing
     block = _block(rest, "next_state")
     if isinstance(block, ContractError):
         return block
@@ -562,13 +559,10 @@ def _string_key(obj: dict[str, Any], key: str) -> str | ContractError:
 def _json_answer(
     text: str, reasoning: str | None, keys: tuple[str, ...], require_think: bool
 ) -> tuple[str | None, dict[str, Any]] | ContractError:
-    split = _reasoning(text, reasoning, None)
+    split = _think_and_answer(text, reasoning, None, require_think)
     if isinstance(split, ContractError):
         return split
     think, rest = split
-    missing = _check_think(think, require_think)
-    if missing is not None:
-        return missing
     obj = _json_object(rest, keys)
     if isinstance(obj, ContractError):
         return obj

@@ -494,6 +494,14 @@ class _FrameSource:
         self._clean: OrderedDict[str, Image.Image] = OrderedDict()
 
     def frame(self, ref: ImageRef) -> Image.Image:
+        """The canonical frame of ``ref`` with its marks drawn.
+
+        Args:
+            ref: Screenshot path (absolute, or relative to the image root) and marks.
+
+        Returns:
+            A new image; the cached clean frame is never drawn on.
+        """
         min_pixels, max_pixels, factor = self.bounds
         clean = self._clean.get(ref.path)
         if clean is None:

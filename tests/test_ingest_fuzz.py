@@ -62,6 +62,11 @@ def _salt_lines(lines: list[str], rng: random.Random) -> list[str]:
     # recursion limit (json raises RecursionError there, not ValueError).
     out.insert(rng.randrange(len(out) + 1), lines[0].replace("Task: ", "Task: \udcff", 1))
     out.insert(rng.randrange(len(out) + 1), "[" * 100_000)
+    # And one trajectory-opening step with a grid value in a unit file, so the scale check fires
+    # whatever the random salting above did (a later step could be shadowed by after_bad_step).
+    opening = [ln for ln in lines if "operations:\\nNone" in ln and re.search(r"x=0\.\d+", ln)]
+    if opening:
+        out.append(re.sub(r"x=0\.\d+", "x=734", rng.choice(opening), count=1))
     return out
 
 
