@@ -50,11 +50,16 @@ demo: venv
 	$(PY) -m train --config configs/train/tiny_cpu.yaml data=$(DEMO)/data out=$(DEMO)/train \
 		dataset.token_budget=16384 dataset.max_samples=16 optim.global_batch_samples=4 loop.max_steps=3
 	@echo "== 4/4 serving: the gateway and the scripted agent episode are not built yet; skipped"
-	@echo "demo done: data report $(DEMO)/data/report.html, checkpoint $(DEMO)/train/final"
+	@echo "demo done: data report $(DEMO)/data/dataset/report.html, checkpoint $(DEMO)/train/final"
 	@echo "note: the tiny model has random weights, so anything it would say carries no meaning"
 
+# The CPU benchmarks behind BENCHMARKS.md (a few minutes; bench_train_gpu.py needs a GPU).
 bench: venv
-	$(PY) benchmarks/bench_frame.py
+	taskset -c 1 $(PY) benchmarks/bench_frame.py --runs 50
+	$(PY) benchmarks/bench_client.py --runs 5 --server process
+	taskset -c 1 $(PY) benchmarks/bench_ingest.py
+	$(PY) benchmarks/bench_train_data.py --workers 2 --repeats 3
+	$(PY) benchmarks/bench_datagen.py --trajectories 30 --runs 3
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
