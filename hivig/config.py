@@ -11,8 +11,8 @@ Typical entry point::
     add_config_arguments(parser)
     args = parser.parse_args()
     cfg = load_config(TrainConfig, args.config, args.overrides)
-    if args.dry_run:
-        print(config_to_yaml(cfg)); return
+
+and, with ``--dry-run``, the entry point shows ``config_to_yaml(cfg)`` and stops.
 """
 
 from __future__ import annotations
