@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from hivig.actions import PLATFORMS
 from hivig.logging import configure_logging
 
 DESCRIPTION = """\
@@ -127,7 +128,7 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--platforms",
         nargs="+",
-        choices=("windows", "mac", "ubuntu", "web", "android"),
+        choices=PLATFORMS,
         help="only these platforms (default: all)",
     )
     p.add_argument(
@@ -195,7 +196,7 @@ def _add_make_sample(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--platforms",
         nargs="+",
-        choices=("windows", "mac", "ubuntu", "web", "android"),
+        choices=PLATFORMS,
         help="platforms to cycle through (default: all five)",
     )
     p.add_argument(

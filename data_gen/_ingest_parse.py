@@ -17,14 +17,15 @@ from typing import Any
 
 from data_gen.quarantine import split_lines
 from hivig.actions import (
+    PLATFORMS,
     ActionError,
     RawCall,
     coordinate_values,
     detect_scale,
+    first_block,
     parse_scalecua_calls,
 )
 
-PLATFORMS = ("windows", "mac", "ubuntu", "web", "android")
 VERIFY_MODES = ("none", "header", "full")
 # Platform names as they appear in meta keys, tasks and conv_styles (format notes §3.2).
 _PLATFORM_ALIASES = {
@@ -73,16 +74,6 @@ MIXED_SCALE_SHARE = 0.001
 """Files whose scale conflicts exceed this share of records are reported as mixed (§7.2)."""
 
 _TAGS = ("think", "operation", "action")
-
-
-def _tag_body(text: str, tag: str) -> str | None:
-    """Body of the first ``<tag>…</tag>``; a linear scan, so unclosed tags cannot go quadratic."""
-    start = text.find(f"<{tag}>")
-    if start < 0:
-        return None
-    start += len(tag) + 2
-    end = text.find(f"</{tag}>", start)
-    return None if end < 0 else text[start:end]
 
 
 _STEP = re.compile(r"^\s*Step\s+(\d+)\s*[:.]\s?(.*)$")
@@ -328,7 +319,7 @@ def parse_line(raw: str, line: int) -> Record:
     rec.task, rec.history = prompt  # type: ignore[assignment]
     rec.image, rec.folder, rec.width, rec.height = norm, _source_folder(norm), w, h
     gpt = conv[1]["value"]
-    tags = {t: (_tag_body(gpt, t) or "").strip() for t in _TAGS}
+    tags = {t: (first_block(gpt, t) or "").strip() for t in _TAGS}
     rec.think = tags["think"] or None
     if not tags["operation"]:
         rec.error = ("missing_operation", "no <operation> in the response")

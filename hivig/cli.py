@@ -20,8 +20,8 @@ import sys
 from collections.abc import Sequence
 
 from hivig import __version__
+from hivig.actions import PLATFORMS
 
-PLATFORMS = ("windows", "mac", "ubuntu", "web", "android")
 EXIT_BAD_INPUT = 2
 
 

@@ -37,8 +37,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data_gen.sample_corpus.scenarios import SCENARIOS, Ctx, Episode
+from hivig.actions import PLATFORMS
 
-PLATFORMS = ("windows", "mac", "ubuntu", "web", "android")
 # Families per platform file: navigation (direct action), planning_cot (reasoned action, with
 # <think>) and planning_cot_boost_instruction (several instruction variants, step-major).
 FAMILIES = ("navigation", "planning_cot", "planning_cot_boost_instruction")

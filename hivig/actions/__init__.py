@@ -6,6 +6,7 @@ Qwen3-VL tool-call ``arguments`` object. Parsers are total: on any input they re
 """
 
 from hivig.actions._calls import RawCall
+from hivig.actions._tags import first_block
 from hivig.actions.androidworld import parse_androidworld
 from hivig.actions.keys import PYAUTOGUI_KEYS, is_key_name, is_mobile_key_name
 from hivig.actions.model import (
@@ -67,6 +68,7 @@ from hivig.actions.scalecua import (
 )
 
 __all__ = [
+    "first_block",
     "ALIASES",
     "CLAMP_FRACTION",
     "SCALES",

@@ -35,7 +35,8 @@ _PLATFORM_SPACE: dict[str, Space] = {
     "android": MOBILE,
 }
 DESKTOP_PLATFORMS = frozenset({"windows", "mac", "ubuntu"})
-PLATFORMS = frozenset(_PLATFORM_SPACE)
+PLATFORMS = tuple(_PLATFORM_SPACE)
+"""Every platform, in a stable order (CLI choices, reports); the one list the project uses."""
 
 TERMINATE_STATUSES = ("success", "failure")
 SYSTEM_BUTTONS = ("Back", "Home", "Menu", "Enter")
