@@ -22,7 +22,7 @@ from data_gen._ingest_parse import (
     normalise_space,
 )
 from data_gen.quarantine import Ledger
-from hivig.actions import Action, ActionError, CallUser, Terminate, normalise_calls
+from hivig.actions import ActionError, CallUser, Terminate, normalise_calls, pointer_after
 from hivig.trajectory import Source, Step, Trajectory, episode_key, trajectory_id
 
 LONG_OPERATION_WORDS = 40
@@ -229,7 +229,7 @@ class FileIngest:
         # Operations keep their own quotes; only history lines lose their surrounding ones.
         traj.operations.append(normalise_space(rec.operation))
         traj.lines.append(rec.line)
-        traj.pointer = _last_point(actions) or traj.pointer
+        traj.pointer = pointer_after(actions, traj.pointer)
         self.ledger.kept += 1
         return None
 
@@ -282,13 +282,3 @@ def drop_copies(built: list[Built], ledger: Ledger) -> tuple[list[Built], list[d
                 )
             rows.append({"id": b.id, "dropped": b.file, "kept": best.file})
     return [b for b in built if id(b) not in losers], rows
-
-
-def _last_point(actions: list[Action]) -> tuple[int, int] | None:
-    for a in reversed(actions):
-        if isinstance(a, Terminate):
-            continue
-        point = a.to_arguments().get("coordinate2") or a.to_arguments().get("coordinate")
-        if point is not None:
-            return int(point[0]), int(point[1])
-    return None

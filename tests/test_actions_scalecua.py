@@ -553,3 +553,27 @@ def test_normalise_calls_rejects_unknown_raw_calls():
     bad = RawCall("swipe", {"from_coord": [1, 2, 3], "to_coord": [1, 2]})
     assert normalise_calls([bad], "android", W, H).reason == "bad_argument"
     assert normalise_calls([RawCall("terminate", {})], "web", W, H) == [Terminate("success")]
+
+
+def test_pointer_after_matches_the_parsers_pointer_across_steps():
+    from hivig.actions import (
+        LeftClickDrag,
+        Scroll,
+        Terminate,
+        normalise_calls,
+        parse_scalecua_calls,
+        pointer_after,
+    )
+
+    def step(text, pointer=None):
+        calls = parse_scalecua_calls(text)
+        return normalise_calls(calls, "windows", 1000, 1000, "unit", pointer=pointer)
+
+    first = step("click(x=0.2, y=0.3)\nscroll(clicks=-2)")
+    assert pointer_after(first) == (200, 300)  # a scroll without a position keeps it
+    second = step("dragTo(x=0.5, y=0.6)", pointer=pointer_after(first))
+    (drag,) = second
+    assert isinstance(drag, LeftClickDrag) and drag.start == (200, 300)
+    assert pointer_after(second) == (500, 600)
+    assert pointer_after([Terminate("success")], (1, 2)) == (1, 2)
+    assert pointer_after([Scroll(-100, coordinate=(7, 8))]) == (7, 8)

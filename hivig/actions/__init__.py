@@ -51,6 +51,7 @@ from hivig.actions.render import (
     UNMARKED_DRAG,
     action_to_json,
     marks_for_actions,
+    pointer_after,
     render_tool_calls,
     tool_call,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "is_key_name",
     "is_mobile_key_name",
     "marks_for_actions",
+    "pointer_after",
     "normalise_calls",
     "parse_androidworld",
     "parse_osworld",

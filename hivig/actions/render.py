@@ -87,6 +87,21 @@ def _moves_pointer_to(action: Action) -> Point | None:
     return None
 
 
+def pointer_after(actions: Iterable[Action], pointer: Point | None = None) -> Point | None:
+    """The pointer position after ``actions``, tracked exactly as the parsers track it.
+
+    Args:
+        actions: One step's actions, in order.
+        pointer: The position before the step, if known.
+
+    Returns:
+        The position the last pointer-moving action left, else ``pointer``.
+    """
+    for action in actions:
+        pointer = _moves_pointer_to(action) or pointer
+    return pointer
+
+
 def marks_for_actions(
     actions: Iterable[Action],
     *,
