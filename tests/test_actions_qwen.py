@@ -530,3 +530,15 @@ def test_androidworld_actions(action, expected):
 def test_androidworld_errors(action, reason):
     out = parse_androidworld(action, 1080, 2400)
     assert isinstance(out, ActionError) and out.reason == reason, out
+
+
+def test_marks_for_tool_calls_skips_only_the_broken_block():
+    from hivig.actions import marks_for_tool_calls
+    from hivig.media import PointMark
+
+    good = '<tool_call>\n{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [10, 20]}}\n</tool_call>'  # noqa: E501
+    broken = '<tool_call>\n{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [30, 40]}\n</tool_call>'  # noqa: E501
+    assert marks_for_tool_calls(good) == [PointMark(10, 20)]
+    assert marks_for_tool_calls(broken) == []
+    assert marks_for_tool_calls(broken + "\n" + good) == [PointMark(10, 20)]
+    assert marks_for_tool_calls("no calls at all") == []

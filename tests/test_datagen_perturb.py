@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 
 from data_gen.perturb import DRAFTERS, PROGRAMMATIC, GenParams, StepView, plan_corpus
-from data_gen.perturb.calls import marks_for_text, parse_calls, primary_point
+from data_gen.perturb.calls import parse_calls, primary_point
 from data_gen.perturb.elements import Element, ElementIndex, target_at
 from data_gen.perturb.plan import UnreachableDimensionError, eligible_dimensions, target_shares
-from hivig.actions import ActionError
+from hivig.actions import ActionError, marks_for_tool_calls
 from hivig.media import ArrowMark, PointMark
 from hivig.taxonomy import DIMENSIONS
 
@@ -71,7 +71,7 @@ def test_parameter_vector_swipe_and_drag():
         {"action": "left_click_drag", "coordinate": [700, 100]},
     ]
     bad = PROGRAMMATIC["Parameter Vector Miscalibration"](view(drag), rng(), P)
-    marks = marks_for_text(bad.text)
+    marks = marks_for_tool_calls(bad.text)
     assert isinstance(marks[-1], ArrowMark) and marks[-1] != ArrowMark(100, 100, 700, 100)
     # Negative control: nothing to miscalibrate on a click.
     assert PROGRAMMATIC["Parameter Vector Miscalibration"](view([CLICK_OK]), rng(), P) is None
@@ -159,7 +159,7 @@ def test_grounding_near_miss_is_outside_the_box_in_dead_space(seed):
     assert target_at(SCREEN, x, y) is None  # dead space, not another element
     dist = max(OK.box[0] - x, x - OK.box[2], OK.box[1] - y, y - OK.box[3])
     assert dist == P.near_miss_margin
-    assert marks_for_text(bad.text) == [PointMark(x, y)]
+    assert marks_for_tool_calls(bad.text) == [PointMark(x, y)]
 
 
 def test_grounding_needs_a_verified_box():

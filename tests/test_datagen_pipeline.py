@@ -20,10 +20,10 @@ from data_gen.annotator import OFFLINE_MODEL
 from data_gen.config import DataGenConfig
 from data_gen.executor import Shard
 from data_gen.ingest import ingest
-from data_gen.perturb.calls import marks_for_text
 from data_gen.perturb.plan import UnreachableDimensionError
 from data_gen.run import main, run
 from data_gen.sample_corpus import SampleConfig, make_sample
+from hivig.actions import marks_for_tool_calls
 from hivig.config import ConfigError, load_config
 from hivig.records import SPLITS, read_records
 
@@ -145,7 +145,7 @@ def test_bad_markers_sit_at_their_own_coordinates(one_shard):
     moved = 0
     for pair in by_step.values():
         for r in pair.values():
-            assert list(r.images[0].marks) == marks_for_text(_proposed_calls(r)), r.id
+            assert list(r.images[0].marks) == marks_for_tool_calls(_proposed_calls(r)), r.id
         if "Bad" in pair and "Good" in pair and pair["Bad"].images[0].marks:
             moved += pair["Bad"].images[0].marks != pair["Good"].images[0].marks
     assert moved > 0  # negative control: Bad marks are not simply copied from the expert
@@ -340,7 +340,7 @@ def test_must_show_sixty_trajectories(tmp_path):
         for r in critique
     )
     for r in critique:
-        assert list(r.images[0].marks) == marks_for_text(_proposed_calls(r))
+        assert list(r.images[0].marks) == marks_for_tool_calls(_proposed_calls(r))
     split_of_step = {}
     for r in critique:
         assert split_of_step.setdefault((r.trajectory_id, r.step_index), r.split) == r.split

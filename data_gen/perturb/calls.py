@@ -16,11 +16,9 @@ from typing import Any
 from hivig.actions import (
     ActionError,
     action_from_arguments,
-    marks_for_actions,
     parse_tool_calls,
     render_tool_calls,
 )
-from hivig.media import Mark
 
 Call = dict[str, Any]
 
@@ -96,23 +94,6 @@ def parse_calls(text: str) -> list[Call] | ActionError:
     if isinstance(actions, ActionError):
         return actions
     return [a.to_arguments() for a in actions]
-
-
-def marks_for_text(text: str) -> list[Mark]:
-    """Markers for a proposed step's tool-call text, block by block.
-
-    A block that does not parse (an Action Formulation Error) gets no marker, as at serving
-    time; the other blocks keep theirs.
-    """
-    actions = parse_tool_calls(text)
-    if not isinstance(actions, ActionError):
-        return list(marks_for_actions(actions))
-    parsed = []
-    for match in _BLOCK.finditer(text):
-        one = parse_tool_calls(match.group(0))
-        if not isinstance(one, ActionError):
-            parsed.extend(one)
-    return list(marks_for_actions(parsed))
 
 
 def primary_point(calls: Sequence[Call]) -> tuple[int, Call] | None:

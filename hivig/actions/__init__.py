@@ -46,7 +46,7 @@ from hivig.actions.model import (
     space_for_platform,
 )
 from hivig.actions.osworld import parse_osworld
-from hivig.actions.qwen import action_space, parse_tool_calls
+from hivig.actions.qwen import action_space, marks_for_tool_calls, parse_tool_calls
 from hivig.actions.render import (
     UNMARKED_DRAG,
     action_to_json,
@@ -120,6 +120,7 @@ __all__ = [
     "is_key_name",
     "is_mobile_key_name",
     "marks_for_actions",
+    "marks_for_tool_calls",
     "pointer_after",
     "normalise_calls",
     "parse_androidworld",

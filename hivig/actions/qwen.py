@@ -7,6 +7,7 @@ otherwise accept.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
 from hivig.actions._strict_json import loads
@@ -20,8 +21,11 @@ from hivig.actions.model import (
     TERMINATE_STATUSES,
     Action,
     ActionError,
+    Point,
     action_from_arguments,
 )
+from hivig.actions.render import marks_for_actions
+from hivig.media import Mark
 
 
 def _parse_block(body: str) -> Action | ActionError:
@@ -161,3 +165,29 @@ def action_space(space: str) -> dict[str, Any]:
         "type": "function",
         "function": {"name": space, "description": description, "parameters": parameters},
     }
+
+
+def marks_for_tool_calls(
+    text: str, *, pointer: Point | None = None, stats: MutableMapping[str, int] | None = None
+) -> list[Mark]:
+    """Markers for a proposed step given as ``<tool_call>`` text, block by block.
+
+    The one rule for partly invalid steps, shared by data generation and serving: a block that
+    does not parse (an Action Formulation Error) gets no marker; the other blocks keep theirs.
+
+    Args:
+        text: The proposed step's tool-call text.
+        pointer: Pointer position before the step, if known (see ``marks_for_actions``).
+        stats: Optional counters, as for ``marks_for_actions``.
+
+    Returns:
+        The marks of every block that parses, in order.
+    """
+    actions = parse_tool_calls(text)
+    if isinstance(actions, ActionError):
+        actions = []
+        for body in all_blocks(text, "tool_call")[0]:
+            one = parse_tool_calls(f"<tool_call>{body}</tool_call>")
+            if not isinstance(one, ActionError):
+                actions.extend(one)
+    return marks_for_actions(actions, pointer=pointer, stats=stats)
