@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import data_gen.export
-from data_gen.annotator import Annotator
+from data_gen.annotator import PREFETCH, Annotator
 from data_gen.config import DataGenConfig
 from data_gen.executor import StageStats
 from data_gen.ingest import ingest
@@ -59,6 +59,15 @@ def _serve(latency_s: float, urls: mp.Queue, stop: mp.Event) -> None:
     ) as s:
         urls.put(s.base_url)
         stop.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far; NaN where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_part(corpus: Path, trajs: Path, work: Path, runs: int, images: bool) -> tuple[float, int]:
@@ -114,13 +123,13 @@ def card_reuse_ab(corpus: Path, trajs: Path, work: Path, runs: int) -> dict[str,
 
 def annotator_stage(
     corpus: Path, trajs: Path, work: Path, args: argparse.Namespace
-) -> tuple[float, int, float, float, float]:
+) -> tuple[float, int, float, float, float, float]:
     urls: mp.Queue = mp.Queue()
     stop = mp.Event()
     server = mp.Process(target=_serve, args=(args.latency, urls, stop), daemon=True)
     server.start()
     url = urls.get(timeout=60)
-    fractions, cpu_ms, requests = [], [], 0
+    fractions, cpu_ms, server_ms, requests = [], [], [], 0
     try:
         for i in range(args.runs):
             cfg = load_config(
@@ -147,7 +156,9 @@ def annotator_stage(
             )
             works, _ = load_work(cfg)
             shots = sorted({s.screenshot for w in works for s in w.trajectory.steps})
-            annotator = Annotator(backend_cfg, cfg.frame, corpus, None, 1, backend=client)
+            annotator = Annotator(
+                backend_cfg, cfg.frame, corpus, None, 1, backend=client, prefetch=args.prefetch
+            )
             if args.prewarm or args.preencode:
                 annotator.warm(shots)
             if args.preencode:
@@ -169,9 +180,12 @@ def annotator_stage(
                 loop,
             )
             stats = StageStats("transitions")
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, s0 = time.perf_counter(), time.process_time(), _cpu_s(server.pid)
             TransitionsStep(ctx).run(works, stats)
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+            server_ms.append(
+                1000 * (_cpu_s(server.pid) - s0) / max(1, annotator.counts["requests"])
+            )
             loop.run(client.aclose())
             loop.close()
             requests = annotator.counts["requests"]
@@ -187,6 +201,7 @@ def annotator_stage(
         requests,
         min(fractions),
         statistics.median(cpu_ms),
+        statistics.median(server_ms),
         prepared,
     )
 
@@ -198,6 +213,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--core", type=int, default=0, help="CPU core for the CPU-part runs")
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=PREFETCH,
+        help="requests prepared ahead of a free request slot (the annotator's default)",
+    )
     parser.add_argument("--only", choices=("cpu", "annotator", "cards"), default=None)
     parser.add_argument(
         "--prewarm",
@@ -251,7 +272,9 @@ def main() -> None:
             print(f"  cards render their own frames (before): {ab['before']:8.1f}")
             print(f"  cards link the ShareGPT frames (after) : {ab['after']:8.1f}")
         if args.only in (None, "annotator"):
-            frac, requests, worst, cpu_ms, prepared = annotator_stage(corpus, trajs, work, args)
+            frac, requests, worst, cpu_ms, server_ms, prepared = annotator_stage(
+                corpus, trajs, work, args
+            )
             ideal = args.concurrency / args.latency
             print(
                 f"annotator stage (transitions): {requests} requests, concurrency "
@@ -262,7 +285,8 @@ def main() -> None:
             )
             print(
                 f"  achieved / ideal (median of {args.runs}): {frac:.3f}  (worst {worst:.3f}; "
-                f"target >= {TARGET}); client CPU {cpu_ms:.1f} ms/request; "
+                f"target >= {TARGET}); CPU per request: client {cpu_ms:.1f} ms, "
+                f"server {server_ms:.1f} ms; "
                 f"frame preparations per screenshot {prepared:.2f}"
             )
 

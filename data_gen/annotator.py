@@ -32,7 +32,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from PIL import Image
 
 from data_gen.executor import atomic_write_text
-from hivig.backends import BackendError, InferenceBackend, Sampling
+from hivig.backends import BackendError, InferenceBackend, PreparesImages, Sampling
 from hivig.config import BackendConfig, FrameConfig
 from hivig.contracts import render_critique_target, render_history_target
 from hivig.logging import get_logger
@@ -50,6 +50,12 @@ FRAME_CACHE_BYTES = 4 << 30
 """Default memory for prepared frames (4 GiB: ~1,400 frames of 1 MP, ~3 MB each). A shard whose
 screenshots fit is decoded exactly once; beyond it the least recently used frames are dropped
 and prepared again when needed (counted as ``frames_evicted``)."""
+
+PREFETCH = 16
+"""Default number of requests prepared ahead of a free request slot. A slot frees every
+latency/concurrency seconds (6 ms at 32 in flight and 0.2 s); preparing a ~1 MP frame takes
+about 10 ms of CPU, longer when the cores are shared, so a few ready requests keep every slot
+busy and 16 leaves room for bursts of new screenshots."""
 
 # Bump when the cache key recipe changes so stale entries miss instead of answering a
 # differently shaped request.
@@ -347,6 +353,8 @@ class Annotator:
         backend: The HTTP backend (``None`` for the offline annotator).
         offline: The offline writer (required when ``backend`` is ``None``).
         frame_cache_bytes: Memory for prepared frames (``FrameStore``).
+        prefetch: Requests prepared (frames decoded, payloads encoded) ahead of a free request
+            slot; see ``jobs_in_flight``.
     """
 
     def __init__(
@@ -359,7 +367,10 @@ class Annotator:
         backend: InferenceBackend | None = None,
         offline: OfflineWriter | None = None,
         frame_cache_bytes: int = FRAME_CACHE_BYTES,
+        prefetch: int = PREFETCH,
     ) -> None:
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         if backend is None and offline is None:
             raise ValueError("an annotator needs a backend or an offline writer")
         self.backend = backend
@@ -374,6 +385,7 @@ class Annotator:
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=s.seed
         )
         self.concurrency = backend_cfg.concurrency
+        self.prefetch = prefetch
         self.digest = ImageDigests(corpus_root)
         """File digests by screenshot path (shared with the stages' no-change checks)."""
         self._semaphore: asyncio.Semaphore | None = None
@@ -439,12 +451,13 @@ class Annotator:
         return result
 
     async def _answer(self, request: AnnotatorRequest, attempt: int) -> tuple[str, str | None, str]:
+        # The cache key is also the request hash every record carries, for endpoint and offline
+        # answers alike: it names the cache entry, and screenshots enter it by file digest, so
+        # no frame's pixels are hashed.
+        key = cache_key(
+            self.model, self.sampling.to_json(), self.frame, request, attempt, self.digest
+        )
         use_cache = self.cache is not None
-        key = ""
-        if use_cache or self.backend is None:
-            key = cache_key(
-                self.model, self.sampling.to_json(), self.frame, request, attempt, self.digest
-            )
         if use_cache:
             hit = self.cache.get(key)  # type: ignore[union-attr]
             if hit is not None:
@@ -460,7 +473,7 @@ class Annotator:
                 raise OfflineAnswerError(str(e)) from e
             rhash = key
         else:
-            text, reasoning, rhash = await self._send(request)
+            text, reasoning, rhash = await self._send(request, key)
         self.counts["requests"] += 1
         if use_cache:
             entry = {
@@ -472,16 +485,29 @@ class Annotator:
             self.cache.put(key, entry)  # type: ignore[union-attr]
         return text, reasoning, rhash
 
-    async def _send(self, request: AnnotatorRequest) -> tuple[str, str | None, str]:
+    @property
+    def jobs_in_flight(self) -> int:
+        """How many stage coroutines should run at once: every request slot busy, plus
+        ``prefetch`` requests whose frames are prepared while the slots wait on the network."""
+        return self.concurrency + self.prefetch
+
+    async def _send(self, request: AnnotatorRequest, key: str) -> tuple[str, str | None, str]:
+        assert self.backend is not None
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.concurrency)
+        # Decoding, resizing and encoding are CPU work done before taking a request slot, in a
+        # worker thread: a slot then spends its time on the network only, and the event loop
+        # stays free to overlap the other requests' waits.
+        messages = await asyncio.to_thread(self._prepare, request.messages)
         async with self._semaphore:
-            # Decoding and resizing are CPU work; a thread keeps the event loop free to overlap
-            # other requests' network waits.
-            messages = await asyncio.to_thread(self._materialise, request.messages)
-            assert self.backend is not None
-            gen = await self.backend.generate(messages, self.sampling)
+            gen = await self.backend.generate(messages, self.sampling, request_hash=key)
         return gen.text, gen.reasoning, gen.request_hash
+
+    def _prepare(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        ready = self._materialise(messages)
+        if isinstance(self.backend, PreparesImages):
+            self.backend.prepare_images(ready)
+        return ready
 
     def warm(self, paths: list[str]) -> None:
         """Decode and resize screenshots into the frame store ahead of their requests."""

@@ -206,7 +206,7 @@ def load_elements(
         [w.trajectory for w in works],
         elements,
         annotator,
-        lambda coros: loop.run_all(coros, limit=max(1, annotator.concurrency)),
+        lambda coros: loop.run_all(coros, limit=max(1, annotator.jobs_in_flight)),
         sidecar,
     )
     atomic_write_text(Path(cfg.out) / "grounding.json", json.dumps(dict(sorted(counts.items()))))

@@ -145,7 +145,7 @@ class _Backend:
         self.answers = list(answers)
         self.calls = 0
 
-    async def generate(self, messages, sampling):
+    async def generate(self, messages, sampling, request_hash=None):
         text, reasoning = self.answers[min(self.calls, len(self.answers) - 1)]
         self.calls += 1
         return Generation(

@@ -154,7 +154,7 @@ class Context:
         coroutine builds its prompt when a request slot frees up, overlapping the other
         requests' network wait.
         """
-        self.loop.run_all(coros, limit=max(1, self.annotator.concurrency))
+        self.loop.run_all(coros, limit=max(1, self.annotator.jobs_in_flight))
 
     async def annotate_or_drop(
         self,

@@ -248,12 +248,17 @@ class RetriesExhausted(BackendError):
 class InferenceBackend(Protocol):
     """Given chat messages with images, return text, reasoning and usage."""
 
-    async def generate(self, messages: list[ChatMessage], sampling: Sampling) -> Generation:
+    async def generate(
+        self, messages: list[ChatMessage], sampling: Sampling, *, request_hash: str | None = None
+    ) -> Generation:
         """Generate one answer.
 
         Args:
             messages: Chat turns whose image parts hold canonical PIL images.
             sampling: Sampling parameters, sent as given and recorded in the result.
+            request_hash: The request's content address when the caller already has one (it is
+                recorded as given, and the backend skips hashing the pixels); ``None`` to let
+                the backend compute ``request_hash(model, messages, sampling)``.
 
         Returns:
             The answer with its reasoning split off.
@@ -261,6 +266,15 @@ class InferenceBackend(Protocol):
         Raises:
             BackendError: The backend could not produce an answer.
         """
+        ...
+
+
+@runtime_checkable
+class PreparesImages(Protocol):
+    """A backend that can do its per-image CPU work ahead of ``generate``, in any thread."""
+
+    def prepare_images(self, messages: Sequence[ChatMessage]) -> None:
+        """Encode (and cache) the messages' images so that sending them costs no CPU."""
         ...
 
 

@@ -26,7 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import simplejpeg
 from PIL import Image
+
+from hivig.vision import rgbx_array
 
 # zlib level of the transport PNG. Lossless at any level, and the request hash is over pixels,
 # so the level changes neither the model input nor any cache key, only CPU and bytes. Measured
@@ -64,11 +67,15 @@ def _rgb(image: Image.Image, raw: bytes) -> Image.Image:
     return Image.frombytes("RGB", rgb.size, rgb.tobytes())
 
 
-def _jpeg(image: Image.Image, raw: bytes, quality: int) -> bytes:
-    buf = io.BytesIO()
+def _jpeg(image: Image.Image, quality: int) -> bytes:
+    # libjpeg-turbo through simplejpeg, straight from the image's own storage: Pillow's JPEG
+    # writer holds the GIL for the whole encode, so frames prepared in several threads encoded
+    # one at a time; simplejpeg releases it and reads Pillow's 4-byte pixels without a copy.
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
     # 4:4:4 keeps the colour of thin text and markers as sharp as the luma.
-    _rgb(image, raw).save(buf, format="JPEG", quality=quality, subsampling=0, optimize=False)
-    return buf.getvalue()
+    return simplejpeg.encode_jpeg(
+        rgbx_array(rgb), quality=quality, colorspace="RGBX", colorsubsampling="444"
+    )
 
 
 def _png(image: Image.Image, raw: bytes, level: int) -> bytes:
@@ -191,13 +198,16 @@ class ImagePayloadCache:
         with entry.lock:
             part = entry.parts.get(key)
             if part is None:
-                raw = image.tobytes()
-                if entry.digest is None:
-                    entry.digest = _digest(image, raw)
-                    self._count("digests")
                 if image_format == "jpeg":
-                    part = _image_part_json(_jpeg(image, raw, jpeg_quality), "image/jpeg")
+                    # No pixel digest here: JPEG needs no raw copy of the pixels, and a caller
+                    # that names its requests itself never asks for one (``digest`` computes it
+                    # on demand).
+                    part = _image_part_json(_jpeg(image, jpeg_quality), "image/jpeg")
                 else:
+                    raw = image.tobytes()
+                    if entry.digest is None:
+                        entry.digest = _digest(image, raw)
+                        self._count("digests")
                     part = _image_part_json(_png(image, raw, self.png_level))
                 entry.parts[key] = part
                 self._count("encodes")

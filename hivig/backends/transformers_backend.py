@@ -24,9 +24,9 @@ from hivig.backends.base import (
     Generation,
     Sampling,
     Usage,
-    request_hash,
     split_reasoning,
 )
+from hivig.backends.base import request_hash as hash_request
 from hivig.logging import get_logger
 from hivig.media import ChatMessage
 from hivig.models import qwen_vl
@@ -66,8 +66,10 @@ class TransformersBackend:
         self.model_name = name or type(model).__name__
         self._lock = threading.Lock()
 
-    async def generate(self, messages: list[ChatMessage], sampling: Sampling) -> Generation:
-        """Generate one answer in a worker thread.
+    async def generate(
+        self, messages: list[ChatMessage], sampling: Sampling, *, request_hash: str | None = None
+    ) -> Generation:
+        """Generate one answer in a worker thread (``InferenceBackend.generate``).
 
         Returns:
             The answer with any ``<think>`` block split off.
@@ -78,7 +80,7 @@ class TransformersBackend:
                 payloads); callers that fail open on ``BackendError`` keep working.
         """
         try:
-            rhash = request_hash(self.model_name, messages, sampling)
+            rhash = request_hash or hash_request(self.model_name, messages, sampling)
         except TypeError as e:
             raise BackendBadRequest(f"cannot hash the request: {e}") from e
         return await asyncio.to_thread(self._generate_blocking, messages, sampling, rhash)

@@ -25,6 +25,8 @@ from hivig.vision._frame import (
     load_image,
     materialise,
     reference_marked_image,
+    rgbx_array,
+    rgbx_tensor,
     smart_resize,
 )
 from hivig.vision._markers import (
@@ -58,6 +60,8 @@ __all__ = [
     "materialise",
     "perceptual_hash",
     "reference_marked_image",
+    "rgbx_array",
+    "rgbx_tensor",
     "size_class_for",
     "size_class_for_platform",
     "smart_resize",

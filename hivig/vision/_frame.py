@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 import torch.nn.functional as F
@@ -207,18 +208,47 @@ def _resized(img: Image.Image, min_pixels: int, max_pixels: int, factor: int) ->
     return resize_rgb(img, w, h)
 
 
-def _rgbx_pixels(img: Image.Image) -> torch.Tensor:
-    """(1, 4, H, W) uint8 view of an RGB image's pixels in Pillow's 4-bytes-per-pixel layout."""
-    src_w, src_h = img.size
+def _rgbx_storage(img: Image.Image) -> pa.Array | bytearray:
+    """An RGB image's pixels as 4 bytes per pixel: a DLPack-capable view or a bytearray copy."""
     try:
-        # Zero-copy: Pillow's Arrow export of its own storage, shared with torch via DLPack.
-        # Exporting row by row (``tobytes``) costs more than the resize itself on a 1080p frame.
-        flat = torch.from_dlpack(pa.array(img).values)
+        # Zero-copy: Pillow's Arrow export of its own storage. Exporting row by row
+        # (``tobytes``) costs more than a resize of the frame.
+        return pa.array(img).values
     except (pa.ArrowException, TypeError, ValueError):
         # Images spread over several Pillow memory blocks (about > 16 MB, e.g. 4K) cannot be
         # exported in one piece, nor can any image on Pillow < 11.2: take the copying route.
-        flat = torch.frombuffer(bytearray(img.tobytes("raw", "RGBX")), dtype=torch.uint8)
-    return flat.view(1, src_h, src_w, 4).permute(0, 3, 1, 2)
+        return bytearray(img.tobytes("raw", "RGBX"))
+
+
+def rgbx_array(img: Image.Image) -> np.ndarray:
+    """(H, W, 4) uint8 array of an RGB image's pixels in Pillow's 4-bytes-per-pixel layout.
+
+    The fourth byte is padding with no defined value: read channels 0-2 only.
+
+    Args:
+        img: An RGB image (treat it as read-only while the array lives).
+
+    Returns:
+        A view of the image's own storage where Pillow can export it in one piece (no copy),
+        otherwise a copy.
+    """
+    storage = _rgbx_storage(img)
+    flat = (
+        np.frombuffer(storage, np.uint8)
+        if isinstance(storage, bytearray)
+        else np.from_dlpack(storage)
+    )
+    return flat.reshape(img.height, img.width, 4)
+
+
+def rgbx_tensor(img: Image.Image) -> torch.Tensor:
+    """``rgbx_array`` as a (H, W, 4) uint8 tensor (a view where the array is one)."""
+    storage = _rgbx_storage(img)
+    if isinstance(storage, bytearray):
+        flat = torch.frombuffer(storage, dtype=torch.uint8)
+    else:
+        flat = torch.from_dlpack(storage)
+    return flat.view(img.height, img.width, 4)
 
 
 def resize_rgb(img: Image.Image, width: int, height: int) -> Image.Image:
@@ -235,7 +265,7 @@ def resize_rgb(img: Image.Image, width: int, height: int) -> Image.Image:
     # (1, 4, H, W) channels-last view of the pixels; the pad channel is resampled and dropped
     # again on import (RGB results equal the 3-channel path), and the 4-channel layout is torch's
     # native uint8 kernel.
-    pixels = _rgbx_pixels(img)
+    pixels = rgbx_tensor(img).unsqueeze(0).permute(0, 3, 1, 2)
     out = F.interpolate(pixels, size=(height, width), mode=RESAMPLE, antialias=True)
     packed = out[0].permute(1, 2, 0).contiguous().numpy()  # (height, width, 4)
     return Image.frombytes("RGB", (width, height), packed, "raw", "RGBX")
