@@ -10,9 +10,14 @@
    The server runs in a child process, as a real inference server would. Modes: cold (frames
    decoded and payloads encoded inside the timed stage, as in a run), ``--prewarm`` (frames
    decoded ahead), ``--preencode`` (request payloads encoded ahead too: the request path alone).
+   The fraction is end to end, start-up (the first frames) and drain (the last requests'
+   latency) included, so a small corpus understates the steady rate: 30 episodes give ~144
+   requests, where even a stage with no CPU cost at all could reach only ~0.9; use 120+ for
+   the stage. Also printed: client and server CPU per request (the server's from /proc).
 
     python benchmarks/bench_datagen.py
     python benchmarks/bench_datagen.py --trajectories 30 --runs 3 --concurrency 32 --latency 0.2
+    python benchmarks/bench_datagen.py --only annotator --trajectories 120 --runs 5
     python benchmarks/bench_datagen.py --only annotator --prewarm
     python benchmarks/bench_datagen.py --only annotator --image-format png   # lossless transport
     python benchmarks/bench_datagen.py --only cards    # export A/B: report cards reuse frames
@@ -30,7 +35,7 @@ import time
 from pathlib import Path
 
 import data_gen.export
-from data_gen.annotator import PREFETCH, Annotator
+from data_gen.annotator import Annotator
 from data_gen.config import DataGenConfig
 from data_gen.executor import StageStats
 from data_gen.ingest import ingest
@@ -157,7 +162,14 @@ def annotator_stage(
             works, _ = load_work(cfg)
             shots = sorted({s.screenshot for w in works for s in w.trajectory.steps})
             annotator = Annotator(
-                backend_cfg, cfg.frame, corpus, None, 1, backend=client, prefetch=args.prefetch
+                backend_cfg,
+                cfg.frame,
+                corpus,
+                None,
+                1,
+                backend=client,
+                prefetch=args.prefetch,
+                prepare_threads=args.prepare_threads,
             )
             if args.prewarm or args.preencode:
                 annotator.warm(shots)
@@ -188,6 +200,7 @@ def annotator_stage(
             )
             loop.run(client.aclose())
             loop.close()
+            annotator.close()
             requests = annotator.counts["requests"]
             fractions.append((requests / elapsed) / (args.concurrency / args.latency))
             cpu_ms.append(1000 * cpu / max(1, requests))
@@ -216,8 +229,14 @@ def main() -> None:
     parser.add_argument(
         "--prefetch",
         type=int,
-        default=PREFETCH,
-        help="requests prepared ahead of a free request slot (the annotator's default)",
+        default=DataGenConfig().annotator.prefetch,
+        help="requests prepared ahead of a free request slot (default: the annotator config's)",
+    )
+    parser.add_argument(
+        "--prepare-threads",
+        type=int,
+        default=DataGenConfig().annotator.prepare_threads,
+        help="threads preparing requests; 0 = one per usable CPU (the annotator config's)",
     )
     parser.add_argument("--only", choices=("cpu", "annotator", "cards"), default=None)
     parser.add_argument(

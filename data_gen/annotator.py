@@ -24,7 +24,7 @@ import os
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -47,9 +47,9 @@ OFFLINE_MODEL = "hivig-offline-annotator"
 """Annotator name recorded on every sample the offline annotator wrote (never a real model)."""
 
 FRAME_CACHE_BYTES = 4 << 30
-"""Default memory for prepared frames (4 GiB: ~1,400 frames of 1 MP, ~3 MB each). A shard whose
-screenshots fit is decoded exactly once; beyond it the least recently used frames are dropped
-and prepared again when needed (counted as ``frames_evicted``)."""
+"""Default memory for prepared frames (4 GiB: ~1,000 frames of 1 MP, 4 MB each in Pillow's RGB
+layout). A shard whose screenshots fit is decoded exactly once; beyond it the least recently
+used frames are dropped and prepared again when needed (counted as ``frames_evicted``)."""
 
 PREFETCH = 16
 """Default number of requests prepared ahead of a free request slot. A slot frees every
@@ -303,7 +303,17 @@ class FrameStore:
 
 
 def _nbytes(image: Image.Image) -> int:
-    return image.width * image.height * len(image.getbands())
+    # Pillow keeps every multi-band 8-bit mode (RGB included) at 4 bytes per pixel.
+    per_pixel = 1 if image.mode in ("1", "L", "P") else 4
+    return image.width * image.height * per_pixel
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which SLURM and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks on this platform (macOS)
+        return os.cpu_count() or 1
 
 
 def raw_answer(text: str, reasoning: str | None) -> str:
@@ -355,6 +365,8 @@ class Annotator:
         frame_cache_bytes: Memory for prepared frames (``FrameStore``).
         prefetch: Requests prepared (frames decoded, payloads encoded) ahead of a free request
             slot; see ``jobs_in_flight``.
+        prepare_threads: Threads that prepare requests; 0 means one per CPU this process may
+            use.
     """
 
     def __init__(
@@ -368,9 +380,12 @@ class Annotator:
         offline: OfflineWriter | None = None,
         frame_cache_bytes: int = FRAME_CACHE_BYTES,
         prefetch: int = PREFETCH,
+        prepare_threads: int = 0,
     ) -> None:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if prepare_threads < 0:
+            raise ValueError(f"prepare_threads must be >= 0, got {prepare_threads}")
         if backend is None and offline is None:
             raise ValueError("an annotator needs a backend or an offline writer")
         self.backend = backend
@@ -386,6 +401,10 @@ class Annotator:
         )
         self.concurrency = backend_cfg.concurrency
         self.prefetch = prefetch
+        self.prepare_threads = prepare_threads or usable_cpus()
+        self._preparer: ThreadPoolExecutor | None = None
+        # Checked once: a runtime protocol check walks the class on every call.
+        self._encodes_ahead = isinstance(backend, PreparesImages)
         self.digest = ImageDigests(corpus_root)
         """File digests by screenshot path (shared with the stages' no-change checks)."""
         self._semaphore: asyncio.Semaphore | None = None
@@ -497,17 +516,27 @@ class Annotator:
             self._semaphore = asyncio.Semaphore(self.concurrency)
         # Decoding, resizing and encoding are CPU work done before taking a request slot, in a
         # worker thread: a slot then spends its time on the network only, and the event loop
-        # stays free to overlap the other requests' waits.
-        messages = await asyncio.to_thread(self._prepare, request.messages)
+        # stays free to overlap the other requests' waits. One thread per core: more only
+        # fight over the cores (on 2 cores, 6 threads gave 0.87 of the ideal rate, 2 gave 0.90).
+        if self._preparer is None:
+            self._preparer = ThreadPoolExecutor(self.prepare_threads, "hivig-prepare")
+        loop = asyncio.get_running_loop()
+        messages = await loop.run_in_executor(self._preparer, self._prepare, request.messages)
         async with self._semaphore:
             gen = await self.backend.generate(messages, self.sampling, request_hash=key)
         return gen.text, gen.reasoning, gen.request_hash
 
     def _prepare(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         ready = self._materialise(messages)
-        if isinstance(self.backend, PreparesImages):
-            self.backend.prepare_images(ready)
+        if self._encodes_ahead:
+            self.backend.prepare_images(ready)  # type: ignore[union-attr]
         return ready
+
+    def close(self) -> None:
+        """Stop the preparation threads (the annotator may be used again afterwards)."""
+        if self._preparer is not None:
+            self._preparer.shutdown(wait=True)
+            self._preparer = None
 
     def warm(self, paths: list[str]) -> None:
         """Decode and resize screenshots into the frame store ahead of their requests."""

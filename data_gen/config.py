@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from data_gen.annotator import PREFETCH
 from hivig.backends.images import check_transport
 from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
 from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key
@@ -67,7 +68,7 @@ class AnnotatorConfig:
     frame_cache_mb: int = 4096
     """Memory for prepared frames: each screenshot of a shard is decoded and resized once and
     every request using it gets the same frame; beyond this budget the least recently used are
-    dropped (and prepared again if needed). About 3 MB per 1 MP frame."""
+    dropped (and prepared again if needed). 4 MB per 1 MP frame (Pillow's RGB layout)."""
     image_format: str = "jpeg"
     """How screenshots travel to an endpoint annotator: ``jpeg`` or ``png``. JPEG because the
     annotator only writes text about the screen (its answers never carry pixels into training,
@@ -75,15 +76,23 @@ class AnnotatorConfig:
     quality 95, and encoding a freshly marked ~1 MP frame costs 4-6x less CPU than lossless PNG
     (1344x768: 4.5 ms against 23 ms on a busy frame), and that encoding bounds annotator
     throughput. At q=95 the bytes are about the same as PNG level 1 (larger on noisy frames), so
-    bandwidth is no gain. Request hashes are over pixels, so the format changes no cache key."""
+    bandwidth is no gain. The request cache is keyed on the screenshot files, so the format changes
+    no cache key."""
     jpeg_quality: int = 95
     """JPEG quality (1-100) when ``image_format`` is ``jpeg``."""
+    prefetch: int = PREFETCH
+    """Requests prepared (screenshots decoded, payloads encoded) ahead of a free request slot,
+    so every slot spends its time on the network; see ``Annotator.jobs_in_flight``."""
+    prepare_threads: int = 0
+    """Threads preparing requests; 0 = one per CPU the process may use (more only contend)."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigError("`annotator.max_attempts` must be >= 1")
         if self.frame_cache_mb < 1:
             raise ConfigError("`annotator.frame_cache_mb` must be >= 1")
+        if self.prefetch < 0 or self.prepare_threads < 0:
+            raise ConfigError("`annotator.prefetch` and `annotator.prepare_threads` must be >= 0")
         try:
             check_transport(self.image_format, self.jpeg_quality)
         except ValueError as e:

@@ -247,6 +247,8 @@ def build_annotator(cfg: DataGenConfig) -> Annotator:
         backend=backend,
         offline=offline_answer if offline else None,
         frame_cache_bytes=a.frame_cache_mb << 20,
+        prefetch=a.prefetch,
+        prepare_threads=a.prepare_threads,
     )
 
 
@@ -255,6 +257,8 @@ OPERATIONAL_FIELDS = (
     "annotator.cache_dir",
     "annotator.cache_offline",
     "annotator.frame_cache_mb",
+    "annotator.prefetch",
+    "annotator.prepare_threads",
     "annotator.backend.base_url",
     "annotator.backend.api_key_env",
     "annotator.backend.concurrency",
@@ -505,6 +509,7 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
         if annotator.backend is not None and hasattr(annotator.backend, "aclose"):
             loop.run(annotator.backend.aclose())
         loop.close()
+        annotator.close()
 
 
 def main(argv: list[str]) -> int:

@@ -88,11 +88,16 @@ def test_concurrent_requests_wait_for_one_preparation(tmp_path, monkeypatch):
 
 
 def test_frame_store_budget_and_failures():
-    store = FrameStore(max_bytes=3 * 64 * 48 * 3)
+    # Pillow holds an RGB pixel in 4 bytes: the budget counts those, not 3 per pixel.
+    store = FrameStore(max_bytes=3 * 64 * 48 * 4)
     img = lambda: Image.new("RGB", (64, 48))  # noqa: E731
     for key in "abcd":
         store.get(key, img)
     assert len(store) == 3 and store.counts["frames_evicted"] == 1
+    tight = FrameStore(max_bytes=3 * 64 * 48 * 3)
+    for key in "abc":
+        tight.get(key, img)
+    assert len(tight) == 2
     kept = store.get("d", img)
     assert store.get("d", img) is kept  # a hit, not a new preparation
     assert store.counts["frames_prepared"] == 4

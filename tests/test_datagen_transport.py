@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image, ImageChops, ImageDraw, ImageStat
 
@@ -20,6 +21,7 @@ from hivig.backends.openai_client import OpenAIClient, chat_request_body
 from hivig.config import ConfigError, load_config
 from hivig.media import ChatMessage, ImagePart, TextPart
 from hivig.scripted_server import Reply, ScriptedServer, request_images
+from hivig.vision import rgbx_array
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "configs" / "data_gen" / "default.yaml"
@@ -112,3 +114,26 @@ def test_annotator_defaults_to_jpeg_and_the_critic_client_to_png(tmp_path):
     assert OpenAIClient("http://x/v1", "m").image_format == "png"
     with pytest.raises(ConfigError, match="image_format"):
         load_config(DataGenConfig, DEFAULT, ["annotator.image_format=gif"])
+
+
+def test_jpeg_part_depends_on_pixels_only_and_takes_any_mode():
+    img = _frame()
+    twin = img.copy()
+    twin.info = {"comment": b"from the source file", "dpi": (300, 300)}
+    assert ImagePayloadCache().image_part(img, "jpeg", 95) == ImagePayloadCache().image_part(
+        twin, "jpeg", 95
+    )
+    for mode in ("L", "RGBA", "P"):
+        other = img.convert(mode)
+        _, got = _decoded(ImagePayloadCache().image_part(other, "jpeg", 95))
+        diff = ImageChops.difference(got, other.convert("RGB")).convert("L")
+        assert got.size == img.size and ImageStat.Stat(diff).mean[0] < 3, mode
+
+
+@pytest.mark.parametrize("size", [(97, 61), (2600, 1800)])  # one memory block, and several
+def test_rgbx_array_holds_the_rgb_pixels(size):
+    rng = np.random.default_rng(size[0])
+    img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    pixels = rgbx_array(img)
+    assert pixels.shape == (size[1], size[0], 4) and pixels.dtype == np.uint8
+    assert np.array_equal(pixels[..., :3], np.asarray(img))
