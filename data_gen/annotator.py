@@ -189,6 +189,10 @@ class ImageDigests:
         """Whether the file could be read."""
         return not self(path).startswith("missing:")
 
+    def known(self, path: str) -> bool:
+        """Whether the digest of ``path`` is already computed (asking costs no I/O)."""
+        return path in self._memo
+
 
 def cache_key(
     model: str,
@@ -504,6 +508,26 @@ class Annotator:
             self.cache.put(key, entry)  # type: ignore[union-attr]
         return text, reasoning, rhash
 
+    async def file_digests(self, *paths: str) -> list[str]:
+        """``digest`` of each screenshot, reading new files in a preparation thread.
+
+        Hashing a full-size screenshot takes about a millisecond; on the event loop that would
+        hold back every request in flight, so only digests already known are answered inline.
+        """
+        if not all(self.digest.known(p) for p in paths):
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._preparation_pool(), self._digest_all, paths)
+        return [self.digest(p) for p in paths]
+
+    def _digest_all(self, paths: tuple[str, ...]) -> None:
+        for path in paths:
+            self.digest(path)
+
+    def _preparation_pool(self) -> ThreadPoolExecutor:
+        if self._preparer is None:
+            self._preparer = ThreadPoolExecutor(self.prepare_threads, "hivig-prepare")
+        return self._preparer
+
     @property
     def jobs_in_flight(self) -> int:
         """How many stage coroutines should run at once: every request slot busy, plus
@@ -518,10 +542,9 @@ class Annotator:
         # worker thread: a slot then spends its time on the network only, and the event loop
         # stays free to overlap the other requests' waits. One thread per core: more only
         # fight over the cores (on 2 cores, 6 threads gave 0.87 of the ideal rate, 2 gave 0.90).
-        if self._preparer is None:
-            self._preparer = ThreadPoolExecutor(self.prepare_threads, "hivig-prepare")
         loop = asyncio.get_running_loop()
-        messages = await loop.run_in_executor(self._preparer, self._prepare, request.messages)
+        pool = self._preparation_pool()
+        messages = await loop.run_in_executor(pool, self._prepare, request.messages)
         async with self._semaphore:
             gen = await self.backend.generate(messages, self.sampling, request_hash=key)
         return gen.text, gen.reasoning, gen.request_hash

@@ -171,3 +171,29 @@ def test_client_prepares_images_and_takes_a_given_request_hash():
         assert given.request_hash == "abc" and cache.stats.digests == digests
         own = asyncio.run(ask(OpenAIClient(server.base_url, "m", image_format="jpeg")))
     assert own.request_hash == request_hash("m", msgs, sampling)
+
+
+def test_new_screenshots_are_hashed_off_the_event_loop(tmp_path):
+    for name, colour in (("a.png", (1, 2, 3)), ("b.png", (4, 5, 6))):
+        Image.new("RGB", (8, 8), colour).save(tmp_path / name)
+    ann = _annotator(tmp_path, _SlowBackend(0.0))
+    threads: list[str] = []
+    real = ann.digest.__class__.__call__
+
+    class Recording(ann.digest.__class__):
+        def __call__(self, path: str) -> str:
+            if not self.known(path):
+                threads.append(threading.current_thread().name)
+            return real(self, path)
+
+    ann.digest.__class__ = Recording
+    loop = LoopThread()
+    try:
+        first = loop.run(ann.file_digests("a.png", "b.png", "absent.png"))
+        again = loop.run(ann.file_digests("b.png", "a.png"))
+    finally:
+        loop.close()
+        ann.close()
+    assert first[:2] == again[::-1] and first[0] != first[1]
+    assert first[2] == "missing:absent.png"
+    assert len(threads) == 3 and all(t.startswith("hivig-prepare") for t in threads)

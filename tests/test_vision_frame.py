@@ -433,3 +433,65 @@ def test_smart_resize_matches_transformers_property(height, width, cap_tokens):
     )
     h, w = ours
     assert h % 32 == 0 and w % 32 == 0 and MIN_PX <= h * w <= max_pixels
+
+
+def _png_variants() -> dict[str, bytes]:
+    rng = np.random.default_rng(7)
+    rgb = Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8))
+    alpha = Image.fromarray(rng.integers(0, 256, (37, 53), dtype=np.uint8))
+    rgba = rgb.copy()
+    rgba.putalpha(alpha)
+    variants: dict[str, bytes] = {}
+    for name, img, kw in [
+        ("rgb", rgb, {}),
+        ("rgb_interlaced", rgb, {"interlace": 1}),  # Adam7
+        ("rgb_trns", rgb, {"transparency": (1, 2, 3)}),
+        ("rgba", rgba, {}),
+        ("l", rgb.convert("L"), {}),
+        ("la", rgba.convert("LA"), {}),
+        ("p", rgb.convert("P"), {}),
+        ("p_trns", rgb.convert("P"), {"transparency": 0}),
+        ("i16", Image.fromarray(rng.integers(0, 65535, (9, 11), dtype=np.uint16)), {}),
+    ]:
+        buf = io.BytesIO()
+        img.save(buf, format="PNG", **kw)
+        variants[name] = buf.getvalue()
+    good = variants["rgb"]
+    idat = good.index(b"IDAT")
+    bad_crc = bytearray(good)
+    end = idat + 4 + int.from_bytes(good[idat - 4 : idat], "big")
+    bad_crc[end] ^= 0xFF  # the IDAT chunk's CRC: libspng refuses it, Pillow does not check it
+    variants["idat_bad_crc"] = bytes(bad_crc)
+    variants["truncated"] = good[: len(good) // 2]
+    return variants
+
+
+def _decoded_or_reason(data: bytes, tmp_path) -> tuple[str, bytes] | str:
+    out = {}
+    for kind, src in (("bytes", data), ("file", tmp_path / "x.png")):
+        (tmp_path / "x.png").write_bytes(data)
+        try:
+            img = load_image(src)
+            out[kind] = (img.mode, img.tobytes())
+        except ImageError as e:
+            out[kind] = e.reason
+    assert out["bytes"] == out["file"]
+    return out["bytes"]
+
+
+@pytest.mark.skipif(vision_frame.pyspng is None, reason="pyspng is not installed here")
+def test_fast_png_decoder_gives_pillows_pixels_and_errors(tmp_path, monkeypatch):
+    variants = _png_variants()
+    with_spng = {k: _decoded_or_reason(v, tmp_path) for k, v in variants.items()}
+    calls: list[int] = []
+    real_load = vision_frame.pyspng.load
+    monkeypatch.setattr(vision_frame.pyspng, "load", lambda d: calls.append(1) or real_load(d))
+    _decoded_or_reason(variants["rgb"], tmp_path)
+    assert calls  # the fast path really decodes plain 8-bit RGB
+    monkeypatch.setattr(vision_frame, "pyspng", None)
+    with_pillow = {k: _decoded_or_reason(v, tmp_path) for k, v in variants.items()}
+    assert with_spng == with_pillow
+    assert with_pillow["truncated"] == "truncated"
+    assert all(
+        isinstance(v, tuple) and v[0] == "RGB" for k, v in with_pillow.items() if k != "truncated"
+    )

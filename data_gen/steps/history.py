@@ -84,7 +84,7 @@ class HistoryStep:
         sid = sample_id(traj.id, k)
         before, after = traj.steps[k].screenshot, traj.steps[k + 1].screenshot
         digest = ctx.annotator.digest
-        d0, d1 = digest(before), digest(after)
+        d0, d1 = await ctx.annotator.file_digests(before, after)
         if not digest.readable(before) or not digest.readable(after):
             missing = after if digest.readable(before) else before
             return None, ("missing_image", f"cannot read {missing}", [])

@@ -87,7 +87,7 @@ class TransitionsStep:
             return
         before, after = traj.steps[k].screenshot, traj.steps[k + 1].screenshot
         digest = self.ctx.annotator.digest
-        d0, d1 = digest(before), digest(after)
+        d0, d1 = await self.ctx.annotator.file_digests(before, after)
         if not digest.readable(before) or not digest.readable(after):
             missing = after if digest.readable(before) else before
             stats.drop(sid, "missing_image", f"cannot read {missing}")
