@@ -27,6 +27,7 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from hivig.config import FrameConfig
 from hivig.models.qwen_vl import apply_freezing, mrope_position_ids, parameter_groups
 from hivig.vision import smart_resize
+from train.build import enable_activation_checkpointing
 from train.collate import PackedBatch, collate_pack
 from train.flops import device_peak_tflops, mfu, shape_from_config, step_flops
 from train.loss import CriticLoss
@@ -147,7 +148,7 @@ def build_model(config: Qwen3VLConfig, args: argparse.Namespace) -> Any:
         torch.set_default_dtype(previous)
     apply_freezing(model, train_vit=False, train_merger=True, train_deepstack=False, train_llm=True)
     if not args.no_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     return model.train(), attn
 
 

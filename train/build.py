@@ -88,9 +88,20 @@ def build_model(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
             train_llm=m.train_llm,
         )
     if m.gradient_checkpointing:
-        # Non-reentrant: works with frozen inputs (LoRA) and is the 5.x default anyway.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     return model, processor
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in the backward pass, non-reentrant (works with frozen inputs, as
+    under LoRA). Newer transformers 5.x call this activation checkpointing and deprecate the
+    gradient-checkpointing name; both names are handled."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _apply_lora(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Module:
