@@ -59,7 +59,7 @@ bench: venv
 	$(PY) benchmarks/bench_client.py --runs 5 --server process
 	taskset -c 1 $(PY) benchmarks/bench_ingest.py
 	$(PY) benchmarks/bench_train_data.py --workers 2 --repeats 3
-	$(PY) benchmarks/bench_datagen.py --trajectories 30 --runs 3
+	$(PY) benchmarks/bench_datagen.py --runs 3
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -12,12 +12,13 @@
    decoded ahead), ``--preencode`` (request payloads encoded ahead too: the request path alone).
    The fraction is end to end, start-up (the first frames) and drain (the last requests'
    latency) included, so a small corpus understates the steady rate: 30 episodes give ~144
-   requests, where even a stage with no CPU cost at all could reach only ~0.9; use 120+ for
-   the stage. Also printed: client and server CPU per request (the server's from /proc).
+   requests (4.5 waves of 32), where even a stage with no CPU cost could reach only ~0.9; the
+   stage therefore uses 120 episodes (~520 requests) unless ``--trajectories`` says otherwise.
+   Also printed: client and server CPU per request (the server's from /proc).
 
     python benchmarks/bench_datagen.py
-    python benchmarks/bench_datagen.py --trajectories 30 --runs 3 --concurrency 32 --latency 0.2
-    python benchmarks/bench_datagen.py --only annotator --trajectories 120 --runs 5
+    python benchmarks/bench_datagen.py --runs 3 --concurrency 32 --latency 0.2
+    python benchmarks/bench_datagen.py --only annotator --runs 5
     python benchmarks/bench_datagen.py --only annotator --prewarm
     python benchmarks/bench_datagen.py --only annotator --image-format png   # lossless transport
     python benchmarks/bench_datagen.py --only cards    # export A/B: report cards reuse frames
@@ -52,6 +53,8 @@ from hivig.scripted_server import Reply, ScriptedServer
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
 TARGET = 0.85
+CPU_EPISODES = 30
+STAGE_EPISODES = 120  # ~520 requests: start-up and drain stay a small part of the stage
 TRANSITION = (
     "<think>\n[Action Mechanism] The step acts on a button.\n[Structural Effect] A panel opens."
     "\n</think>\n<next_state>\nA panel will open.\n</next_state>"
@@ -64,6 +67,17 @@ def _serve(latency_s: float, urls: mp.Queue, stop: mp.Event) -> None:
     ) as s:
         urls.put(s.base_url)
         stop.wait()
+
+
+def _corpus(work: Path, episodes: int) -> tuple[Path, Path]:
+    """A ``make-sample`` corpus of ``episodes`` episodes and its ingested trajectories."""
+    corpus = work / f"corpus{episodes}"
+    if not corpus.exists():
+        make_sample(corpus, SampleConfig(trajectories=episodes, seed=0), progress=False)
+        ingest(corpus, work / f"ingest{episodes}", progress=False)
+    trajs = work / f"ingest{episodes}" / "trajectories.jsonl"
+    print(f"corpus: {episodes} episodes, {sum(1 for _ in trajs.open())} trajectories")
+    return corpus, trajs
 
 
 def _cpu_s(pid: int) -> float:
@@ -221,7 +235,13 @@ def annotator_stage(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trajectories", type=int, default=30)
+    parser.add_argument(
+        "--trajectories",
+        type=int,
+        default=None,
+        help=f"episodes of the generated corpus (default: {CPU_EPISODES} for the CPU part, "
+        f"{STAGE_EPISODES} for the annotator stage)",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--latency", type=float, default=0.2)
@@ -267,12 +287,8 @@ def main() -> None:
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        corpus = work / "corpus"
-        make_sample(corpus, SampleConfig(trajectories=args.trajectories, seed=0), progress=False)
-        ingest(corpus, work / "ingest", progress=False)
-        trajs = work / "ingest" / "trajectories.jsonl"
-        steps = sum(1 for _ in trajs.open())
-        print(f"corpus: {args.trajectories} episodes, {steps} trajectories")
+        if args.only in (None, "cpu", "cards"):
+            corpus, trajs = _corpus(work, args.trajectories or CPU_EPISODES)
         if args.only in (None, "cpu"):
             affinity = os.sched_getaffinity(0)
             os.sched_setaffinity(0, {args.core})
@@ -291,6 +307,7 @@ def main() -> None:
             print(f"  cards render their own frames (before): {ab['before']:8.1f}")
             print(f"  cards link the ShareGPT frames (after) : {ab['after']:8.1f}")
         if args.only in (None, "annotator"):
+            corpus, trajs = _corpus(work, args.trajectories or STAGE_EPISODES)
             frac, requests, worst, cpu_ms, server_ms, prepared = annotator_stage(
                 corpus, trajs, work, args
             )
