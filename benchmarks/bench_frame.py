@@ -117,15 +117,7 @@ def main() -> None:
         default="library",
         help="resize implementation: the library's, or a Pillow filter for comparison",
     )
-    parser.add_argument(
-        "--png-decoder",
-        choices=["library", "pillow"],
-        default="library",
-        help="PNG decoding: the library's (libspng where installed), or Pillow's alone",
-    )
     args = parser.parse_args()
-    if args.png_decoder == "pillow":
-        _frame.pyspng = None
 
     # The resize runs in torch; one intra-op thread keeps the measurement on one core.
     torch.set_num_threads(1)
@@ -140,11 +132,7 @@ def main() -> None:
         results = {name: _time(fn, args.runs, args.warmup) for name, fn in _stages(path).items()}
 
     resize = f"torch-{_frame.RESAMPLE}" if args.resize == "library" else args.resize
-    decoder = "pillow" if _frame.pyspng is None else "libspng"
-    print(
-        f"input: 1920x1080 PNG, {size_kb:.0f} KB; decoder: {decoder}; resize: {resize}; "
-        f"runs: {args.runs}"
-    )
+    print(f"input: 1920x1080 PNG, {size_kb:.0f} KB; resize: {resize}; runs: {args.runs}")
     print(f"{'stage':<18}{'wall median ms':>16}{'wall p90 ms':>13}{'cpu median ms':>15}")
     for name, (wall, cpu) in results.items():
         p90 = statistics.quantiles(wall, n=10)[-1]

@@ -25,9 +25,13 @@ import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from hivig.config import FrameConfig
-from hivig.models.qwen_vl import apply_freezing, mrope_position_ids, parameter_groups
+from hivig.models.qwen_vl import (
+    apply_freezing,
+    enable_activation_checkpointing,
+    mrope_position_ids,
+    parameter_groups,
+)
 from hivig.vision import smart_resize
-from train.build import enable_activation_checkpointing
 from train.collate import PackedBatch, collate_pack
 from train.flops import device_peak_tflops, mfu, shape_from_config, step_flops
 from train.loss import CriticLoss

@@ -312,6 +312,15 @@ def _nbytes(image: Image.Image) -> int:
     return image.width * image.height * per_pixel
 
 
+def _image_paths(request: AnnotatorRequest) -> list[str]:
+    return [
+        part.image.path
+        for message in request.messages
+        for part in message.content
+        if isinstance(part, ImagePart) and isinstance(part.image, ImageRef)
+    ]
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask, which SLURM and taskset narrow)."""
     try:
@@ -477,6 +486,7 @@ class Annotator:
         # The cache key is also the request hash every record carries, for endpoint and offline
         # answers alike: it names the cache entry, and screenshots enter it by file digest, so
         # no frame's pixels are hashed.
+        await self.file_digests(*_image_paths(request))
         key = cache_key(
             self.model, self.sampling.to_json(), self.frame, request, attempt, self.digest
         )
@@ -485,7 +495,9 @@ class Annotator:
             hit = self.cache.get(key)  # type: ignore[union-attr]
             if hit is not None:
                 self.counts["cache_hits"] += 1
-                return hit["text"], hit.get("reasoning"), hit.get("request_hash", key)
+                # The key, not the entry's stored hash: entries written by older versions hold
+                # the client's pixel hash, and records must name requests one way only.
+                return hit["text"], hit.get("reasoning"), key
         if self.backend is None:
             assert self.offline_writer is not None
             try:
@@ -552,13 +564,15 @@ class Annotator:
     def _prepare(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         ready = self._materialise(messages)
         if self._encodes_ahead:
-            self.backend.prepare_images(ready)  # type: ignore[union-attr]
+            # The request goes out with the cache key as its name: no pixel digests needed.
+            self.backend.prepare_images(ready, digests=False)  # type: ignore[union-attr]
         return ready
 
     def close(self) -> None:
         """Stop the preparation threads (the annotator may be used again afterwards)."""
         if self._preparer is not None:
-            self._preparer.shutdown(wait=True)
+            # Preparations still queued (a stage that failed) would only be thrown away.
+            self._preparer.shutdown(wait=True, cancel_futures=True)
             self._preparer = None
 
     def warm(self, paths: list[str]) -> None:

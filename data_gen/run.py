@@ -506,10 +506,12 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
         log.info("annotator: %s", json.dumps(counts, sort_keys=True))
         return stats
     finally:
-        if annotator.backend is not None and hasattr(annotator.backend, "aclose"):
-            loop.run(annotator.backend.aclose())
-        loop.close()
-        annotator.close()
+        try:
+            if annotator.backend is not None and hasattr(annotator.backend, "aclose"):
+                loop.run(annotator.backend.aclose())
+        finally:
+            loop.close()
+            annotator.close()
 
 
 def main(argv: list[str]) -> int:

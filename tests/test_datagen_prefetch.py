@@ -45,11 +45,14 @@ class _SlowBackend:
         self.in_flight = 0
         self.peak = 0
         self.prepared_requests = 0
+        self.ahead_while_full = 0
+        self.digests_asked: bool | None = None
         self.waiting_peak = 0  # prepared requests not yet sent, at most
         self._lock = threading.Lock()
 
-    def prepare_images(self, messages) -> None:
+    def prepare_images(self, messages, *, digests=True) -> None:
         with self._lock:
+            self.digests_asked = digests
             self.prepare_threads.add(threading.current_thread().name)
             for m in messages:
                 for p in m.content:
@@ -58,6 +61,8 @@ class _SlowBackend:
             self.prepared_requests += 1
             waiting = self.prepared_requests - len(self.hashes)
             self.waiting_peak = max(self.waiting_peak, waiting)
+            if self.in_flight == 2:  # readied while every slot was busy
+                self.ahead_while_full += 1
 
     async def generate(self, messages, sampling, *, request_hash=None) -> Generation:
         images = [id(p.image) for m in messages for p in m.content if isinstance(p, ImagePart)]
@@ -82,7 +87,7 @@ def _request(i: int) -> AnnotatorRequest:
     return AnnotatorRequest("transitions", [ChatMessage("user", content)])
 
 
-def _annotate_all(ann: Annotator, n: int) -> list:
+def _annotate_all(ann: Annotator, n: int, threads: list | None = None) -> list:
     results: list = []
 
     async def one(i: int) -> None:
@@ -93,27 +98,32 @@ def _annotate_all(ann: Annotator, n: int) -> list:
         loop.run_all([one(i) for i in range(n)], limit=ann.jobs_in_flight)
     finally:
         loop.close()
+        if threads is not None and ann._preparer is not None:
+            threads.extend(ann._preparer._threads)
         ann.close()
     return results
 
 
 def test_requests_are_prepared_ahead_of_their_slot_in_the_annotators_threads(tmp_path, monkeypatch):
     monkeypatch.setattr(annotator_mod, "canonical_frame", _frame)
-    backend = _SlowBackend(latency_s=0.02)
+    backend = _SlowBackend(latency_s=0.05)
     ann = _annotator(tmp_path, backend, prefetch=3, prepare_threads=2)
     assert ann.jobs_in_flight == 5
-    results = _annotate_all(ann, 12)
-    assert len(results) == 12 and all(r.ok for r in results)
+    results = _annotate_all(ann, 20, keep_threads := [])
+    assert len(results) == 20 and all(r.ok for r in results)
     # Every request went out with its images already encoded, never more than `concurrency`
-    # at once; while the slots were busy other requests were readied, `prefetch` at most.
-    assert backend.ready_at_send == [True] * 12
+    # at once; while the slots were busy other requests were readied, never more than the
+    # stage's coroutines allow.
+    assert backend.ready_at_send == [True] * 20
     assert backend.peak == 2
-    assert 1 <= backend.waiting_peak <= 3
+    assert backend.ahead_while_full >= 1
+    assert backend.waiting_peak <= ann.jobs_in_flight
+    assert backend.digests_asked is False  # named by the cache key: no pixel digests
     assert backend.prepare_threads and all(
         n.startswith("hivig-prepare") for n in backend.prepare_threads
     )
-    # close() stopped them.
-    assert not [t for t in threading.enumerate() if t.name.startswith("hivig-prepare")]
+    # close() stopped this annotator's threads.
+    assert keep_threads and not any(t.is_alive() for t in keep_threads)
 
 
 def test_endpoint_answers_are_named_by_the_cache_key(tmp_path, monkeypatch):
@@ -153,8 +163,9 @@ def test_client_prepares_images_and_takes_a_given_request_hash():
     client = OpenAIClient("http://127.0.0.1:1/v1", "m", image_format="jpeg")
     assert isinstance(client, PreparesImages)
     cache = default_image_cache()
-    client.prepare_images(msgs)
+    client.prepare_images(msgs, digests=False)
     assert cache.has_part(img, "jpeg", 95) and not cache.has_part(img, "png")
+    assert not cache.has_digest(img)
 
     async def ask(c: OpenAIClient, **kw) -> Generation:
         try:
@@ -170,7 +181,10 @@ def test_client_prepares_images_and_takes_a_given_request_hash():
         # A named JPEG request never reads the pixels out for a digest.
         assert given.request_hash == "abc" and cache.stats.digests == digests
         own = asyncio.run(ask(OpenAIClient(server.base_url, "m", image_format="jpeg")))
-    assert own.request_hash == request_hash("m", msgs, sampling)
+    assert own.request_hash == request_hash("m", msgs, sampling) and cache.has_digest(img)
+    twin = Image.fromarray(np.asarray(img))
+    client.prepare_images([ChatMessage("user", [ImagePart(twin)])])  # digests by default
+    assert cache.has_digest(twin)
 
 
 def test_new_screenshots_are_hashed_off_the_event_loop(tmp_path):
@@ -187,13 +201,38 @@ def test_new_screenshots_are_hashed_off_the_event_loop(tmp_path):
             return real(self, path)
 
     ann.digest.__class__ = Recording
+    Image.new("RGB", (8, 8), (7, 8, 9)).save(tmp_path / "c.png")
+    request = AnnotatorRequest("grounding", [ChatMessage("user", [ImagePart(ImageRef("c.png"))])])
     loop = LoopThread()
     try:
         first = loop.run(ann.file_digests("a.png", "b.png", "absent.png"))
         again = loop.run(ann.file_digests("b.png", "a.png"))
+        # Any stage's first request for a screenshot (grounding sees them first) hashes it in
+        # the pool too, before the cache key is built.
+        loop.run(ann.annotate(request, lambda text, _r: text))
     finally:
         loop.close()
         ann.close()
     assert first[:2] == again[::-1] and first[0] != first[1]
     assert first[2] == "missing:absent.png"
-    assert len(threads) == 3 and all(t.startswith("hivig-prepare") for t in threads)
+    assert len(threads) == 4 and all(t.startswith("hivig-prepare") for t in threads)
+
+
+def test_a_cache_hit_is_named_by_its_key(tmp_path, monkeypatch):
+    monkeypatch.setattr(annotator_mod, "canonical_frame", _frame)
+    cfg = BackendConfig(kind="openai", base_url="http://127.0.0.1:1", model="m")
+    ann = Annotator(cfg, FrameConfig(), tmp_path, tmp_path / "cache", 1, backend=_SlowBackend(0))
+    request = _request(0)
+    key = cache_key("m", ann.sampling.to_json(), ann.frame, request, 0, ann.digest)
+    # An entry as an older version wrote it: named by the client's pixel hash.
+    ann.cache.put(
+        key, {"text": "cached", "reasoning": None, "request_hash": "pixels", "model": "m"}
+    )
+    loop = LoopThread()
+    try:
+        result = loop.run(ann.annotate(request, lambda text, _r: text))
+    finally:
+        loop.close()
+        ann.close()
+    assert result.value == "cached" and result.request_hashes == [key]
+    assert ann.counts["cache_hits"] == 1 and ann.backend.hashes == []

@@ -492,8 +492,8 @@ def test_sbatch_refuses_a_dirty_tree_unless_allowed(tmp_path):
 def test_activation_checkpointing_is_enabled_without_deprecated_calls():
     import warnings
 
+    from hivig.models.qwen_vl import enable_activation_checkpointing
     from hivig.testing import tiny_model, tiny_processor
-    from train.build import enable_activation_checkpointing
 
     model = tiny_model(tiny_processor())
     with warnings.catch_warnings():

@@ -14,6 +14,7 @@ from accelerate.utils import DistributedType, set_seed
 
 from hivig.config import ConfigError
 from hivig.distributed import rank_and_world
+from hivig.models.qwen_vl import enable_activation_checkpointing
 from hivig.records import read_image_root, records_dir
 from train.config import TrainConfig
 from train.data import Sample, TokenCounts, load_samples, mix_kinds, token_counts
@@ -90,18 +91,6 @@ def build_model(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
     if m.gradient_checkpointing:
         enable_activation_checkpointing(model)
     return model, processor
-
-
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute activations in the backward pass, non-reentrant (works with frozen inputs, as
-    under LoRA). Newer transformers 5.x call this activation checkpointing and deprecate the
-    gradient-checkpointing name; both names are handled."""
-    kwargs = {"use_reentrant": False}
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _apply_lora(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Module:

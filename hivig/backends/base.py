@@ -118,7 +118,8 @@ class Generation:
         finish_reason: ``stop``, ``length`` or whatever the server reported.
         model: The model that answered.
         sampling: The sampling parameters as sent.
-        request_hash: Content address of the request (see ``request_hash``).
+        request_hash: Content address of the request: ``request_hash(model, messages, sampling)``,
+            or the caller's own when it passed one to ``generate``.
         latency_s: Seconds from the first attempt to the answer, retries included.
         attempts: HTTP attempts made (1 without retries; 1 for in-process backends).
     """
@@ -273,8 +274,11 @@ class InferenceBackend(Protocol):
 class PreparesImages(Protocol):
     """A backend that can do its per-image CPU work ahead of ``generate``, in any thread."""
 
-    def prepare_images(self, messages: Sequence[ChatMessage]) -> None:
-        """Encode (and cache) the messages' images so that sending them costs no CPU."""
+    def prepare_images(self, messages: Sequence[ChatMessage], *, digests: bool = True) -> None:
+        """Encode (and cache) the messages' images so that sending them costs no CPU.
+
+        ``digests=False`` skips the pixel digests, for requests sent with a ``request_hash``.
+        """
         ...
 
 
@@ -322,7 +326,8 @@ def _message_skeleton(message: ChatMessage) -> dict[str, Any]:
 def request_hash(model: str, messages: Sequence[ChatMessage], sampling: Sampling) -> str:
     """Content address of a request: model, messages (images by pixel hash) and sampling.
 
-    data_gen keys its on-disk cache on this, so equal requests are never paid for twice.
+    Equal requests get equal hashes whatever the image transport (the pixels are hashed, not the
+    encoded bytes). data_gen's annotator names its requests by its own cache key instead.
 
     Returns:
         A hex SHA-256.

@@ -239,6 +239,16 @@ class ImagePayloadCache:
             and entry.shape == _shape(image)  # type: ignore[arg-type]
         )
 
+    def has_digest(self, image: object) -> bool:
+        """Whether ``image``'s pixel digest is ready (no pixels to read)."""
+        entry = self._entries.get(id(image))
+        return (
+            entry is not None
+            and entry.digest is not None
+            and entry.ref() is image
+            and entry.shape == _shape(image)  # type: ignore[arg-type]
+        )
+
     def clear(self) -> None:
         """Forget every entry."""
         with self._lock:

@@ -149,3 +149,17 @@ def parameter_groups(
     if not out:
         raise ValueError("no trainable parameters; check the freezing flags")
     return out
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute activations in the backward pass, non-reentrant (works with frozen inputs).
+
+    Newer transformers 5.x call this activation checkpointing and deprecate the
+    gradient-checkpointing name; both names are handled.
+    """
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -51,7 +51,13 @@ from transformers import (
 from hivig.logging import get_logger
 from hivig.media import ChatMessage, ImagePart, TextPart
 from hivig.models._errors import EncodeError
-from hivig.models._freezing import MODULE_GROUPS, apply_freezing, module_groups, parameter_groups
+from hivig.models._freezing import (
+    MODULE_GROUPS,
+    apply_freezing,
+    enable_activation_checkpointing,
+    module_groups,
+    parameter_groups,
+)
 from hivig.models._labels import (
     IGNORE_INDEX,
     mrope_position_ids,
@@ -82,6 +88,7 @@ __all__ = [
     "assemble_processor",
     "build_processor",
     "check_pixel_budget",
+    "enable_activation_checkpointing",
     "encode_sample",
     "generation_prefill",
     "generation_prompt_ids",

@@ -19,11 +19,6 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
-try:  # optional: a faster PNG decoder where wheels exist (not on Linux aarch64)
-    import pyspng
-except ImportError:  # pragma: no cover - depends on the platform
-    pyspng = None
-
 from hivig.logging import get_logger
 from hivig.media import ChatMessage, ImagePart, ImageRef, Mark, SizeClass
 from hivig.vision._markers import draw_marks_inplace
@@ -154,40 +149,10 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB") if img.mode != "RGB" else img
 
 
-# 8-bit PNG layouts libspng decodes to exactly the pixels Pillow gives (PNG is lossless); the rest
-# (palettes, 16-bit, transparency chunks) stays with Pillow.
-_SPNG_RAWMODES = frozenset({"RGB", "RGBA", "L", "LA"})
-
-
-def _spng_pixels(img: Image.Image, src: ImageSource) -> Image.Image | None:
-    """``img`` decoded by libspng, or ``None`` where Pillow must decode it.
-
-    libspng inflates and unfilters about 3x faster than Pillow's PNG decoder. Anything it
-    refuses (a bad CRC, a truncated stream, ...) returns ``None``, so Pillow decodes it, or
-    raises its usual typed error: results never depend on whether libspng is installed.
-    """
-    if pyspng is None or img.format != "PNG" or "transparency" in img.info:
-        return None
-    if len(img.tile) != 1 or img.tile[0].args not in _SPNG_RAWMODES:
-        return None
-    try:
-        data = bytes(src) if isinstance(src, (bytes, bytearray)) else Path(src).read_bytes()  # type: ignore[arg-type]
-        pixels = pyspng.load(data)
-    except (OSError, RuntimeError, ValueError):
-        return None
-    if pixels.dtype != np.uint8 or pixels.shape[:2] != (img.height, img.width):
-        return None
-    return Image.frombytes(img.mode, img.size, np.ascontiguousarray(pixels))
-
-
 def _decode(src: ImageSource) -> Image.Image:
     """Decoded RGB image; may be ``src`` itself (unmodified) when it already is plain RGB."""
     try:
         img = _open(src)
-        fast = None if isinstance(src, Image.Image) else _spng_pixels(img, src)
-        if fast is not None:
-            img.close()
-            return _to_rgb(fast)
         # Decode now so a truncated stream fails here, not later inside a collator.
         img.load()
         if img.width <= 0 or img.height <= 0:
