@@ -269,19 +269,7 @@ def _views(n):
 
 def test_plan_covers_all_dimensions_and_masks_exactly():
     views = _views(400)
-    maskable = {d.name: d.maskable for d in DIMENSIONS}
-    plan = plan_corpus(
-        views,
-        seed=0,
-        params=P,
-        offline=True,
-        dimension_weights={d.name: 1.0 for d in DIMENSIONS},
-        min_share=0.03,
-        bad_share=1.0,
-        platform_weights={},
-        intent_mask_rate=0.3,
-        maskable=maskable,
-    )
+    plan = plan_corpus(views, **_plan_kwargs(intent_mask_rate=0.3))
     dims = Counter(p.dimension for p in plan.values() if p.dimension)
     assert set(dims) == {d.name for d in DIMENSIONS}
     assert min(dims.values()) / sum(dims.values()) >= 0.03
@@ -293,18 +281,7 @@ def test_plan_covers_all_dimensions_and_masks_exactly():
         m for m, d in samples if d in ("Action-Operation Misalignment", "Visual Hallucination")
     )
     # Deterministic: the same inputs give the same plan.
-    again = plan_corpus(
-        list(reversed(views)),
-        seed=0,
-        params=P,
-        offline=True,
-        dimension_weights={d.name: 1.0 for d in DIMENSIONS},
-        min_share=0.03,
-        bad_share=1.0,
-        platform_weights={},
-        intent_mask_rate=0.3,
-        maskable=maskable,
-    )
+    again = plan_corpus(list(reversed(views)), **_plan_kwargs(intent_mask_rate=0.3))
     assert again == plan
 
 
@@ -343,15 +320,7 @@ def test_platform_weights_downsample_the_overrepresented_platform():
     ]
     plan = plan_corpus(
         views,
-        seed=0,
-        params=P,
-        offline=True,
-        dimension_weights={d.name: 1.0 for d in DIMENSIONS},
-        min_share=0.03,
-        bad_share=1.0,
-        platform_weights={"windows": 1.0, "android": 1.0},
-        intent_mask_rate=0.3,
-        maskable={d.name: d.maskable for d in DIMENSIONS},
+        **_plan_kwargs(intent_mask_rate=0.3, platform_weights={"windows": 1.0, "android": 1.0}),
     )
     kept = Counter(v.platform for v in views if plan[v.sample_id].critique)
     assert kept["android"] == 100  # the rare platform is kept whole

@@ -87,15 +87,20 @@ def test_two_gloo_ranks_with_two_packs_equal_one_rank_with_four(data_dir, refere
     assert sorted(rank0 + rank1) == sorted(_ledger(reference, 0))
 
 
+def _launcher(accelerate_config: str) -> list[str]:
+    """``accelerate launch`` of ``python -m train`` on 2 CPU processes with a repo config."""
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "configs" / "accelerate" / f"{accelerate_config}.yaml"), "--num_processes", "2",
+        "--main_process_port", str(_free_port()), "-m", "train",
+    ]  # fmt: skip
+
+
 def test_deepspeed_zero2_two_processes_train_save_and_resume(data_dir, reference, tmp_path):
     from transformers import AutoModelForImageTextToText
 
     out = tmp_path / "ds"
-    launcher = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-        str(ROOT / "configs" / "accelerate" / "zero2.yaml"), "--num_processes", "2",
-        "--main_process_port", str(_free_port()), "-m", "train",
-    ]  # fmt: skip
+    launcher = _launcher("zero2")
     # 2 ranks x 2 accumulated packs: DeepSpeed's own 1/GA must be off (scale_wrt_gas=False).
     args = ("optim.grad_accum=2", "optim.max_grad_norm=0", "loop.epochs=2")
     _run([*launcher, *_args(data_dir, out, "loop.max_steps=2", *args)])
@@ -125,11 +130,7 @@ def test_deepspeed_zero3_gathers_the_head_once_per_rank_and_saves_full_weights(
     from transformers import AutoModelForImageTextToText
 
     out = tmp_path / "z3"
-    launcher = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-        str(ROOT / "configs" / "accelerate" / "zero3.yaml"), "--num_processes", "2",
-        "--main_process_port", str(_free_port()), "-m", "train",
-    ]  # fmt: skip
+    launcher = _launcher("zero3")
     _run([*launcher, *_args(data_dir, out, *COMMON, "optim.grad_accum=2")], timeout=240)
     row, ref = _rows(out)[0], _rows(reference)[0]
     assert row["loss"] == pytest.approx(ref["loss"], rel=2e-2)

@@ -282,20 +282,7 @@ def test_lora_trains_only_adapters_and_merges_to_the_same_logits(data_dir, tmp_p
 
     base = save_tiny_checkpoint(tmp_path / "base")
     out = tmp_path / "lora"
-    c = setup(
-        _cfg(
-            data_dir,
-            out,
-            "loop.max_steps=2",
-            f"model.path={base}",
-            "model.attn_implementation=sdpa",
-            "model.train_merger=false",
-            "lora.enabled=true",
-            "lora.r=4",
-            "lora.alpha=8",
-            "optim.lr=1e-2",
-        )
-    )
+    c = setup(_lora_cfg(data_dir, out, base, "loop.max_steps=2"))
     before = _state(c.model.model)
     train(c)
     peft_model = c.model.model
