@@ -402,6 +402,7 @@ def test_call_user_has_no_qwen_rendering():
         ("open_url(url='https://example.org')", "web"),
         ("go_back()", "web"),  # not in the grammar at all
         ("go_forward()", "web"),
+        ("go_backward()", "web"),
         ("select_option(x=0.1, y=0.1, value='a')", "web"),
         ("open_app(app_name='Clock')", "windows"),
         ("navigate_home()", "web"),
@@ -409,7 +410,8 @@ def test_call_user_has_no_qwen_rendering():
     ],
 )
 def test_unmapped_calls_are_typed_errors(text, platform):
-    assert err(text, platform).reason in ("unsupported_action", "unknown_action")
+    expected = "unknown_action" if text.startswith("go_back(") else "unsupported_action"
+    assert err(text, platform).reason == expected
 
 
 @pytest.mark.parametrize(

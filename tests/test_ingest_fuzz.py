@@ -62,11 +62,13 @@ def _salt_lines(lines: list[str], rng: random.Random) -> list[str]:
     # recursion limit (json raises RecursionError there, not ValueError).
     out.insert(rng.randrange(len(out) + 1), lines[0].replace("Task: ", "Task: \udcff", 1))
     out.insert(rng.randrange(len(out) + 1), "[" * 100_000)
-    # And one trajectory-opening step with a grid value in a unit file, so the scale check fires
-    # whatever the random salting above did (a later step could be shadowed by after_bad_step).
+    # And two trajectory-opening steps, one with a grid value in a unit file and one with a
+    # negative coordinate, so the scale check and the range check both fire whatever the random
+    # salting above did (a later step could be shadowed by after_bad_step).
     opening = [ln for ln in lines if "operations:\\nNone" in ln and re.search(r"x=0\.\d+", ln)]
     if opening:
         out.append(re.sub(r"x=0\.\d+", "x=734", rng.choice(opening), count=1))
+        out.append(re.sub(r"x=0\.\d+", "x=-0.2", rng.choice(opening), count=1))
     return out
 
 
@@ -109,9 +111,8 @@ def test_salted_corpus_never_crashes_and_counts_balance(clean, tmp_path, seed, m
     assert set(s["dropped"]) <= set(REASONS)
     for reason in ("bad_json", "bad_encoding", "missing_image", "corrupt_image", "after_bad_step"):
         assert s["dropped"].get(reason, 0) > 0, reason
-    assert (
-        s["dropped"].get("ambiguous_scale", 0) + s["dropped"].get("coordinate_out_of_range", 0) > 0
-    )
+    assert s["dropped"].get("ambiguous_scale", 0) > 0
+    assert s["dropped"].get("coordinate_out_of_range", 0) > 0
     assert 0 < s["steps_kept"] < raw_lines
     quarantine = (res.out_dir / "quarantine.jsonl").read_text().splitlines()
     assert len(quarantine) == sum(s["dropped"].values())
