@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from train.synthetic import write_dataset
 
@@ -68,7 +70,13 @@ def reference(data_dir, tmp_path_factory) -> Path:
     return out
 
 
-COMMON = ("loop.max_steps=1", "optim.max_grad_norm=0", "loop.eval_max_packs=1")
+# A large Adam eps makes the first update proportional to the gradient (not ≈ lr · sign(g)), so
+# comparing the updated weights checks the gradient itself, scale included.
+COMMON = ("loop.max_steps=1", "optim.max_grad_norm=0", "loop.eval_max_packs=1", "optim.eps=1.0")
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / "final" / "model.safetensors")
 
 
 @pytest.mark.invariant
@@ -85,6 +93,11 @@ def test_two_gloo_ranks_with_two_packs_equal_one_rank_with_four(data_dir, refere
     rank0, rank1 = _ledger(two, 0), _ledger(two, 1)
     assert rank0 and rank1 and not set(rank0) & set(rank1), "ranks must see disjoint samples"
     assert sorted(rank0 + rank1) == sorted(_ledger(reference, 0))
+    # The same update: every weight after the step, not only the loss and the gradient norm.
+    ref_w, two_w = _weights(reference), _weights(two)
+    assert ref_w.keys() == two_w.keys()
+    for name, value in ref_w.items():
+        torch.testing.assert_close(two_w[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def _launcher(accelerate_config: str) -> list[str]:
