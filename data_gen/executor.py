@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from data_gen.quarantine import split_lines
 from hivig.logging import get_logger
 
 log = get_logger(__name__)
@@ -111,7 +112,8 @@ def dumps_jsonl(rows: Iterable[dict[str, Any]]) -> str:
 
 def loads_jsonl(text: str) -> list[dict[str, Any]]:
     """Inverse of ``dumps_jsonl``."""
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    # JSON strings written with ensure_ascii=False may hold raw U+2028/U+0085: split on "\n" only.
+    return [json.loads(line) for line in split_lines(text) if line.strip()]
 
 
 # --------------------------------------------------------------------------------------------

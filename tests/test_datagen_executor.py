@@ -196,3 +196,10 @@ def test_request_cache_round_trip_and_corrupt_entry(tmp_path):
     (tmp_path / "cd" / f"{'cd' * 32}.json").write_text("{not json")
     assert cache.get("cd" * 32) is None
     assert json.loads((tmp_path / "ab" / f"{'ab' * 32}.json").read_text()) == {"text": "x"}
+
+
+def test_jsonl_round_trip_keeps_unicode_line_separators():
+    from data_gen.executor import dumps_jsonl, loads_jsonl
+
+    rows = [{"op": "type(text='a\u2028b\u0085c\u000bd')"}, {"op": "x"}]
+    assert loads_jsonl(dumps_jsonl(rows)) == rows

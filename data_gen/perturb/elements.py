@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data_gen.quarantine import split_lines
 from hivig.logging import get_logger
 
 log = get_logger(__name__)
@@ -99,7 +100,7 @@ class ElementIndex:
                 "no element sidecar at %s; element-based generators have no candidates", path
             )
             return index
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in split_lines(path.read_text(encoding="utf-8")):
             if not line.strip():
                 continue
             try:
