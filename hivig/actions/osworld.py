@@ -18,12 +18,13 @@ from hivig.actions._calls import (
     RawCall,
     Signature,
     bind,
-    bind_variadic,
     parse_module,
     split_call,
 )
 from hivig.actions._normalise import map_calls
 from hivig.actions.model import Action, ActionError, Terminate, Wait
+
+_HOTKEY: Signature = (("keys", REQUIRED),)
 
 OSWORLD_WAIT_SECONDS = 3
 """Seconds a ``WAIT`` string stands for (ScaleCUA's ``wait`` default)."""
@@ -73,7 +74,9 @@ def _expand_point(args: list[Any]) -> list[Any]:
 def _translate(func: str, args: list[Any], kwargs: dict[str, Any], line: str) -> Any:
     """One pyautogui call -> list of ScaleCUA-style RawCalls, or an ActionError."""
     if func == "hotkey":
-        bound = bind_variadic("hotkey", "keys", args, kwargs, line, ignore=_IGNORED)
+        # hotkey(*keys): the positional values bind to `keys` as one tuple (see scalecua).
+        keys = [tuple(args)] if args else []
+        bound = bind("hotkey", _HOTKEY, keys, kwargs, line, ignore=_IGNORED)
         return bound if isinstance(bound, ActionError) else [RawCall("hotkey", bound, line=line)]
     if func not in _CALLS:
         return ActionError("unsupported_action", f"pyautogui.{func} is not supported: {line!r}")

@@ -24,7 +24,6 @@ from hivig.actions._calls import (
     RawCall,
     Signature,
     bind,
-    bind_variadic,
     parse_expression,
     split_call,
 )
@@ -134,7 +133,9 @@ def _bind_scalecua(written: str, args: list[Any], kwargs: dict[str, Any], line: 
                 return ActionError("bad_argument", f"{name} got {param!r} twice: {line!r}")
             kwargs[param] = kwargs.pop(alt)
     if name == "hotkey":
-        bound = bind_variadic(name, "keys", args, kwargs, line)
+        # f(*keys): the positional values bind to `keys` as one tuple, so `keys=` given as well
+        # is "got twice" rather than half of the keys silently dropped.
+        bound = bind(name, SIGNATURES[name], [tuple(args)] if args else [], kwargs, line)
     else:
         bound = bind(name, _ALIAS_SIGNATURES.get(written, SIGNATURES[name]), args, kwargs, line)
     if isinstance(bound, ActionError):
