@@ -183,11 +183,8 @@ def marks_for_tool_calls(
     Returns:
         The marks of every block that parses, in order.
     """
-    actions = parse_tool_calls(text)
-    if isinstance(actions, ActionError):
-        actions = []
-        for body in all_blocks(text, "tool_call")[0]:
-            one = parse_tool_calls(f"<tool_call>{body}</tool_call>")
-            if not isinstance(one, ActionError):
-                actions.extend(one)
+    # Each block on its own, scanned once: the blocks that parse are the actions
+    # ``parse_tool_calls`` returns when all of them do.
+    parsed = (_parse_block(body) for body in all_blocks(text, "tool_call")[0])
+    actions = [a for a in parsed if not isinstance(a, ActionError)]
     return marks_for_actions(actions, pointer=pointer, stats=stats)
