@@ -11,23 +11,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hivig.contracts import ContractError, parse_critique
 from hivig.distributed import rank_and_world
 from hivig.logging import get_logger
 from hivig.models.qwen_vl import encode_sample
 from train.collate import collate_pack
+from train.metrics import all_reduce_sum
 from train.packing import plan_packs
 
 log = get_logger(__name__)
-
-
-def _sum_across_ranks(values: list[float], device: torch.device | str) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
 
 
 @torch.no_grad()
@@ -75,7 +68,7 @@ def evaluate_loss(
         loss_sum, n = model(batch.inputs)
         loss, tokens, count = loss + float(loss_sum), tokens + float(n), count + len(pack)
     model.train(was_training)
-    loss, tokens, count = _sum_across_ranks([loss, tokens, count], device)
+    loss, tokens, count = all_reduce_sum([loss, tokens, count], device)
     return {
         "eval_loss": loss / tokens if tokens else float("nan"),
         "eval_tokens": tokens,

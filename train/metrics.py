@@ -163,7 +163,8 @@ def _available(metrics: Scalars) -> dict[str, float | int]:
     return {k: v for k, v in metrics.items() if v is not None}
 
 
-def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+def all_reduce_sum(values: list[float], device: torch.device | str) -> list[float]:
+    """Element-wise sum of ``values`` over all ranks (the values themselves without a group)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t)
@@ -209,7 +210,7 @@ def step_metrics(
         step_flops(flop_shape, seq_lens, patches, causal=False),
         wait,
     ]
-    loss, tokens, samples, fl_c, fl_nc, waits = _all_reduce_sum(local, device)
+    loss, tokens, samples, fl_c, fl_nc, waits = all_reduce_sum(local, device)
     row: dict[str, float | None] = {
         "loss": loss / max(n_global, 1),
         "lr": lr,
