@@ -18,6 +18,7 @@ from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats
 from data_gen.perturb import DRAFTERS, PROGRAMMATIC, BadStep, StepView, generator_rng
 from data_gen.perturb.calls import parse_calls, render_calls
+from data_gen.perturb.programmatic import ACTION_FORMULATION
 from data_gen.steps._work import (
     Context,
     Work,
@@ -29,14 +30,10 @@ from data_gen.steps._work import (
 from hivig.actions import ActionError, action_from_arguments
 from hivig.contracts import ContractError, PerturbationOutput, parse_perturbation
 from hivig.prompts import build_perturbation_messages, format_raw_step
-from hivig.taxonomy import dimension_by_key, lookup_dimension
+from hivig.taxonomy import lookup_dimension
 
 _ACTION_LINE = re.compile(r"^\s*\**\s*Action\s*\**\s*:\s*(.*)$", re.IGNORECASE)
 _FIRST_CALL = re.compile(r"<tool_call>", re.IGNORECASE)
-
-BROKEN_CALL_DIMENSION = dimension_by_key("action_formulation_error")
-"""The one dimension whose Bad step is a call that does not parse, by design."""
-
 
 def split_proposed_step(step: str) -> tuple[str, str]:
     """``(intent, calls text)`` of an ``Action: ...`` line followed by ``<tool_call>`` blocks."""
@@ -70,7 +67,7 @@ def perturbation_validator(
         intent, calls_text = split_proposed_step(parsed.rejected_proposed_step)
         calls = parse_calls(calls_text)
         if isinstance(calls, ActionError):
-            if expected is BROKEN_CALL_DIMENSION:
+            if expected is ACTION_FORMULATION:  # its Bad step is an unparseable call by design
                 return parsed, intent, calls_text, None
             return Rejected("bad_tool_call", str(calls))
         for call in calls:
