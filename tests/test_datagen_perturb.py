@@ -370,3 +370,20 @@ def test_unreachable_dimension_fails_before_work_with_its_name():
         if d.name in ("Parameter Vector Miscalibration", "Action Formulation Error")
     }
     plan_corpus(bare, **_plan_kwargs(unreachable="error", dimension_weights=reachable))
+
+
+def test_critique_marks_keep_a_drag_that_opens_its_step():
+    # Rendered tool calls drop where a drag starts; the pointer the earlier steps left gives it.
+    from data_gen.steps._work import step_marks, step_text
+    from hivig.actions import action_from_arguments
+    from hivig.trajectory import Source, Step, Trajectory
+
+    click = action_from_arguments({"action": "left_click", "coordinate": [100, 200]})
+    drag = action_from_arguments({"action": "left_click_drag", "coordinate": [700, 100]})
+    steps = [Step(0, "a.png", None, "Select the file", [click])]
+    steps.append(Step(1, "b.png", None, "Drag it to the folder", [drag]))
+    source = Source("d", "f.jsonl")
+    traj = Trajectory("t", "e", source, "windows", "Move the file", 1920, 1080, steps)
+    text = step_text(traj, 1, True)
+    assert marks_for_tool_calls(text) == []  # no start in the text alone
+    assert step_marks(traj, 1, text) == [ArrowMark(100, 200, 700, 100)]

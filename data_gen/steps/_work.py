@@ -23,7 +23,7 @@ from data_gen.annotator import Annotation, Annotator, AnnotatorRequest, Rejected
 from data_gen.config import DataGenConfig
 from data_gen.executor import Codec, StageStats, unit_float
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
-from hivig.actions import space_for_platform
+from hivig.actions import marks_for_tool_calls, pointer_after, space_for_platform
 from hivig.media import (
     ChatMessage,
     ImagePart,
@@ -198,6 +198,17 @@ def image(traj: Trajectory, path: str, marks: list[Mark] | tuple[Mark, ...] = ()
 def calls_of(traj: Trajectory, index: int) -> list[dict[str, Any]]:
     """The step's actions as argument dicts."""
     return [a.to_arguments() for a in traj.steps[index].actions]
+
+
+def step_marks(traj: Trajectory, index: int, tool_calls: str) -> list[Mark]:
+    """Markers of a step given as tool-call text (the executed step's or a perturbed one).
+
+    Rendered tool calls drop where a drag starts, so the pointer the earlier steps left (the
+    parsers' rule, as ingest tracked it) is passed along: a drag that opens a step keeps its
+    arrow, as it does when serving tracks the pointer over the history.
+    """
+    pointer = pointer_after(a for step in traj.steps[:index] for a in step.actions)
+    return marks_for_tool_calls(tool_calls, pointer=pointer)
 
 
 def step_text(traj: Trajectory, index: int, mask_intent: bool = False) -> str:

@@ -26,10 +26,10 @@ from data_gen.steps._work import (
     render_or_reject,
     sample_id,
     sample_spec,
+    step_marks,
     step_text,
 )
 from data_gen.steps.transitions import target_oracle
-from hivig.actions import marks_for_tool_calls
 from hivig.contracts import ContractError, CritiqueOutput, parse_critique, render_critique_target
 from hivig.prompts import (
     build_critique_messages,
@@ -135,7 +135,7 @@ class RationaleStep:
             return
         calls = calls_of(traj, k)
         text = step_text(traj, k, mask_intent=plan.good_masked)
-        shot = image(traj, traj.steps[k].screenshot, marks_for_tool_calls(step_text(traj, k, True)))
+        shot = image(traj, traj.steps[k].screenshot, step_marks(traj, k, step_text(traj, k, True)))
         tr = unit["transition"]
         history = past_trajectory(traj, k)
         args = (traj.task, traj.platform, history, shot, text)
@@ -173,7 +173,7 @@ class RationaleStep:
         # The plan never masks an intent-dependent dimension; checked again here on purpose.
         masked = plan.bad_masked and dim.maskable
         text = format_raw_step(bad.intent, bad.text, masked)
-        shot = image(traj, traj.steps[k].screenshot, marks_for_tool_calls(bad.text))
+        shot = image(traj, traj.steps[k].screenshot, step_marks(traj, k, bad.text))
         tr = unit["transition"]
         args = (traj.task, traj.platform, past_trajectory(traj, k), shot, text)
         messages = build_rationale_bad_messages(
