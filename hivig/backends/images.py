@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import threading
 import weakref
@@ -29,15 +28,7 @@ from typing import Literal
 import simplejpeg
 from PIL import Image
 
-from hivig.vision import rgbx_array
-
-# zlib level of the transport PNG. Lossless at any level, and the request hash is over pixels,
-# so the level changes neither the model input nor any cache key, only CPU and bytes. Measured
-# on 1280x720 screens (encoder CPU, median of 9): a flat synthetic screen 15.3 ms / 15 KiB at
-# level 1 against 17.7 ms / 4.7 KiB at level 6; a busy one (rows of text, a noisy photo-like
-# area) 31.5 ms / 345 KiB against 51.8 ms / 483 KiB. Level 1 is the cheaper one, and the few KiB
-# level 6 saves on flat screens cost nothing to send on loopback or a LAN.
-TRANSPORT_PNG_LEVEL = 1
+from hivig.vision import FAST_PNG_LEVEL, encode_png, rgbx_array
 
 ImageFormat = Literal["png", "jpeg"]
 IMAGE_FORMATS: tuple[str, ...] = ("png", "jpeg")
@@ -60,13 +51,6 @@ def _digest(image: Image.Image, raw: bytes) -> str:
     return h.hexdigest()
 
 
-def _rgb(image: Image.Image, raw: bytes) -> Image.Image:
-    if image.mode == "RGB":
-        return Image.frombytes("RGB", image.size, raw)
-    rgb = image.convert("RGB")
-    return Image.frombytes("RGB", rgb.size, rgb.tobytes())
-
-
 def _jpeg(image: Image.Image, quality: int) -> bytes:
     # libjpeg-turbo through simplejpeg, straight from the image's own storage: Pillow's JPEG
     # writer holds the GIL for the whole encode, so frames prepared in several threads encoded
@@ -76,15 +60,6 @@ def _jpeg(image: Image.Image, quality: int) -> bytes:
     return simplejpeg.encode_jpeg(
         rgbx_array(rgb), quality=quality, colorspace="RGBX", colorsubsampling="444"
     )
-
-
-def _png(image: Image.Image, raw: bytes, level: int) -> bytes:
-    # Same recipe as ``hivig.vision.encode_png`` (RGB, a bare copy so no ancillary chunks from the
-    # source file are written), but built from the raw buffer the digest already read: reading an
-    # image's pixels out costs about as much as copying them.
-    buf = io.BytesIO()
-    _rgb(image, raw).save(buf, format="PNG", compress_level=level, optimize=False)
-    return buf.getvalue()
 
 
 def _image_part_json(data: bytes, mime: str = "image/png") -> bytes:
@@ -144,7 +119,7 @@ class ImagePayloadCache:
     image object, even when several threads ask for the same image at once.
     """
 
-    def __init__(self, png_level: int = TRANSPORT_PNG_LEVEL) -> None:
+    def __init__(self, png_level: int = FAST_PNG_LEVEL) -> None:
         """Create an empty cache.
 
         Args:
@@ -198,17 +173,12 @@ class ImagePayloadCache:
         with entry.lock:
             part = entry.parts.get(key)
             if part is None:
+                # No pixel digest here: ``digest`` computes it on demand, and a caller that
+                # names its requests itself never asks for one.
                 if image_format == "jpeg":
-                    # No pixel digest here: JPEG needs no raw copy of the pixels, and a caller
-                    # that names its requests itself never asks for one (``digest`` computes it
-                    # on demand).
                     part = _image_part_json(_jpeg(image, jpeg_quality), "image/jpeg")
                 else:
-                    raw = image.tobytes()
-                    if entry.digest is None:
-                        entry.digest = _digest(image, raw)
-                        self._count("digests")
-                    part = _image_part_json(_png(image, raw, self.png_level))
+                    part = _image_part_json(encode_png(image, self.png_level))
                 entry.parts[key] = part
                 self._count("encodes")
             else:

@@ -17,6 +17,7 @@ from hivig.vision._fingerprint import (
     perceptual_hash,
 )
 from hivig.vision._frame import (
+    FAST_PNG_LEVEL,
     MAX_ASPECT_RATIO,
     RESAMPLE,
     ImageError,
@@ -41,6 +42,7 @@ from hivig.vision._markers import (
 )
 
 __all__ = [
+    "FAST_PNG_LEVEL",
     "ARROW_COLOUR",
     "MAX_ASPECT_RATIO",
     "POINT_COLOUR",
