@@ -35,6 +35,7 @@ from hivig.taxonomy import lookup_dimension
 _ACTION_LINE = re.compile(r"^\s*\**\s*Action\s*\**\s*:\s*(.*)$", re.IGNORECASE)
 _FIRST_CALL = re.compile(r"<tool_call>", re.IGNORECASE)
 
+
 def split_proposed_step(step: str) -> tuple[str, str]:
     """``(intent, calls text)`` of an ``Action: ...`` line followed by ``<tool_call>`` blocks."""
     m = _FIRST_CALL.search(step)

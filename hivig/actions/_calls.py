@@ -123,4 +123,3 @@ def bind(
                 return ActionError("missing_argument", f"{name} needs {param!r}: {line!r}")
             bound[param] = default
     return bound
-
