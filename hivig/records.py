@@ -40,7 +40,7 @@ from hivig.media import (
     TextPart,
 )
 from hivig.taxonomy import lookup_dimension
-from hivig.vision import FAST_PNG_LEVEL, ImageError, canonical_frame, encode_png
+from hivig.vision import FAST_PNG_LEVEL, ImageError, canonical_frame, draw_marks, encode_png
 
 logger = get_logger(__name__)
 
@@ -513,15 +513,10 @@ class _FrameSource:
                 self._clean.popitem(last=False)
         else:
             self._clean.move_to_end(ref.path)
-        # Already at its frame size, so only the marks are drawn (on a copy).
-        return canonical_frame(
-            clean,
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-            factor=factor,
-            marks=ref.marks,
-            size_class=ref.size_class,
-        )
+        # Only the marks are drawn, on a copy. Not a second canonical_frame pass: smart_resize is
+        # not idempotent where growing rounds up past max_pixels, so a second pass could resize
+        # a frame training never resizes.
+        return draw_marks(clean, ref.marks, ref.size_class).image
 
 
 def _frame_png(ref: ImageRef, frames_dir: Path, source: _FrameSource) -> Path:

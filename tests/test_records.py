@@ -305,3 +305,18 @@ def test_sharegpt_missing_image_is_a_record_error(tmp_path):
     missing = dataclasses.replace(records[1], images=(ImageRef("nope.png"), ImageRef("x.png")))
     with pytest.raises(RecordError, match="nope.png"):
         to_sharegpt([missing], root, tmp_path / "frames")
+
+
+def test_export_frames_equal_training_frames_where_smart_resize_is_not_idempotent(tmp_path):
+    # min == max pixels: growing rounds a 100x50 screen up past the budget (192x384 at 65,536),
+    # and resizing that again would give 160x352. The export must not resize twice.
+    from hivig.records import _FrameSource
+
+    Image.new("RGB", (100, 50), (30, 120, 200)).save(tmp_path / "small.png")
+    ref = ImageRef("small.png", (PointMark(500, 500),), "desktop")
+    budget = {"min_pixels": 65_536, "max_pixels": 65_536, "factor": 32}
+    want = canonical_frame(tmp_path / "small.png", marks=ref.marks, size_class="desktop", **budget)
+    source = _FrameSource(tmp_path, 65_536, 65_536, 32)
+    for _ in range(2):  # the second time from the cached clean frame
+        got = source.frame(ref)
+        assert got.size == want.size and got.tobytes() == want.tobytes()
