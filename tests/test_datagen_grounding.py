@@ -12,11 +12,12 @@ from data_gen.annotator import Rejected
 from data_gen.config import DataGenConfig
 from data_gen.ingest import ingest
 from data_gen.perturb.elements import Element
-from data_gen.perturb.grounding import build_grounding_messages, grounding_validator
+from data_gen.perturb.grounding import grounding_validator
 from data_gen.run import main
 from data_gen.sample_corpus import SampleConfig, make_sample
 from hivig.config import load_config
 from hivig.media import ImageRef
+from hivig.prompts import build_grounding_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"

@@ -24,7 +24,7 @@ from data_gen.perturb.calls import primary_point
 from data_gen.perturb.elements import Element, ElementIndex, element_from_json, target_at
 from hivig.actions import space_for_platform
 from hivig.media import ImageRef
-from hivig.prompts import PromptMessages, action_space_text, format_step, load_prompt
+from hivig.prompts import build_grounding_messages, format_step
 from hivig.trajectory import Trajectory
 from hivig.vision import size_class_for_platform
 
@@ -32,15 +32,6 @@ STAGE = "grounding"
 """Annotator stage name of grounding requests (also the offline writer's key)."""
 
 _OBJECT = re.compile(r"\{.*\}", re.DOTALL)
-
-
-def build_grounding_messages(task: str, platform: str, screen: ImageRef, step: str) -> Any:
-    """``[system, user]`` messages of a grounding request (prompt ``annotator_grounding``)."""
-    template = load_prompt("annotator_grounding")
-    messages = template.render(
-        action_space=action_space_text(platform), task=task, step=step, screen=screen
-    )
-    return PromptMessages(messages, template.id)
 
 
 def grounding_validator(point: tuple[int, int]) -> Callable[[str, str | None], Element | Rejected]:

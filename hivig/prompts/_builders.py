@@ -239,6 +239,28 @@ def build_transition_messages(
     )
 
 
+def build_grounding_messages(
+    task: str, platform: str, screen: ImageRef, step_text: str, *, version: int | None = None
+) -> PromptMessages:
+    """Grounding annotation: the UI element under the executed step's point.
+
+    Gives element boxes for data without an accessibility sidecar.
+
+    Args:
+        task: The user's goal.
+        platform: The trajectory's platform.
+        screen: The screenshot, marked at the step's point.
+        step_text: ``format_step`` of the executed step.
+        version: Template version; the latest by default.
+
+    Returns:
+        ``[system, user]`` messages tagged with their prompt id.
+    """
+    return _build(
+        "annotator_grounding", version, platform, task=task, screen=screen, step=step_text
+    )
+
+
 def build_history_annotation_messages(
     task: str,
     platform: str,
