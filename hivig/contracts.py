@@ -40,12 +40,14 @@ from hivig.taxonomy import Dimension, lookup_dimension
 __all__ = [
     "ContractError",
     "CritiqueOutput",
+    "GroundingOutput",
     "HistoryOutput",
     "JudgeOutput",
     "PerturbationOutput",
     "TransitionOutput",
     "Verdict",
     "parse_critique",
+    "parse_grounding",
     "parse_history",
     "parse_judge",
     "parse_next_state",
@@ -155,6 +157,16 @@ class JudgeOutput(_Reasoned):
     better_candidate: Literal["A", "B"]
     dimension: Dimension | None
     reasoning_summary: str
+
+
+@dataclass(frozen=True)
+class GroundingOutput(_Reasoned):
+    """The grounding annotator's element: label, role and box on the 0-1000 grid."""
+
+    think: str | None
+    label: str
+    role: str
+    box: tuple[int, int, int, int]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -654,6 +666,43 @@ def parse_judge(
         return ContractError(UNKNOWN_DIMENSION, f"{raw_dim!r} is neither a dimension nor Invalid")
     choice: Literal["A", "B"] = "A" if letter.group(1) == "a" else "B"
     return JudgeOutput(think, choice, dim, values["reasoning_summary"])
+
+
+_GROUNDING_KEYS = ("label", "role", "box")
+
+
+def parse_grounding(text: str, reasoning: str | None = None) -> GroundingOutput | ContractError:
+    """Parse the grounding JSON ``{label, role, box: [x1, y1, x2, y2]}``.
+
+    Args:
+        text: Raw model output (the JSON object, after any reasoning).
+        reasoning: Reasoning the backend returned separately; never scanned for the object.
+
+    Returns:
+        A ``GroundingOutput`` or a ``ContractError``: ``bad_json``, ``missing_key``, or
+        ``bad_value`` for a label that is not a non-empty string or a box that is not four
+        integers with 0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000.
+    """
+    answer = _json_answer(text, reasoning, _GROUNDING_KEYS, False)
+    if isinstance(answer, ContractError):
+        return answer
+    think, obj = answer
+    for key in _GROUNDING_KEYS:
+        if key not in obj:
+            return ContractError(MISSING_KEY, f"grounding answer lacks {key!r}")
+    label, role, box = obj["label"], obj["role"], obj["box"]
+    if not isinstance(label, str) or not label.strip() or not isinstance(role, str):
+        return ContractError(BAD_VALUE, f"label {label!r} / role {role!r}")
+    if (
+        not isinstance(box, list)
+        or len(box) != 4
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in box)
+    ):
+        return ContractError(BAD_VALUE, f"box must be four integers, got {box!r}")
+    x1, y1, x2, y2 = box
+    if not (0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000):
+        return ContractError(BAD_VALUE, f"box {box} is not an area on the 0-1000 grid")
+    return GroundingOutput(think, label.strip(), role.strip(), (x1, y1, x2, y2))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -613,3 +613,29 @@ def test_last_complete_object_wins_and_partial_objects_report_missing_keys():
     assert parse_judge(f"{first}\n{_judge(candidate='B')}").better_candidate == "B"
     _err(parse_judge('{"better_candidate": "A", "reasoning_summary": "s"} {"x": 1}'), "missing_key")
     _err(parse_judge("[1, 2] {not json}"), "bad_json")
+
+
+def test_grounding_answer_is_the_last_object_with_its_keys():
+    from hivig.contracts import GroundingOutput, parse_grounding
+
+    text = (
+        '<think>The click {x: 0.4} lands on a button {"label": "draft"}.</think>\n'
+        '{"label": "Save", "role": "button", "box": [400, 410, 480, 440]}'
+    )
+    got = parse_grounding(text)
+    assert isinstance(got, GroundingOutput) and got.box == (400, 410, 480, 440)
+    assert (got.label, got.role) == ("Save", "button") and got.has_think
+    # Braces in separately returned reasoning are never scanned.
+    answer = '{"label": "OK", "role": "button", "box": [1, 2, 3, 4]}'
+    assert parse_grounding(answer, "see {label: x}").label == "OK"
+    for bad, reason in [
+        ('{"label": "OK", "role": "button"}', "missing_key"),
+        ('{"label": "", "role": "button", "box": [1, 2, 3, 4]}', "bad_value"),
+        ('{"label": "OK", "role": "button", "box": [5, 2, 5, 4]}', "bad_value"),
+        ('{"label": "OK", "role": "button", "box": [1, 2, 3, 1001]}', "bad_value"),
+        ('{"label": "OK", "role": "button", "box": [1, 2, 3, true]}', "bad_value"),
+        ('{"label": "OK", "role": "button", "box": [1.5, 2, 3, 4]}', "bad_value"),
+        ("no json here", "bad_json"),
+    ]:
+        result = parse_grounding(bad)
+        assert isinstance(result, ContractError) and result.reason == reason, bad

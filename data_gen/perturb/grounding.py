@@ -13,16 +13,15 @@ skip partial screens.
 
 from __future__ import annotations
 
-import json
-import re
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from data_gen.annotator import Annotator, AnnotatorRequest, Rejected
 from data_gen.perturb.calls import primary_point
-from data_gen.perturb.elements import Element, ElementIndex, element_from_json, target_at
+from data_gen.perturb.elements import Element, ElementIndex, target_at
 from hivig.actions import space_for_platform
+from hivig.contracts import ContractError, parse_grounding
 from hivig.media import ImageRef
 from hivig.prompts import build_grounding_messages, format_step
 from hivig.trajectory import Trajectory
@@ -31,21 +30,15 @@ from hivig.vision import size_class_for_platform
 STAGE = "grounding"
 """Annotator stage name of grounding requests (also the offline writer's key)."""
 
-_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
-
 
 def grounding_validator(point: tuple[int, int]) -> Callable[[str, str | None], Element | Rejected]:
     """Validator of a grounding answer: one JSON element whose box contains ``point``."""
 
     def validate(text: str, reasoning: str | None) -> Element | Rejected:
-        match = _OBJECT.search(text)
-        try:
-            obj = json.loads(match.group(0)) if match else None
-        except json.JSONDecodeError:
-            obj = None
-        element = element_from_json(obj) if isinstance(obj, dict) else None
-        if element is None or not element.label or element.area == 0:
-            return Rejected("grounding_unparseable", f"no element JSON in {text[:200]!r}")
+        parsed = parse_grounding(text, reasoning)
+        if isinstance(parsed, ContractError):
+            return Rejected("grounding_unparseable", f"{parsed.message}: {text[:200]!r}")
+        element = Element(parsed.label, parsed.role, parsed.box)
         if not element.contains(*point):
             return Rejected(
                 "grounding_click_outside_box", f"click {list(point)} not in {list(element.box)}"
