@@ -603,7 +603,8 @@ class Annotator:
         base = self.frames.get(ref.path, lambda: self._canonical(ref.path))
         if not ref.marks:
             return base
-        key = (ref.path, tuple(json.dumps(mark_to_json(m)) for m in ref.marks), ref.size_class)
+        # Marks are frozen dataclasses: hashable as they are, no per-request serialisation.
+        key = (ref.path, tuple(ref.marks), ref.size_class)
         return self.frames.get(key, lambda: draw_marks(base, ref.marks, ref.size_class).image)
 
     def _canonical(self, path_text: str) -> Image.Image:
