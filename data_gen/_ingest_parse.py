@@ -308,8 +308,8 @@ def parse_line(raw: str, line: int) -> Record:
     if not ok:
         rec.error = ("bad_record", "expected image, 2 conversations, positive integer width/height")
         return rec
-    norm = posixpath.normpath(image)
-    if norm.startswith(("/", "../")) or norm == "..":
+    norm = _inside(image)
+    if norm is None:
         rec.error = ("bad_record", f"image path escapes its root: {image!r}")
         return rec
     prompt = parse_prompt(conv[0]["value"])

@@ -301,3 +301,12 @@ def test_both_passes_have_a_progress_bar(tmp_path, capsys):
     )
     ingest(corpus, tmp_path / "out2", progress=False)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "image", ["../x.png", "/abs/x.png", "a/../../x.png", "..\\x.png", "C:\\x.png"]
+)
+def test_image_paths_that_escape_the_corpus_are_bad_records(image):
+    rec = record(image, "Open the file", [], "Click OK", "click(x=0.5, y=0.5)")
+    got = parse_line(json.dumps(rec), 1)
+    assert got.error is not None and got.error[0] == "bad_record" and "escapes" in got.error[1]
