@@ -54,7 +54,7 @@ from train.data import (
     step_supervised,
 )
 from train.encode import RecordEncoder
-from train.evaluate import run_evaluation
+from train.evaluate import evaluate_loss, verdict_accuracy
 from train.flops import FlopShape, device_peak_tflops
 from train.loss import CriticLoss, normalise
 from train.metrics import MetricLogger, build_metric_logger, step_metrics
@@ -438,8 +438,11 @@ def _progress(cfg: TrainConfig, total: int, start: int, rank: int) -> Any:
 
 
 def _run_eval(c: Components, final: bool = False) -> None:
+    """Held-out loss and, at the end, verdict accuracy by generation (``loop.eval_*``)."""
+    if not c.eval_samples:
+        return
     lp = c.cfg.loop
-    row = run_evaluation(
+    row = evaluate_loss(
         c.model,
         c.eval_samples,
         c.eval_lengths,
@@ -447,14 +450,21 @@ def _run_eval(c: Components, final: bool = False) -> None:
         budget=c.cfg.dataset.token_budget,
         max_packs=lp.eval_max_packs,
         device=c.accelerator.device,
-        generate=lp.eval_generate_samples if final else 0,
-        max_new_tokens=lp.eval_max_new_tokens,
-        generation_model=c.accelerator.unwrap_model(c.model).model,
-        processor=c.processor,
-        zero3=build.zero_stage(c.accelerator) == 3,
     )
-    if row:
-        c.metrics.log(row, c.state.step)
+    generate = lp.eval_generate_samples if final else 0
+    if generate and build.zero_stage(c.accelerator) == 3:
+        # Rank-0-only generation would wait forever for the other ranks' parameter shards.
+        log.warning("generation eval skipped under ZeRO-3; evaluate out/final instead")
+    elif generate:
+        row |= verdict_accuracy(
+            c.accelerator.unwrap_model(c.model).model,
+            c.processor,
+            c.eval_samples,
+            c.encoder,
+            limit=generate,
+            max_new_tokens=lp.eval_max_new_tokens,
+        )
+    c.metrics.log(row, c.state.step)
 
 
 def _save(c: Components) -> None:
