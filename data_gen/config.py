@@ -145,7 +145,8 @@ class PerturbConfig:
     """Where element boxes come from: ``sidecar`` (``elements_file`` only), ``annotator`` (a
     grounding request per click step on a screen the sidecar lacks; the answer counts only when
     the expert's click is inside the returned box), or ``auto`` (annotator grounding when there
-    is no sidecar file, as on real ScaleCUA data)."""
+    is no sidecar file, as on real ScaleCUA data). Grounding runs once per ``out`` folder, in
+    the first shard to start; the others read its ``grounding/elements.jsonl``."""
     unreachable_dimension: str = "error"
     """What to do when a dimension with positive weight has no eligible step in the corpus
     (e.g. element-based dimensions without element boxes): ``error`` stops the run before any

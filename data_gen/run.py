@@ -189,8 +189,9 @@ def load_elements(
     """The element boxes of the run: the sidecar, annotator grounding, or both (see
     ``PerturbConfig.element_source``).
 
-    Grounding covers the whole corpus in every shard, because the plan is global; with a shared
-    ``annotator.cache_dir`` a shard started after another has finished pays nothing for it.
+    Grounding covers the whole corpus, because the plan is global, but runs once per output
+    folder: the first shard grounds and saves ``grounding/elements.jsonl``, the other shards of
+    the array wait for that file and read it instead of paying for every request again.
 
     Raises:
         StageIncomplete: Grounding requests failed with temporary endpoint errors (rerun).
@@ -201,6 +202,24 @@ def load_elements(
     if source == "sidecar" or (source == "auto" and path.exists()):
         return sidecar
     # `annotator`: the sidecar, if any, is only the offline annotator's ground truth.
+    grounded = Path(cfg.out) / "grounding" / "elements.jsonl"
+    while not grounded.exists():
+        with file_lock(Path(cfg.out) / "grounding.lock") as held:
+            if held and not grounded.exists():
+                elements = _ground(cfg, works, annotator, loop, sidecar)
+                atomic_write_text(grounded, elements.to_jsonl())
+        if not grounded.exists():
+            time.sleep(LOCK_POLL_S)
+    return ElementIndex.load(grounded)
+
+
+def _ground(
+    cfg: DataGenConfig,
+    works: list[Work],
+    annotator: Annotator,
+    loop: LoopThread,
+    sidecar: ElementIndex,
+) -> ElementIndex:
     elements = ElementIndex()
     counts = ground_corpus(
         [w.trajectory for w in works],

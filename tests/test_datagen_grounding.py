@@ -76,3 +76,33 @@ def test_annotator_grounding_gives_grounding_samples_without_a_sidecar(corpus, t
 def test_element_source_is_validated():
     with pytest.raises(Exception, match="element_source"):
         load_config(DataGenConfig, DEMO, ["perturb.element_source=guess"])
+
+
+def test_grounding_runs_once_per_output_folder_whatever_the_shards(corpus, tmp_path, monkeypatch):
+    import data_gen.run as run_mod
+
+    calls = []
+    real = run_mod.ground_corpus
+    monkeypatch.setattr(run_mod, "ground_corpus", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def args(out, *extra):
+        return [
+            "--config",
+            str(DEMO),
+            f"corpus={corpus / 'c'}",
+            f"out={out}",
+            f"trajectories={corpus / 'i' / 'trajectories.jsonl'}",
+            "perturb.element_source=annotator",
+            *extra,
+        ]
+
+    assert main(args(tmp_path / "one")) == 0
+    assert main([*args(tmp_path / "two"), "--shard", "0/2"]) == 0
+    assert main([*args(tmp_path / "two"), "--shard", "1/2"]) == 0
+    # One grounding per output folder: the second shard read the first one's boxes.
+    assert len(calls) == 2
+    saved = (tmp_path / "two" / "grounding" / "elements.jsonl").read_text()
+    assert saved == (tmp_path / "one" / "grounding" / "elements.jsonl").read_text()
+    assert '"partial": true' in saved  # grounded screens know only their target
+    one, two = (tmp_path / d / "dataset" / "stats.json" for d in ("one", "two"))
+    assert json.loads(one.read_text()) == json.loads(two.read_text())

@@ -113,7 +113,22 @@ class ElementIndex:
             parsed = [element_from_json(e) for e in raw] if isinstance(raw, list) else [None]
             index.malformed += sum(e is None for e in parsed)
             index.by_path[shot] = tuple(e for e in parsed if e is not None)
+            if obj.get("partial") is True:
+                index.partial.add(shot)
         return index
+
+    def to_jsonl(self) -> str:
+        """The index in the sidecar format (``load`` reads it back, ``partial`` included)."""
+        rows = []
+        for shot in sorted(self.by_path):
+            row: dict[str, Any] = {
+                "screenshot": shot,
+                "elements": [e.to_json() for e in self.by_path[shot]],
+            }
+            if shot in self.partial:
+                row["partial"] = True
+            rows.append(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n")
+        return "".join(rows)
 
     def is_partial(self, screenshot: str) -> bool:
         """Whether the screenshot's element list is known to be incomplete."""
