@@ -162,14 +162,14 @@ class Context:
         item_id: str,
         request: AnnotatorRequest,
         validate: Callable[[str, str | None], Any],
-    ) -> Annotation[Any] | None:
+    ) -> Annotation[Any]:
         """Annotate with validation retries; count the retries, and on failure record the drop
-        (with the raw answers) under ``item_id`` and return ``None``."""
+        (with the raw answers) under ``item_id``. The caller checks ``ok`` and, on failure,
+        reads the reason from the result itself."""
         result = await self.annotator.annotate(request, validate)
         stats.add("llm_retries", result.retries)
-        if result.value is None:
+        if not result.ok:
             stats.drop(item_id, result.reason, result.message, result.raw)
-            return None
         return result
 
     def provenance(self, hashes: list[str]) -> dict[str, Any]:

@@ -79,9 +79,8 @@ class JudgeStep:
         oracle = {"expert_slot": expert_slot, "dimension": bad.dimension, "note": bad.note}
         request = AnnotatorRequest(self.name, list(messages), oracle)
         result = await ctx.annotate_or_drop(stats, sid, request, validate_judge)
-        if result is None:
-            # No await since the drop: the last exclusion is this item's.
-            unit["judge"] = {"accepted": False, "reason": stats.exclusions[-1]["reason"]}
+        if not result.ok:
+            unit["judge"] = {"accepted": False, "reason": result.reason}
             return
         out = result.value
         verdict = {

@@ -152,7 +152,7 @@ class PerturbStep:
         result = await ctx.annotate_or_drop(
             stats, sid, request, perturbation_validator(view, dimension)
         )
-        if result is None:
+        if not result.ok:
             return None
         parsed, intent, calls_text, calls = result.value
         return BadStep(

@@ -223,7 +223,7 @@ class RationaleStep:
         result = await ctx.annotate_or_drop(
             stats, sid, request, critique_validator(verdict, dimension)
         )
-        if result is None:
+        if not result.ok:
             return
         _, target = result.value
         critic = build_critique_messages(*critic_args)

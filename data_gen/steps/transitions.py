@@ -103,7 +103,7 @@ class TransitionsStep:
         }
         request = AnnotatorRequest(self.name, list(messages), oracle)
         result = await self.ctx.annotate_or_drop(stats, sid, request, validate_transition)
-        if result is None:
+        if not result.ok:
             return
         out = result.value
         unit["transition"] = {
