@@ -68,9 +68,8 @@ class HistoryStep:
         done: list[str] = []
         for k in pairs:
             sid = sample_id(traj.id, k)
-            out, reason = await self._pair(work, k, summary, done, stats)
-            if out is None:
-                stats.drop(sid, reason[0], reason[1], reason[2])
+            out = await self._pair(work, k, summary, done, stats)
+            if out is None:  # dropped with its reason by _pair
                 for later in range(k + 1, len(pairs)):
                     stats.drop(sample_id(traj.id, later), "chain_broken", f"pair {sid} failed")
                 return
@@ -79,7 +78,7 @@ class HistoryStep:
 
     async def _pair(
         self, work: Work, k: int, previous: str, done: list[str], stats: StageStats
-    ) -> tuple[HistoryOutput | None, tuple[str, str, list[str]]]:
+    ) -> HistoryOutput | None:
         ctx, traj = self.ctx, work.trajectory
         sid = sample_id(traj.id, k)
         before, after = traj.steps[k].screenshot, traj.steps[k + 1].screenshot
@@ -87,7 +86,8 @@ class HistoryStep:
         d0, d1 = await ctx.annotator.file_digests(before, after)
         if not digest.readable(before) or not digest.readable(after):
             missing = after if digest.readable(before) else before
-            return None, ("missing_image", f"cannot read {missing}", [])
+            stats.drop(sid, "missing_image", f"cannot read {missing}")
+            return None
         masked = unit_float(ctx.seed, sid, "history_intent_mask") < ctx.cfg.history.intent_mask_rate
         text = step_text(traj, k, mask_intent=masked)
         args = (traj.task, traj.platform, previous, image(traj, before), image(traj, after), text)
@@ -99,10 +99,9 @@ class HistoryStep:
         request = AnnotatorRequest(
             self.name, list(build_history_annotation_messages(*args)), oracle
         )
-        result = await ctx.annotator.annotate(request, validate_history)
-        stats.add("llm_retries", result.retries)
-        if result.value is None:
-            return None, (result.reason, result.message, result.raw)
+        result = await ctx.annotate_or_drop(stats, sid, request, validate_history)
+        if not result.ok:
+            return None
         out, target = result.value
         messages = build_history_messages(*args)
         work.units[k]["history"] = sample_spec(
@@ -118,4 +117,4 @@ class HistoryStep:
         )
         if masked:
             stats.add("intent_masked")
-        return out, ("", "", [])
+        return out
