@@ -10,15 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _sample_run import ingested_demo_config
 
-from data_gen.config import DataGenConfig
-from data_gen.ingest import ingest
 from data_gen.perturb import PROGRAMMATIC, ElementIndex
 from data_gen.perturb.plan import generator_rng
 from data_gen.run import build_plan, gen_params, load_work
-from data_gen.sample_corpus import SampleConfig, make_sample
 from data_gen.steps._work import critique_candidate, step_view
-from hivig.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
@@ -37,18 +34,7 @@ TEMPLATES = {
 @pytest.fixture(scope="module")
 def bad_rows(tmp_path_factory) -> list[Row]:
     """Every planned programmatic Bad step of a 60-trajectory sample corpus."""
-    root = tmp_path_factory.mktemp("leaks")
-    make_sample(root / "c", SampleConfig(trajectories=60, seed=0), progress=False)
-    ingest(root / "c", root / "i", progress=False)
-    cfg = load_config(
-        DataGenConfig,
-        DEMO,
-        [
-            f"corpus={root / 'c'}",
-            f"out={root / 'o'}",
-            f"trajectories={root / 'i/trajectories.jsonl'}",
-        ],
-    )
+    cfg = ingested_demo_config(tmp_path_factory.mktemp("leaks"), 60, 0)
     works, _ = load_work(cfg)
     elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
     views = {

@@ -10,13 +10,12 @@ import re
 from pathlib import Path
 
 import pytest
+from _sample_run import ingested_demo_config
 
 from data_gen.annotator import Annotator, AnnotatorRequest, Rejected, offline_answer
 from data_gen.config import DataGenConfig, PerturbConfig, UnknownDimensionError
-from data_gen.ingest import ingest
 from data_gen.perturb import ANNOTATOR_DIMENSIONS, DRAFTERS, PROGRAMMATIC
 from data_gen.run import run
-from data_gen.sample_corpus import SampleConfig, make_sample
 from data_gen.steps import _work
 from data_gen.steps.history import validate_history
 from data_gen.steps.judge import validate_judge
@@ -208,18 +207,7 @@ def _misbehaving(stage, oracle, attempt):
 @pytest.fixture(scope="module")
 def misbehaving_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("strict")
-    make_sample(root / "c", SampleConfig(trajectories=4, seed=5), progress=False)
-    ingest(root / "c", root / "i", progress=False)
-    cfg = load_config(
-        DataGenConfig,
-        DEMO,
-        [
-            f"corpus={root / 'c'}",
-            f"out={root / 'o'}",
-            f"trajectories={root / 'i' / 'trajectories.jsonl'}",
-            "annotator.max_attempts=2",
-        ],
-    )
+    cfg = ingested_demo_config(root, 4, 5, "annotator.max_attempts=2")
     mp = pytest.MonkeyPatch()
     mp.setattr("data_gen.run.offline_answer", _misbehaving)
     try:
