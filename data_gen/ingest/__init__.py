@@ -39,9 +39,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data_gen._ingest_build import Built, FileIngest, FileReport, drop_copies
-from data_gen._ingest_images import ImageResolver, sniff_image
-from data_gen._ingest_parse import (
+from data_gen.ingest._build import Built, FileIngest, FileReport, drop_copies
+from data_gen.ingest._images import ImageResolver, sniff_image
+from data_gen.ingest._parse import (
     MIXED_SCALE_SHARE,
     PLATFORMS,
     REASONS,

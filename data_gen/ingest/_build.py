@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from data_gen._ingest_images import ImageResolver
-from data_gen._ingest_parse import (
+from data_gen.ingest._images import ImageResolver
+from data_gen.ingest._parse import (
     Entry,
     IngestConfig,
     Record,
