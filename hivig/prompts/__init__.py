@@ -22,7 +22,13 @@ from hivig.prompts._builders import (
     format_trajectory,
     taxonomy_text,
 )
-from hivig.prompts._template import PromptError, PromptTemplate, available_prompts, load_prompt
+from hivig.prompts._template import (
+    PromptError,
+    PromptTemplate,
+    available_prompts,
+    load_prompt,
+    load_prompt_dir,
+)
 
 CRITIC_PROMPTS = ("critic_history", "critic_critique")
 ANNOTATOR_PROMPTS = (
@@ -55,5 +61,6 @@ __all__ = [
     "format_step",
     "format_trajectory",
     "load_prompt",
+    "load_prompt_dir",
     "taxonomy_text",
 ]

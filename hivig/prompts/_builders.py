@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from hivig.actions import Action, action_space, render_tool_calls, space_for_platform
 from hivig.media import ChatMessage, ImageRef
-from hivig.prompts._template import PromptError, load_prompt
+from hivig.prompts._template import PromptError, PromptTemplate, load_prompt
 from hivig.taxonomy import DIMENSIONS, Dimension
 
 
@@ -120,9 +120,13 @@ def taxonomy_text(dimensions: Sequence[Dimension] = DIMENSIONS) -> str:
 
 
 def _build(
-    name: str, version: int | None, platform: str, **values: str | ImageRef
+    name: str,
+    version: int | None,
+    platform: str,
+    template: PromptTemplate | None = None,
+    **values: str | ImageRef,
 ) -> PromptMessages:
-    template = load_prompt(name, version)
+    template = template or load_prompt(name, version)
     if "action_space" in template.placeholders:
         values["action_space"] = action_space_text(platform)
     return PromptMessages(template.render(**values), template.id)
@@ -141,6 +145,7 @@ def build_history_messages(
     step_text: str,
     *,
     version: int | None = None,
+    template: PromptTemplate | None = None,
 ) -> PromptMessages:
     """Critic history task: update the rolling summary from one before/after pair.
 
@@ -152,6 +157,8 @@ def build_history_messages(
         after: Clean screenshot after it.
         step_text: ``format_step`` of the executed step (intent + calls, or calls when masked).
         version: Template version; the latest by default.
+        template: A template of the same name loaded from a prompt profile
+            (``load_prompt_dir``); overrides ``version``.
 
     Returns:
         ``[system, user]`` messages tagged with their prompt id.
@@ -160,6 +167,7 @@ def build_history_messages(
         "critic_history",
         version,
         platform,
+        template,
         task=task,
         previous_summary=previous_summary,
         before=before,
@@ -176,6 +184,7 @@ def build_critique_messages(
     step_text: str,
     *,
     version: int | None = None,
+    template: PromptTemplate | None = None,
 ) -> PromptMessages:
     """Critic critique task: judge one proposed step on the marked current screenshot.
 
@@ -186,6 +195,8 @@ def build_critique_messages(
         screenshot: Current screenshot carrying the marks of the proposed step.
         step_text: ``format_step`` of the proposed step.
         version: Template version; the latest by default.
+        template: A template of the same name loaded from a prompt profile
+            (``load_prompt_dir``); overrides ``version``.
 
     Returns:
         ``[system, user]`` messages tagged with their prompt id.
@@ -194,6 +205,7 @@ def build_critique_messages(
         "critic_critique",
         version,
         platform,
+        template,
         taxonomy=taxonomy_text(),
         task=task,
         history=history,

@@ -25,6 +25,7 @@ import string
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
 
@@ -172,3 +173,47 @@ def load_prompt(name: str, version: int | None = None) -> PromptTemplate:
         raise PromptError(f"prompt {name!r} has no version {version}; shipped: {list(versions)}")
     text = resources.files("hivig.prompts").joinpath(f"{name}_v{chosen}.txt").read_text("utf-8")
     return _parse(name, chosen, text)
+
+
+def load_prompt_dir(directory: str | Path, names: tuple[str, ...]) -> dict[str, PromptTemplate]:
+    """Load the latest ``<name>_v<N>.txt`` of each of ``names`` from a directory (a prompt profile).
+
+    A profile lets a checkpoint trained on another prompt layout be served with its own wording.
+    Each template must use exactly the placeholders and image slots of the shipped template of the
+    same name, so every builder fills it with the same documented values.
+
+    Args:
+        directory: Folder holding the template files.
+        names: Prompt names the profile must provide, e.g. ``CRITIC_PROMPTS``.
+
+    Returns:
+        ``{name: template}``.
+
+    Raises:
+        PromptError: The folder is missing, a name has no file, a file is malformed, or its
+            placeholders differ from the shipped template's.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise PromptError(f"prompt profile folder not found: {root}")
+    found: dict[str, list[int]] = {}
+    for entry in root.iterdir():
+        match = _FILE.match(entry.name)
+        if match and match["name"] in names:
+            found.setdefault(match["name"], []).append(int(match["version"]))
+    out: dict[str, PromptTemplate] = {}
+    for name in names:
+        if name not in found:
+            raise PromptError(f"prompt profile {root} has no {name}_v<N>.txt")
+        version = max(found[name])
+        template = _parse(name, version, (root / f"{name}_v{version}.txt").read_text("utf-8"))
+        shipped = load_prompt(name)
+        if set(template.placeholders) != set(shipped.placeholders) or (
+            template.image_slots != shipped.image_slots
+        ):
+            raise PromptError(
+                f"{root / f'{name}_v{version}.txt'}: placeholders {sorted(template.placeholders)}"
+                f" differ from the documented ones {sorted(shipped.placeholders)}"
+            )
+        out[name] = template
+    return out
