@@ -42,6 +42,7 @@ __all__ = [
     "CritiqueOutput",
     "GroundingOutput",
     "HistoryOutput",
+    "INITIAL_HISTORY",
     "JudgeOutput",
     "PerturbationOutput",
     "TransitionOutput",
@@ -113,6 +114,15 @@ class HistoryOutput(_Reasoned):
     def summary(self) -> str:
         """The summary as fed back as the next step's ``Previous Summary``."""
         return f"Progress Summary: {self.progress}\nLast Action Result: {self.last_result}"
+
+
+INITIAL_HISTORY = HistoryOutput(
+    think=None,
+    progress="No actions have been taken yet; the task is just starting.",
+    last_result="None.",
+)
+"""The history before any executed step: the ``Previous Summary`` of every trajectory's first
+history update, in training data and at serving time alike."""
 
 
 @dataclass(frozen=True)
