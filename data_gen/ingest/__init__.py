@@ -32,6 +32,7 @@ and family the wheel-scroll sign is decided from the ``<operation>``/``<think>``
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,7 @@ from data_gen.ingest._parse import (
     scroll_decision,
     scroll_direction,
 )
-from data_gen.quarantine import Ledger, jsonl, write_atomic
+from data_gen.quarantine import Ledger, clean_stale_temps, jsonl, write_atomic
 from hivig.config import run_info
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "Record",
     "classify_entry",
     "ingest",
+    "ingest_complete",
     "parse_line",
     "parse_prompt",
     "scroll_direction",
@@ -93,10 +95,14 @@ def _select(meta: dict[str, Any], root: Path, cfg: IngestConfig) -> tuple[list[E
     """The entries to read, and the reason for every entry that is not read."""
     entries, skipped = [], {}
     base = root.resolve()
+    listed: dict[str, str] = {}
     for key in sorted(meta):
         got = classify_entry(key, meta[key])
         if isinstance(got, str):
             skipped[key] = got
+        elif got.annotation in listed:
+            # One file under two keys would be read twice: every line a duplicate of itself.
+            skipped[key] = "duplicate_annotation_entry"
         elif not all(
             (base / p).resolve().is_relative_to(base) for p in (got.annotation, got.root or ".")
         ):
@@ -106,6 +112,7 @@ def _select(meta: dict[str, Any], root: Path, cfg: IngestConfig) -> tuple[list[E
         elif not (root / got.annotation).is_file():
             skipped[key] = "missing_annotation_file"
         else:
+            listed[got.annotation] = key
             entries.append(got)
     return entries, skipped
 
@@ -155,7 +162,16 @@ def ingest(
     i, n = cfg.shard
     if n > 1:
         out_dir = out_dir / f"shard-{i}-of-{n}"
+    if not root.is_dir():
+        raise IngestError(f"no meta.json in {root}: the corpus folder does not exist")
     entries, skipped = _select(read_meta(root), root, cfg)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise IngestError(f"cannot create the output folder {out_dir}: {exc.strerror}") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise IngestError(f"output folder {out_dir} is not writable")
+    clean_stale_temps(out_dir)
     ledger, images = Ledger(), ImageResolver(root, cfg.verify_images)
     files: dict[str, FileReport] = {}
     scroll: dict[str, dict] = {}
@@ -206,11 +222,34 @@ def ingest(
         "duplicate_copies": copies,
         "run": _provenance(),
     }
-    write_atomic(out_dir / "trajectories.jsonl", jsonl(trajectories))
-    write_atomic(out_dir / "quarantine.jsonl", jsonl(e.to_json() for e in ledger.sorted_entries()))
-    write_atomic(out_dir / "report.json", json.dumps(report, indent=2) + "\n")
-    write_atomic(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
+    texts = {
+        "trajectories.jsonl": jsonl(trajectories),
+        "quarantine.jsonl": jsonl(e.to_json() for e in ledger.sorted_entries()),
+        "report.json": json.dumps(report, indent=2) + "\n",
+        "stats.json": json.dumps(stats, indent=2) + "\n",
+    }
+    # The marker goes first and last: a kill between the writes leaves no marker, so a rerun
+    # (and `run`, which waits for it) never takes a half-written folder as complete.
+    (out_dir / DONE_MARKER).unlink(missing_ok=True)
+    for name, text in texts.items():
+        write_atomic(out_dir / name, text)
+    sizes = {name: len(text.encode("utf-8")) for name, text in texts.items()}
+    write_atomic(out_dir / DONE_MARKER, json.dumps({"files": sizes}, indent=2) + "\n")
     return IngestResult(out_dir, stats, report)
+
+
+DONE_MARKER = "ingest_done.json"
+"""Written after every other output file of an ingest (names and byte sizes)."""
+
+
+def ingest_complete(out_dir: str | Path) -> bool:
+    """Whether ``out_dir`` holds the complete output of one ingest (marker and every file)."""
+    folder = Path(out_dir)
+    try:
+        files = json.loads((folder / DONE_MARKER).read_text(encoding="utf-8"))["files"]
+        return all((folder / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def _provenance() -> dict[str, Any]:

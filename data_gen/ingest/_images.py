@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
+import warnings
 from collections import Counter
 from pathlib import Path
 
 from PIL import Image
+
+HEAD_BYTES = 64 * 1024
+"""Bytes read from the start of a JPEG to find its size (SOF may follow large EXIF/ICC data)."""
+TAIL_BYTES = 64
+"""Bytes read from the end of a file to find its end marker."""
+
+
+def max_pixels() -> int:
+    """Largest image area ingest accepts: Pillow's decompression-bomb limit.
+
+    A header that announces more pixels than this is a decompression bomb (a small file that
+    decodes into gigabytes); it is refused from the header, before anything decodes it.
+    """
+    return int(Image.MAX_IMAGE_PIXELS or 89_478_485)
 
 
 def sniff_image(path: str | os.PathLike, mode: str) -> tuple[int, int] | tuple[str, str]:
@@ -15,32 +31,56 @@ def sniff_image(path: str | os.PathLike, mode: str) -> tuple[int, int] | tuple[s
 
     ``header`` reads the PNG/JPEG signature and size from the first bytes and checks the end
     marker (IEND / EOI), which catches truncated files without decoding; ``full`` decodes.
+    Only regular files are read, and only a bounded number of bytes of them: the file is
+    opened without blocking and checked with ``fstat`` before any read, so a FIFO or a device
+    (``/dev/zero``) named as a screenshot can neither hang ingest nor exhaust its memory.
     """
     name = os.path.basename(path)
     try:
-        with open(path, "rb") as f:
-            # A PNG's size is in its first 24 bytes; a JPEG's SOF marker may come after large
-            # EXIF/ICC segments, so JPEGs get a longer look.
-            head = f.read(32)
-            if head[:2] == b"\xff\xd8":
-                head += f.read(64 * 1024 - 32)
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 64))
-            tail = f.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return "missing_image", f"no file {name}"
     except OSError as exc:
         return "missing_image", f"unreadable {name}: {exc.strerror}"
-    dims = _png_size(head, tail) if head[:8] == b"\x89PNG\r\n\x1a\n" else _jpeg_size(head, tail)
-    if isinstance(dims[0], str) or mode != "full":
-        return dims
     try:
-        with Image.open(path) as im:
-            im.load()
-            return im.size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "image_not_a_file", f"{name} is not a regular file"
+        head = os.pread(fd, 32, 0)
+        if head[:2] == b"\xff\xd8":
+            head = os.pread(fd, HEAD_BYTES, 0)
+        tail = os.pread(fd, TAIL_BYTES, max(0, st.st_size - TAIL_BYTES))
+    except OSError as exc:
+        return "missing_image", f"unreadable {name}: {exc.strerror}"
+    finally:
+        os.close(fd)
+    dims = _png_size(head, tail) if head[:8] == b"\x89PNG\r\n\x1a\n" else _jpeg_size(head, tail)
+    if isinstance(dims[0], str):
+        return dims
+    if dims[0] * dims[1] > max_pixels():  # type: ignore[operator]
+        return "corrupt_image", f"{name} announces {dims[0]}x{dims[1]} pixels (decompression bomb)"
+    if mode != "full":
+        return dims
+    return decode_check(path)
+
+
+def decode_check(path: str | os.PathLike) -> tuple[int, int] | tuple[str, str]:
+    """(width, height) when the image decodes completely, else ``("corrupt_image", why)``.
+
+    Decompression-bomb warnings count as errors here: an image that passed the header check
+    but decodes into more pixels than allowed is refused, never half-loaded.
+    """
+    name = os.path.basename(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                im.load()
+                return im.size
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         return "corrupt_image", f"{name} does not decode: {exc}"
+    except Image.DecompressionBombWarning as exc:
+        return "corrupt_image", f"{name} is a decompression bomb: {exc}"
 
 
 def _png_size(head: bytes, tail: bytes) -> tuple[int, int] | tuple[str, str]:
@@ -77,6 +117,7 @@ class ImageResolver:
         self.root = root
         # Plain string joins: pathlib objects cost more than the header read itself.
         self._base = str(root)
+        self._real = os.path.realpath(root)
         self.mode = mode
         self._checked: dict[str, tuple[str, tuple]] = {}
         self._suffix: dict[str, dict[str, str | None]] = {}
@@ -95,14 +136,24 @@ class ImageResolver:
     def _check(self, rel: str, entry_root: str, image: str) -> tuple[str, tuple]:
         if self.mode == "none":
             return rel, ("unchecked", "unchecked")  # type: ignore[return-value]
-        result = sniff_image(os.path.join(self._base, rel), self.mode)
+        result = self._sniff(rel)
         if result[0] == "missing_image":
             alt = self._by_suffix(entry_root, image)
             if alt is not None:
                 self.stats["resolved_by_suffix"] += 1
-                return alt, sniff_image(os.path.join(self._base, alt), self.mode)
+                return alt, self._sniff(alt)
         self.stats[result[0] if isinstance(result[0], str) else "ok"] += 1
         return rel, result
+
+    def _sniff(self, rel: str) -> tuple:
+        """``sniff_image`` of a corpus-relative path that, symlinks resolved, stays inside."""
+        full = os.path.join(self._base, rel)
+        real = os.path.realpath(full)
+        if os.path.lexists(full) and not (
+            real == self._real or real.startswith(self._real + os.sep)
+        ):
+            return "image_outside_corpus", f"{posixpath.basename(rel)} leads out of the corpus"
+        return sniff_image(full, self.mode)
 
     def _by_suffix(self, entry_root: str, image: str) -> str | None:
         # Index the batch folder (data/data_YYYYMMDD) by the last three path parts, once.

@@ -55,7 +55,11 @@ REASONS: dict[str, str] = {
     "call_user": "the step hands control to the user (call_user has no Qwen3-VL form to train on)",
     "coordinate_out_of_range": "a coordinate lies off screen after conversion",
     "ambiguous_scale": "the record's coordinate scale contradicts its file's",
+    "bad_characters": "a string of the line holds a NUL byte or a lone surrogate (no valid "
+    "UTF-8 text can carry it into the outputs)",
     "missing_image": "the screenshot does not exist (also after the suffix lookup)",
+    "image_outside_corpus": "the screenshot path (or a symlink on it) leads out of the corpus",
+    "image_not_a_file": "the screenshot is not a regular file (a FIFO, device or folder)",
     "corrupt_image": "the screenshot is not a readable PNG/JPEG (or is truncated)",
     "duplicate": "repeats an earlier line or step position, or belongs to a trajectory whose "
     "copy in another file is kept (the copy with <think>, then the longer one)",
@@ -206,7 +210,8 @@ def read_meta(root: Path) -> dict[str, Any]:
     """``root/meta.json`` as a dict; ``IngestError`` when missing or not a JSON object."""
     path = root / "meta.json"
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark written by an editor is not part of the JSON.
+        meta = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise IngestError(f"no meta.json in {root}") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -308,6 +313,10 @@ def parse_line(raw: str, line: int) -> Record:
     if not ok:
         rec.error = ("bad_record", "expected image, 2 conversations, positive integer width/height")
         return rec
+    bad_text = _bad_characters(image, conv[0]["value"], conv[1]["value"])
+    if bad_text is not None:
+        rec.error = ("bad_characters", bad_text)
+        return rec
     norm = _inside(image)
     if norm is None:
         rec.error = ("bad_record", f"image path escapes its root: {image!r}")
@@ -341,6 +350,25 @@ def parse_line(raw: str, line: int) -> Record:
     return rec
 
 
+_UNWRITABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def _bad_characters(*texts: str) -> str | None:
+    """Why a string of the line cannot go into the outputs, or ``None``.
+
+    JSON's ``\\u0000`` and lone ``\\ud800`` escapes parse into a NUL byte and an unpaired
+    surrogate: the first breaks file paths and C-level readers, the second cannot be encoded as
+    UTF-8 at all, so the write of the whole output would fail.
+    """
+    names = ("image path", "user turn", "response")
+    for name, text in zip(names, texts, strict=False):
+        m = _UNWRITABLE.search(text)
+        if m is not None:
+            what = "a NUL byte" if m.group() == "\x00" else "a lone surrogate"
+            return f"the {name} holds {what} at character {m.start()}"
+    return None
+
+
 def bad_encoding_record(raw: str, line: int, message: str) -> Record:
     """The record of a line whose bytes are not UTF-8 (``raw`` is its lossy decoding)."""
     return Record(line, hash(raw), error=("bad_encoding", message))
@@ -355,6 +383,9 @@ def read_lines(path: Path) -> tuple[list[str], dict[int, str]]:
     would be kept with text its annotator never wrote.
     """
     data = path.read_bytes()
+    # A UTF-8 byte-order mark is not part of the first line (it would break its JSON and with
+    # it the file's first trajectory).
+    data = data.removeprefix(b"\xef\xbb\xbf")
     try:
         return split_lines(data.decode("utf-8")), {}
     except UnicodeDecodeError:
