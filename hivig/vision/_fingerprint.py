@@ -12,6 +12,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 
+import numpy as np
 from PIL import Image, ImageDraw
 
 GridBox = tuple[int, int, int, int]
@@ -20,7 +21,20 @@ GridBox = tuple[int, int, int, int]
 _GRID = 1000
 
 
-def _mask_px(box: GridBox, width: int, height: int) -> tuple[int, int, int, int]:
+def grid_box_px(box: GridBox, width: int, height: int) -> tuple[int, int, int, int]:
+    """Pixel box ``(x1, y1, x2, y2)`` (x2/y2 exclusive) covering a 0–1000 grid box.
+
+    Args:
+        box: ``(x1, y1, x2, y2)`` on the 0–1000 grid.
+        width: Image width in pixels.
+        height: Image height in pixels.
+
+    Returns:
+        The pixel box, rounded outwards so it covers the whole requested region.
+
+    Raises:
+        ValueError: The box is malformed or leaves the grid.
+    """
     if len(box) != 4:
         raise ValueError(f"mask must be (x1, y1, x2, y2), got {box!r}")
     x1, y1, x2, y2 = box
@@ -52,7 +66,7 @@ def apply_masks(image: Image.Image, masks: Sequence[GridBox]) -> Image.Image:
     if masks:
         draw = ImageDraw.Draw(out)
         for box in masks:
-            x1, y1, x2, y2 = _mask_px(box, out.width, out.height)
+            x1, y1, x2, y2 = grid_box_px(box, out.width, out.height)
             # PIL rectangles include their right/bottom edge, hence the -1.
             draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=0)
     return out
@@ -95,17 +109,86 @@ def perceptual_hash(image: Image.Image, masks: Sequence[GridBox] = (), hash_size
     """
     if hash_size < 2:
         raise ValueError(f"hash_size must be at least 2, got {hash_size}")
-    grey = apply_masks(image.convert("L"), masks)
+    return _dhash(apply_masks(image.convert("L"), masks), hash_size)
+
+
+def _dhash(grey: Image.Image, hash_size: int) -> int:
     # BOX averages every source pixel into the thumbnail: fast, and no pixel is ignored.
     thumb = grey.resize((hash_size + 1, hash_size), Image.Resampling.BOX)
-    px = thumb.tobytes()
-    row = hash_size + 1
-    value = 0
-    for y in range(hash_size):
-        for x in range(hash_size):
-            left, right = px[y * row + x], px[y * row + x + 1]
-            value = (value << 1) | (left > right)
-    return value
+    px = np.frombuffer(thumb.tobytes(), dtype=np.uint8).reshape(hash_size, hash_size + 1)
+    # Bit order: row-major, the first pixel in the most significant bit.
+    bits = (px[:, :-1] > px[:, 1:]).ravel()
+    return int.from_bytes(np.packbits(bits).tobytes(), "big") >> (-bits.size % 8)
+
+
+def dhash_array(grey: np.ndarray, hash_size: int = 8) -> int:
+    """Difference hash of a 2-D ``uint8`` grey array (a thumbnail or a crop of one).
+
+    Same bits as ``perceptual_hash`` on the equivalent ``L`` image; used on thumbnails that
+    were masked as arrays (learned masks are not boxes).
+
+    Args:
+        grey: ``(height, width)`` ``uint8`` array, at least 1×1.
+        hash_size: Rows of the hash grid (``hash_size²`` bits).
+
+    Returns:
+        The hash as a non-negative integer.
+
+    Raises:
+        ValueError: ``hash_size`` < 2, or ``grey`` is not a non-empty 2-D uint8 array.
+    """
+    if hash_size < 2:
+        raise ValueError(f"hash_size must be at least 2, got {hash_size}")
+    if grey.ndim != 2 or grey.dtype != np.uint8 or grey.size == 0:
+        raise ValueError(f"grey must be a non-empty 2-D uint8 array, got {grey.dtype} {grey.shape}")
+    return _dhash(Image.fromarray(np.ascontiguousarray(grey)), hash_size)
+
+
+def screen_thumbnail(image: Image.Image, long_side: int = 480) -> tuple[Image.Image, int]:
+    """An RGB thumbnail by integer box reduction, for per-step screen comparisons.
+
+    ``Image.reduce`` averages each ``factor × factor`` block in C, so a 1920×1080 screen costs
+    about as much as one pass over its pixels; no full-resolution pixel is ever handled in Python.
+
+    Args:
+        image: Any PIL image (converted to RGB after reduction if needed).
+        long_side: Target length of the longer side; the factor is the smallest integer that
+            brings the longer side to at most this (1 for small images).
+
+    Returns:
+        ``(thumbnail, factor)``.
+
+    Raises:
+        ValueError: ``long_side`` < 16.
+    """
+    if long_side < 16:
+        raise ValueError(f"long_side must be at least 16, got {long_side}")
+    factor = max(1, math.ceil(max(image.size) / long_side))
+    if image.mode not in ("RGB", "L"):
+        image = image.convert("RGB")
+    thumb = image.reduce(factor) if factor > 1 else image.copy()
+    return (thumb if thumb.mode == "RGB" else thumb.convert("RGB")), factor
+
+
+def mask_array(masks: Sequence[GridBox], width: int, height: int) -> np.ndarray:
+    """Boolean ``(height, width)`` array, True inside any of the grid boxes (rounded outwards).
+
+    Args:
+        masks: Grid boxes ``(x1, y1, x2, y2)`` on 0–1000.
+        width: Array width in pixels.
+        height: Array height in pixels.
+
+    Returns:
+        The mask.
+
+    Raises:
+        ValueError: A box is malformed or leaves the grid.
+    """
+    out = np.zeros((height, width), dtype=bool)
+    for box in masks:
+        x1, y1, x2, y2 = grid_box_px(box, width, height)
+        out[y1:y2, x1:x2] = True
+    return out
 
 
 def hamming(a: int, b: int) -> int:
