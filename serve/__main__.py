@@ -1,0 +1,108 @@
+"""Run the critic gateway, or diagnose a failed trajectory.
+
+    python -m serve --config configs/serve/local.yaml model=runs/demo/train/final port=8080
+    python -m serve --config configs/serve/vllm.yaml model=hivig-critic backend.base_url=http://gpu:8000/v1
+    python -m serve --config configs/serve/local.yaml --dry-run
+    python -m serve diagnose runs/serve/traces/<session>.jsonl --out runs/diagnosis
+
+The gateway listens on ``host:port`` (uvicorn), finishes in-flight requests on SIGTERM/SIGINT
+(up to ``graceful_timeout_s``) and keeps sessions in ``sessions.state_dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from hivig.config import ConfigError, add_config_arguments, config_to_yaml, load_config
+from serve.config import ServeConfig
+
+logger = logging.getLogger("serve")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m serve",
+        description=(
+            "Serve the hivig critic over HTTP for agent runners (sessions, observe, critique). "
+            "Subcommand: `diagnose TRACE_OR_TRAJECTORY --out DIR` finds the root cause of a "
+            "failed episode (see `python -m serve diagnose --help`)."
+        ),
+        epilog="Overrides for scripts: model=DIR host=H port=N (stable names).",
+    )
+    add_config_arguments(parser)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check(cfg: ServeConfig) -> str | None:
+    """A user mistake that would only show once the server runs, as one line; else ``None``."""
+    if cfg.backend.kind == "transformers":
+        if not cfg.backend.model:
+            return "no checkpoint: pass model=DIR (a folder written by `python -m train`)"
+        if not Path(cfg.backend.model).is_dir():
+            return f"checkpoint folder not found: {cfg.backend.model} (pass model=DIR)"
+        if not (Path(cfg.backend.model) / "config.json").is_file():
+            return f"{cfg.backend.model} is not a checkpoint (no config.json); pass model=DIR"
+    if cfg.backend.kind == "openai" and not (cfg.backend.base_url and cfg.backend.model):
+        return "the openai backend needs backend.base_url=URL and model=NAME (the served name)"
+    if cfg.backend.kind == "offline":
+        return "backend.kind offline has no critic to serve; use transformers or openai"
+    if cfg.critic.prompt_dir and not Path(cfg.critic.prompt_dir).is_dir():
+        return f"critic.prompt_dir not found: {cfg.critic.prompt_dir}"
+    state = Path(cfg.sessions.state_dir)
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        probe = state / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        return f"sessions.state_dir {state} is not writable ({e.strerror}); pass a writable one"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m serve`` and ``hivig-serve``; returns the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["diagnose"]:
+        from serve.diagnose import main as diagnose_main
+
+        return diagnose_main(args_list[1:])
+    args = _parser().parse_args(args_list)
+    try:
+        cfg = load_config(ServeConfig, args.config, args.overrides)
+    except ConfigError as e:
+        return _fail(str(e))
+    if args.dry_run:
+        print(config_to_yaml(cfg), end="")
+        return 0
+    problem = _check(cfg)
+    if problem is not None:
+        return _fail(problem)
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    import uvicorn
+
+    from serve.app import create_app
+
+    app = create_app(cfg)
+    uvicorn.run(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level,
+        timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""Actions as runners send them -> typed 0–1000 grid actions, prompt text and markers.
+
+A runner states its coordinate space once per session (or per action); the gateway converts, so a
+click means the same pixel whatever the policy's convention (screen pixels, the 0–1000 grid, the
+0–999 grid some Qwen3-VL agents divide by, [0, 1] floats, or pixels of a resized frame). Text the
+parsers cannot read is kept: it is critiqued as raw text without a marker, which is what the
+Action Formulation Error dimension is for. A typed pointer action outside the frame is never
+clamped; the verdict comes from a rule instead (``out_of_frame``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from hivig.actions import (
+    Action,
+    ActionError,
+    action_from_arguments,
+    marks_for_tool_calls,
+    parse_androidworld,
+    parse_osworld,
+    parse_scalecua,
+    parse_tool_calls,
+    pointer_after,
+    render_tool_calls,
+    space_for_platform,
+)
+from hivig.actions.model import round_half_up
+from hivig.media import Mark
+from hivig.prompts import format_raw_step, format_step
+from serve.errors import ApiError
+
+OUT_OF_RANGE = "coordinate_out_of_range"
+
+_OSWORLD_SPECIAL = ("WAIT", "DONE", "FAIL")
+_INTENT_LINE = re.compile(r"^\s*Action:\s*(.+?)\s*$", re.MULTILINE)
+_COORD_KEYS = ("coordinate", "coordinate2")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """How coordinates are stated: the space and, for pixel spaces, the image they refer to."""
+
+    space: str
+    width: int
+    height: int
+
+    def to_grid(self, x: float, y: float) -> tuple[int, int]:
+        """Grid coordinates of a point, unclamped (out-of-frame points stay out of 0..1000)."""
+        if self.space == "norm1000":
+            return round_half_up(x), round_half_up(y)
+        if self.space == "norm01":
+            return round_half_up(x * 1000), round_half_up(y * 1000)
+        w, h = (999, 999) if self.space == "norm999" else (self.width, self.height)
+        return round_half_up(x / w * 1000), round_half_up(y / h * 1000)
+
+    def from_grid(self, x: int, y: int) -> tuple[int, int]:
+        """Screen pixels of a grid point (for the ``marker`` field of responses)."""
+        return int(x / 1000 * self.width), int(y / 1000 * self.height)
+
+    def scale(self) -> tuple[str, int, int]:
+        """``(scale, width, height)`` for the text parsers (ScaleCUA, OSWorld, AndroidWorld)."""
+        if self.space == "norm1000":
+            return "grid", 1000, 1000
+        if self.space == "norm01":
+            return "unit", self.width, self.height
+        if self.space == "norm999":
+            return "pixel", 999, 999
+        return "pixel", self.width, self.height
+
+
+@dataclass(frozen=True)
+class ResolvedAction:
+    """One proposed or executed step, ready for a prompt.
+
+    Attributes:
+        intent: The policy's verbal intent, if any (the ``Action:`` line).
+        actions: Typed grid actions, or ``None`` when the text could not be parsed.
+        raw: The policy's text as sent (or the typed JSON).
+        tool_calls: Canonical ``<tool_call>`` text of ``actions``, else ``raw``.
+        error: The parse failure (``reason: message``), if any.
+        out_of_frame: A pointer coordinate lies outside the frame (answered by a rule).
+    """
+
+    intent: str | None
+    actions: tuple[Action, ...] | None
+    raw: str
+    tool_calls: str
+    error: str | None = None
+    out_of_frame: bool = False
+
+    def step_text(self, space: str) -> str:
+        """The step as prompts show it (``format_step``, or ``format_raw_step`` when unparsed)."""
+        if self.actions:
+            return format_step(self.intent, self.actions, space)
+        return format_raw_step(self.intent, self.tool_calls)
+
+    def marks(self, pointer: tuple[int, int] | None) -> list[Mark]:
+        """Markers of the step, by the rule training used (blocks that parse keep theirs)."""
+        return marks_for_tool_calls(self.tool_calls, pointer=pointer)
+
+    def to_trace(self) -> dict[str, Any]:
+        """The trace's view of the step."""
+        return {
+            "intent": self.intent,
+            "action_text": self.tool_calls,
+            "raw": self.raw,
+            "parse_error": self.error,
+        }
+
+
+def pointer_of(actions: list[Action]) -> tuple[int, int] | None:
+    """Pointer position after the executed actions (drag starts are read from it)."""
+    return pointer_after(actions)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def resolve(obj: Any, platform: str, frame: Frame, default_format: str = "auto") -> ResolvedAction:
+    """Turn a request's action object into a ``ResolvedAction``.
+
+    Args:
+        obj: ``{"raw": str, "format"?, "intent"?, "coord_space"?, "frame"?}`` or a typed
+            ``{"type": ..., "x": .., "y": ..}`` object (see ``docs/serving.md``).
+        platform: Session platform (picks ``computer_use`` or ``mobile_use``).
+        frame: Session coordinate frame; ``coord_space``/``frame`` in ``obj`` override it.
+        default_format: The session's ``action_format``.
+
+    Raises:
+        ApiError: 422 ``bad_action`` when there is neither a typed action nor ``raw`` text, or a
+            field has the wrong type.
+    """
+    if not isinstance(obj, dict):
+        raise ApiError(422, "bad_action", "an action must be a JSON object")
+    frame = _override_frame(obj, frame)
+    space = space_for_platform(platform)
+    intent = obj.get("intent")
+    if intent is not None and not isinstance(intent, str):
+        raise ApiError(422, "bad_action", "`intent` must be a string")
+    if "type" in obj:
+        raw = obj.get("raw") if isinstance(obj.get("raw"), str) else _typed_text(obj)
+        parsed = _typed(obj, frame, space)
+        return _finish(intent, parsed, raw, space)
+    raw = obj.get("raw")
+    if not isinstance(raw, str) or not raw.strip():
+        raise ApiError(422, "bad_action", "an action needs a typed `type` or non-empty `raw` text")
+    fmt = obj.get("format", default_format) or "auto"
+    if fmt not in ("auto", "qwen", "scalecua", "osworld", "androidworld"):
+        raise ApiError(422, "bad_action", f"unknown action format {fmt!r}")
+    if fmt == "auto":
+        fmt = detect_format(raw)
+    if intent is None and fmt == "qwen":
+        found = _INTENT_LINE.search(raw.split("<tool_call>", 1)[0])
+        intent = found.group(1) if found else None
+    return _finish(intent, _parse_text(raw, fmt, platform, frame, space), raw, space)
+
+
+def detect_format(raw: str) -> str:
+    """The likely format of a policy's action text."""
+    text = raw.strip()
+    if "<tool_call>" in text.lower() or ('"name"' in text and '"arguments"' in text):
+        return "qwen"
+    if text.startswith("{") and "action_type" in text:
+        return "androidworld"
+    if text in _OSWORLD_SPECIAL or "pyautogui." in text or "import " in text:
+        return "osworld"
+    return "scalecua"
+
+
+def _finish(
+    intent: str | None, parsed: list[Action] | ActionError, raw: str, space: str
+) -> ResolvedAction:
+    if isinstance(parsed, ActionError):
+        return ResolvedAction(
+            intent=intent,
+            actions=None,
+            raw=raw,
+            tool_calls=raw,
+            error=f"{parsed.reason}: {parsed}",
+            out_of_frame=parsed.reason == OUT_OF_RANGE,
+        )
+    if not parsed:
+        return ResolvedAction(intent, None, raw, raw, "empty: no action in the text")
+    return ResolvedAction(intent, tuple(parsed), raw, render_tool_calls(parsed, space))
+
+
+def _override_frame(obj: dict[str, Any], frame: Frame) -> Frame:
+    space = obj.get("coord_space", frame.space)
+    size = obj.get("frame")
+    if space not in ("screen_px", "norm1000", "norm999", "norm01", "resized_px"):
+        raise ApiError(422, "bad_request", f"unknown coord_space {space!r}")
+    if size is None:
+        return Frame(space, frame.width, frame.height)
+    if not (
+        isinstance(size, dict) and _positive_int(size.get("w")) and _positive_int(size.get("h"))
+    ):
+        raise ApiError(422, "bad_request", '`frame` must be {"w": int > 0, "h": int > 0}')
+    return Frame(space, size["w"], size["h"])
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Text formats
+
+
+def _parse_text(
+    raw: str, fmt: str, platform: str, frame: Frame, space: str
+) -> list[Action] | ActionError:
+    scale, width, height = frame.scale()
+    if fmt == "qwen":
+        return _parse_qwen(raw, frame, space)
+    if fmt == "osworld":
+        text = raw.strip()
+        return parse_osworld(text if text in _OSWORLD_SPECIAL else raw, width, height)
+    if fmt == "androidworld":
+        return parse_androidworld(raw, width, height)
+    out = parse_scalecua(raw, platform, frame.width, frame.height, scale=scale)
+    if isinstance(out, ActionError):
+        return out
+    return list(out.actions)
+
+
+def _parse_qwen(raw: str, frame: Frame, space: str) -> list[Action] | ActionError:
+    """Qwen3-VL tool calls; coordinates are converted first when the space is not the grid."""
+    if frame.space == "norm1000":
+        return parse_tool_calls(raw)
+    blocks = re.findall(r"<tool_call>(.*?)</tool_call>", raw, flags=re.DOTALL | re.IGNORECASE)
+    if not blocks:
+        return parse_tool_calls(raw)
+    actions: list[Action] = []
+    for body in blocks:
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError as e:
+            return ActionError("bad_syntax", f"tool call is not JSON: {e}")
+        args = call.get("arguments") if isinstance(call, dict) else None
+        if not isinstance(args, dict):
+            return ActionError("bad_syntax", "tool call without an arguments object")
+        converted = _grid_arguments(args, frame)
+        if isinstance(converted, ActionError):
+            return converted
+        action = action_from_arguments(converted, space)
+        if isinstance(action, ActionError):
+            return action
+        actions.append(action)
+    return actions
+
+
+def _grid_arguments(args: dict[str, Any], frame: Frame) -> dict[str, Any] | ActionError:
+    out = dict(args)
+    for key in _COORD_KEYS:
+        value = args.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, list) and len(value) == 2 and all(_number(v) for v in value)):
+            return ActionError("bad_argument", f"{key} must be [x, y]")
+        out[key] = list(frame.to_grid(float(value[0]), float(value[1])))
+    return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed JSON actions
+
+_TYPED_FIELDS = ("text", "keys", "pixels", "time", "status", "button")
+
+
+def _typed(obj: dict[str, Any], frame: Frame, space: str) -> list[Action] | ActionError:
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        return ActionError("unknown_action", "`type` must be a string")
+    args: dict[str, Any] = {"action": kind}
+    for names, key in ((("x", "y"), "coordinate"), (("x2", "y2"), "coordinate2")):
+        a, b = obj.get(names[0]), obj.get(names[1])
+        if a is None and b is None:
+            continue
+        if not (_number(a) and _number(b)):
+            return ActionError("bad_argument", f"{names[0]}/{names[1]} must be numbers")
+        args[key] = list(frame.to_grid(float(a), float(b)))
+    for name in _TYPED_FIELDS:
+        if name in obj:
+            args[name] = obj[name]
+    action = action_from_arguments(args, space)
+    return action if isinstance(action, ActionError) else [action]
+
+
+def _typed_text(obj: dict[str, Any]) -> str:
+    keep = {k: v for k, v in obj.items() if k not in ("raw", "intent", "coord_space", "frame")}
+    return json.dumps(keep, ensure_ascii=False, sort_keys=True)

@@ -1,0 +1,275 @@
+"""The FastAPI app of the critic gateway: ``create_app(config, backend)``.
+
+Routes validate their body and hand it to ``serve.gateway.Gateway``. The backend is created in
+the lifespan hook (never at import), or injected, which is how tests use a stub::
+
+    app = create_app(load_config(ServeConfig, "configs/serve/local.yaml"), backend=None)
+    uvicorn.run(app, host="127.0.0.1", port=8080)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hivig.backends import InferenceBackend, build_backend
+from hivig.config import FrameConfig
+from hivig.taxonomy import DIMENSIONS
+from serve.config import ACTION_FORMATS, COORD_SPACES, ServeConfig
+from serve.errors import ApiError
+from serve.gateway import PLATFORMS, SCHEMA_VERSION, Gateway
+
+logger = logging.getLogger(__name__)
+
+_OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json")
+
+
+def checkpoint_frame(path: str) -> FrameConfig | None:
+    """The pixel budget a checkpoint's processor was saved with, if it records one."""
+    config = Path(path) / "preprocessor_config.json"
+    if not config.is_file():
+        return None
+    size = json.loads(config.read_text(encoding="utf-8")).get("size") or {}
+    lo, hi = size.get("shortest_edge"), size.get("longest_edge")
+    if isinstance(lo, int) and isinstance(hi, int):
+        return FrameConfig(min_pixels=lo, max_pixels=hi)
+    return None
+
+
+def model_version(cfg: ServeConfig, backend: InferenceBackend) -> str:
+    """What ``model_version`` reports: the backend's model name, else the configured one."""
+    return str(getattr(backend, "model_name", "") or getattr(backend, "model", "") or cfg.model)
+
+
+def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> FastAPI:
+    """Build the gateway app.
+
+    Args:
+        cfg: The resolved config.
+        backend: A backend to use as is (tests, embedding); ``None`` builds the one ``cfg.backend``
+            describes in the lifespan hook.
+
+    Returns:
+        The FastAPI application (``app.state.gateway`` once started).
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        chosen = backend
+        if cfg.backend.kind == "transformers" and cfg.backend.model:
+            frame = checkpoint_frame(cfg.backend.model)
+            if frame is not None:
+                cfg.frame = frame
+        if chosen is None:
+            chosen = await asyncio.to_thread(build_backend, cfg.backend, frame=cfg.frame)
+        gateway = Gateway(cfg, chosen, model_version(cfg, chosen))
+        app.state.gateway = gateway
+        app.state.ready = not cfg.warmup
+        app.state.ready_detail = "warming up" if cfg.warmup else "ready"
+        tasks = [asyncio.create_task(_expire_loop(gateway))]
+        if cfg.warmup:
+            tasks.append(asyncio.create_task(_warm_up(app, gateway)))
+        logger.info(
+            "gateway on %s (model %s, frame %s)", cfg.backend.kind, gateway.model_version, cfg.frame
+        )
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            aclose = getattr(chosen, "aclose", None)
+            if backend is None and aclose is not None:
+                await aclose()
+            gateway.close()
+
+    app = FastAPI(title="hivig critic gateway", version=SCHEMA_VERSION, lifespan=lifespan)
+    token = os.environ.get(cfg.auth_token_env, "") if cfg.auth_token_env else ""
+    _add_middleware(app, cfg, token)
+    _add_routes(app, cfg)
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# Middleware: size limit, auth, errors
+
+
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status, headers=headers)
+
+
+def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
+    @app.middleware("http")
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > cfg.limits.max_body_bytes:
+            return _error(413, "image_too_large", f"body over {cfg.limits.max_body_bytes} bytes")
+        if token and not request.url.path.startswith(_OPEN_PATHS):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return _error(401, "unauthorized", "missing or wrong bearer token")
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is not None:
+            gateway.metrics.errors.labels(exc.code).inc()
+        return _error(exc.status, exc.code, exc.message, exc.headers)
+
+
+async def _body(request: Request, limit: int) -> dict[str, Any]:
+    """The JSON object of a request, read with the size limit (chunked bodies too)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "image_too_large", f"body over {limit} bytes")
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks) or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(422, "bad_request", f"body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(422, "bad_request", "body must be a JSON object")
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Routes
+
+
+def _add_routes(app: FastAPI, cfg: ServeConfig) -> None:
+    limit = cfg.limits.max_body_bytes
+
+    def gw(request: Request) -> Gateway:
+        return request.app.state.gateway
+
+    async def timed(
+        route: str, request: Request, work: Awaitable[dict[str, Any]], status: int = 200
+    ) -> JSONResponse:
+        start = time.perf_counter()
+        try:
+            out = await work
+        finally:
+            gw(request).metrics.latency.labels(route).observe(time.perf_counter() - start)
+        return JSONResponse(out, status)
+
+    @app.post("/v1/sessions", status_code=201)
+    async def create_session(request: Request) -> JSONResponse:
+        body = await _body(request, limit)
+        return JSONResponse(gw(request).create(body), 201)
+
+    @app.post("/v1/sessions/{sid}/observe")
+    async def observe(sid: str, request: Request) -> JSONResponse:
+        body = await _body(request, limit)
+        return await timed("observe", request, gw(request).observe(sid, body))
+
+    @app.post("/v1/sessions/{sid}/critique")
+    async def critique(sid: str, request: Request) -> JSONResponse:
+        body = await _body(request, limit)
+        return await timed("critique", request, gw(request).critique(sid, body))
+
+    @app.get("/v1/sessions/{sid}")
+    async def get_session(sid: str, request: Request) -> JSONResponse:
+        return JSONResponse(gw(request).get(sid))
+
+    @app.delete("/v1/sessions/{sid}")
+    async def close_session(sid: str, request: Request) -> JSONResponse:
+        return JSONResponse(await gw(request).close_session(sid))
+
+    @app.post("/v1/observe")
+    async def observe_stateless(request: Request) -> JSONResponse:
+        body = await _body(request, limit)
+        return await timed("observe_stateless", request, gw(request).observe_stateless(body))
+
+    @app.post("/v1/critique")
+    async def critique_stateless(request: Request) -> JSONResponse:
+        body = await _body(request, limit)
+        return await timed("critique_stateless", request, gw(request).critique_stateless(body))
+
+    @app.post("/v1/images", status_code=201)
+    async def upload(request: Request) -> JSONResponse:
+        body = await _body(request, limit)
+        return JSONResponse(await gw(request).upload(body), 201)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        ready = getattr(request.app.state, "ready", False)
+        detail = getattr(request.app.state, "ready_detail", "starting")
+        return JSONResponse({"ready": ready, "detail": detail}, 200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(
+            generate_latest(gw(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    @app.get("/v1/info")
+    async def info(request: Request) -> dict[str, Any]:
+        g = gw(request)
+        return {
+            **g.versions(),
+            "backend": cfg.backend.kind,
+            "frame": {
+                "min_pixels": cfg.frame.min_pixels,
+                "max_pixels": cfg.frame.max_pixels,
+                "factor": cfg.frame.factor,
+            },
+            "coord_spaces": list(COORD_SPACES),
+            "action_formats": list(ACTION_FORMATS),
+            "platforms": sorted(PLATFORMS),
+            "limits": {
+                "max_body_bytes": cfg.limits.max_body_bytes,
+                "max_image_bytes": cfg.limits.max_image_bytes,
+                "max_candidates": cfg.limits.max_candidates,
+                "max_queue": cfg.limits.max_queue,
+            },
+            "deadlines_s": {
+                "observe": cfg.critic.observe_deadline_s,
+                "critique": cfg.critic.critique_deadline_s,
+            },
+            "taxonomy": [d.name for d in DIMENSIONS],
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Background work
+
+
+async def _expire_loop(gateway: Gateway, every_s: float = 60.0) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            gateway.expire()
+        except Exception:  # a failed sweep must not end the loop; the next one retries
+            logger.exception("session expiry sweep failed")
+
+
+async def _warm_up(app: FastAPI, gateway: Gateway) -> None:
+    """One history update and one verdict through the real parser before ``/readyz`` is green."""
+    try:
+        app.state.ready_detail = await gateway.warm_up()
+        app.state.ready = True
+    except Exception as e:  # readiness stays red and says why; liveness is unaffected
+        logger.exception("warm-up failed")
+        app.state.ready_detail = f"warm-up failed: {e}"

@@ -1,0 +1,131 @@
+"""Typed config of the critic gateway (``configs/serve/*.yaml`` hold the values).
+
+Top-level ``model=DIR host=H port=N`` overrides are the stable interface for scripts::
+
+    python -m serve --config configs/serve/local.yaml model=runs/demo/train/final port=8080
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
+
+COORD_SPACES = ("screen_px", "norm1000", "norm999", "norm01", "resized_px")
+"""Coordinate spaces an action may be stated in (see ``serve.actions``)."""
+
+ACTION_FORMATS = ("auto", "qwen", "scalecua", "osworld", "androidworld")
+"""Text formats of ``raw`` actions; ``auto`` picks by the text's shape."""
+
+
+@dataclass
+class LimitsConfig:
+    """Request limits: every route, every body."""
+
+    max_body_bytes: int = 40 * 1024 * 1024
+    """Largest request body, in bytes (413 ``image_too_large`` above it)."""
+    max_image_bytes: int = 24 * 1024 * 1024
+    """Largest decoded screenshot file, in bytes (413 ``image_too_large``)."""
+    max_image_pixels: int = 40_000_000
+    """Largest screenshot area, in pixels (a decompression-bomb guard; 400 ``bad_image``)."""
+    max_candidates: int = 8
+    """Most candidates one critique may rank."""
+    max_queue: int = 64
+    """Model calls in flight or waiting, gateway-wide; over it a request gets 429."""
+    retry_after_s: int = 1
+    """``Retry-After`` sent with 429, in seconds."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_image_bytes", "max_image_pixels", "max_queue"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"`limits.{name}` must be positive")
+        if not 1 <= self.max_candidates <= 64:
+            raise ConfigError("`limits.max_candidates` must be in [1, 64]")
+
+
+@dataclass
+class CriticConfig:
+    """How the two critic calls are made and answered."""
+
+    observe_deadline_s: float = 8.0
+    """Time budget of one history update, model included; past it the answer is degraded."""
+    critique_deadline_s: float = 8.0
+    """Time budget of one verdict, model included; past it the verdict is ``abstain``."""
+    history_max_tokens: int = 768
+    """New-token cap of a history update (reasoning included)."""
+    critique_max_tokens: int = 768
+    """New-token cap of a verdict (reasoning included)."""
+    explanation_max_chars: int = 1500
+    """Longest explanation returned to a runner."""
+    prompt_dir: str = ""
+    """Folder with ``critic_history_v<N>.txt`` and ``critic_critique_v<N>.txt`` (a prompt profile
+    for a checkpoint trained on another layout); empty uses the package's own templates."""
+    recurrence_note: bool = True
+    """Append the detector's note (no-effect repeats, cycles) to the critique's trajectory text
+    when it fires. Training data carries no such note, so this leaves the prompt of every step
+    without a recurrence unchanged."""
+
+    def __post_init__(self) -> None:
+        if self.observe_deadline_s <= 0 or self.critique_deadline_s <= 0:
+            raise ConfigError("`critic.*_deadline_s` must be positive")
+        if self.history_max_tokens <= 0 or self.critique_max_tokens <= 0:
+            raise ConfigError("`critic.*_max_tokens` must be positive")
+
+
+@dataclass
+class SessionsConfig:
+    """Where sessions, screenshots and traces live."""
+
+    store: str = "sqlite"
+    """``sqlite`` (survives a restart) or ``memory`` (tests, throwaway runs)."""
+    state_dir: str = "runs/serve"
+    """Folder of ``sessions.sqlite``, ``images/`` and ``traces/``."""
+    ttl_s: float = 7200.0
+    """Idle seconds after which a session expires."""
+    frame_cache: int = 256
+    """Clean canonical frames kept in memory (one per recent screenshot)."""
+
+    def __post_init__(self) -> None:
+        if self.store not in ("sqlite", "memory"):
+            raise ConfigError("`sessions.store` must be sqlite or memory")
+        if self.ttl_s <= 0:
+            raise ConfigError("`sessions.ttl_s` must be positive")
+
+
+@dataclass
+class ServeConfig:
+    """The gateway: where it listens, which critic it fronts, and its limits."""
+
+    model: str = ""
+    """Checkpoint folder (``transformers`` backend) or served model name (``openai``)."""
+    host: str = "127.0.0.1"
+    """Interface to listen on."""
+    port: int = 8080
+    """TCP port."""
+    auth_token_env: str = "HIVIG_SERVE_TOKEN"
+    """Environment variable holding the bearer token; unset or empty turns auth off."""
+    backend: BackendConfig = field(default_factory=lambda: BackendConfig(kind="transformers"))
+    """The critic backend; ``backend.model`` is taken from ``model``."""
+    frame: FrameConfig = field(default_factory=FrameConfig)
+    """Canonical frame; replaced by the checkpoint's processor budget when it has one."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    warmup: bool = True
+    """Run one history update and one verdict through the parser before ``/readyz`` is green."""
+    graceful_timeout_s: float = 30.0
+    """Seconds a shutdown waits for in-flight requests."""
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.model:
+            self.backend.model = self.model
+        if not 0 < self.port < 65536:
+            raise ConfigError("`port` must be in 1..65535")
+
+    def sampling(self, max_tokens: int) -> SamplingConfig:
+        """The backend's sampling with a per-call token cap."""
+        s = self.backend.sampling
+        return SamplingConfig(
+            temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed
+        )

@@ -1,0 +1,253 @@
+"""The two critic calls: prompts from ``hivig``, a deadline, tolerant parsing, fail-open answers.
+
+Prompts come from the builders that wrote the training data (``hivig.prompts``), screenshots
+from the same canonical frame and marker code (``hivig.vision``), so the served input of a step
+is the trained input token for token. Whatever goes wrong with the model (a timeout, a backend
+error, output the parser cannot read) ends in an explicit degraded answer with a reason, never an
+exception: a critic must not stall or crash an agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hivig.backends import BackendError, Generation, InferenceBackend, Sampling
+from hivig.contracts import (
+    ContractError,
+    CritiqueOutput,
+    HistoryOutput,
+    parse_critique,
+    parse_history,
+)
+from hivig.media import ChatMessage, ImagePart, ImageRef, Mark
+from hivig.prompts import (
+    CRITIC_PROMPTS,
+    PromptMessages,
+    build_critique_messages,
+    build_history_messages,
+    load_prompt,
+    load_prompt_dir,
+)
+from hivig.vision import draw_marks, size_class_for_platform
+from serve.config import ServeConfig
+from serve.errors import ApiError
+from serve.images import ImageStore
+from serve.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+_OPEN_CLOSE = {"summary": ("<summary>", "</summary>"), "criticism": ("<criticism>", "</criticism>")}
+
+
+@dataclass
+class ModelResult:
+    """One model call and what became of it.
+
+    Attributes:
+        status: ``ok`` or ``degraded``.
+        reason: Why it is degraded (``timeout``, ``backend``, ``parse``, ``truncated``).
+        parsed: The parsed output when there is one (a truncated but complete answer keeps it).
+        parse_status: ``ok``, ``repaired`` (a missing closing tag added) or ``failed``.
+        raw_output: The model's answer text (reasoning split off), if any.
+        reasoning: The reasoning, if any.
+        truncated: The answer hit the token cap.
+        usage: ``{"prompt", "completion"}`` token counts.
+        model_ms: Milliseconds in the backend.
+    """
+
+    status: str = "ok"
+    reason: str | None = None
+    parsed: Any = None
+    parse_status: str = "failed"
+    raw_output: str | None = None
+    reasoning: str | None = None
+    truncated: bool = False
+    usage: dict[str, int] = field(default_factory=lambda: {"prompt": 0, "completion": 0})
+    model_ms: float = 0.0
+
+
+class QueueGate:
+    """Bounds model calls in flight or waiting; past the bound a request is refused with 429."""
+
+    def __init__(self, limit: int, retry_after_s: int, metrics: Metrics) -> None:
+        """At most ``limit`` model calls at once, gateway-wide."""
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.depth = 0
+        self._metrics = metrics
+
+    def enter(self, n: int = 1) -> None:
+        """Take ``n`` places or raise 429 ``overloaded``."""
+        if self.depth + n > self.limit:
+            raise ApiError(
+                429,
+                "overloaded",
+                f"{self.depth} model calls queued (limit {self.limit}); retry later",
+                {"Retry-After": str(self.retry_after_s)},
+            )
+        self.depth += n
+        self._metrics.queue_depth.set(self.depth)
+
+    def leave(self, n: int = 1) -> None:
+        """Give ``n`` places back."""
+        self.depth -= n
+        self._metrics.queue_depth.set(self.depth)
+
+
+class Critic:
+    """Builds the critic's prompts and runs them on the backend with deadlines."""
+
+    def __init__(
+        self, backend: InferenceBackend, cfg: ServeConfig, images: ImageStore, metrics: Metrics
+    ) -> None:
+        """A critic over ``backend``; templates from ``cfg.critic.prompt_dir`` or the package."""
+        self.backend = backend
+        self.cfg = cfg
+        self.images = images
+        self.metrics = metrics
+        if cfg.critic.prompt_dir:
+            self.templates = load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)
+        else:
+            self.templates = {name: load_prompt(name) for name in CRITIC_PROMPTS}
+
+    @property
+    def prompt_version(self) -> str:
+        """Ids of the two templates served, e.g. ``critic_history_v1+critic_critique_v1``."""
+        return "+".join(self.templates[n].id for n in CRITIC_PROMPTS)
+
+    # -- prompts -------------------------------------------------------------------------------
+
+    def history_messages(
+        self, task: str, platform: str, previous: str, before: str, after: str, step: str
+    ) -> PromptMessages:
+        """The history update's prompt; images as ``ImageRef(image_ref)``."""
+        size = size_class_for_platform(platform)
+        return build_history_messages(
+            task,
+            platform,
+            previous,
+            ImageRef(before, (), size),
+            ImageRef(after, (), size),
+            step,
+            template=self.templates["critic_history"],
+        )
+
+    def critique_messages(
+        self, task: str, platform: str, trajectory: str, image: str, marks: list[Mark], step: str
+    ) -> PromptMessages:
+        """The verdict's prompt; the screenshot carries the proposed step's marks."""
+        shot = ImageRef(image, tuple(marks), size_class_for_platform(platform))
+        return build_critique_messages(
+            task, platform, trajectory, shot, step, template=self.templates["critic_critique"]
+        )
+
+    def materialise(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """Image refs -> canonical frames with their marks (cached clean frames, copied)."""
+        out = []
+        for message in messages:
+            content: list[Any] = []
+            for part in message.content:
+                if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
+                    ref = part.image
+                    clean = self.images.clean_frame(ref.path)
+                    content.append(ImagePart(draw_marks(clean, ref.marks, ref.size_class).image))
+                else:
+                    content.append(part)
+            out.append(ChatMessage(role=message.role, content=content))
+        return out
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def history(self, messages: PromptMessages) -> ModelResult:
+        """Run a history update; ``parsed`` is a ``HistoryOutput`` when it worked."""
+        crit = self.cfg.critic
+        return await self._call(
+            "observe", messages, crit.history_max_tokens, crit.observe_deadline_s, "summary"
+        )
+
+    async def critique(self, messages: PromptMessages) -> ModelResult:
+        """Run a verdict; ``parsed`` is a ``CritiqueOutput`` when it worked."""
+        crit = self.cfg.critic
+        return await self._call(
+            "critique", messages, crit.critique_max_tokens, crit.critique_deadline_s, "criticism"
+        )
+
+    async def _call(
+        self, call: str, messages: PromptMessages, max_tokens: int, deadline: float, tag: str
+    ) -> ModelResult:
+        s = self.cfg.backend.sampling
+        sampling = Sampling(
+            temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed
+        )
+        start = time.perf_counter()
+        try:
+            frames = await asyncio.to_thread(self.materialise, list(messages))
+            gen = await asyncio.wait_for(self.backend.generate(frames, sampling), deadline)
+        except (asyncio.TimeoutError, TimeoutError):
+            return self._degraded(call, "timeout", start)
+        except BackendError as e:
+            logger.warning("%s: backend error: %s", call, e)
+            return self._degraded(call, "backend", start)
+        except ApiError:
+            raise
+        except Exception:  # fail open on anything the backend throws
+            logger.exception("%s: unexpected backend failure", call)
+            return self._degraded(call, "backend", start)
+        return self._parse(call, gen, tag, start)
+
+    def _degraded(self, call: str, reason: str, start: float) -> ModelResult:
+        self.metrics.degraded.labels(call, reason).inc()
+        return ModelResult(status="degraded", reason=reason, model_ms=_ms(start))
+
+    def _parse(self, call: str, gen: Generation, tag: str, start: float) -> ModelResult:
+        parse = parse_history if tag == "summary" else parse_critique
+        parsed: HistoryOutput | CritiqueOutput | ContractError = parse(gen.text, gen.reasoning)
+        status = "ok"
+        if isinstance(parsed, ContractError):
+            repaired = _repair(gen.text, tag)
+            parsed = parse(repaired, gen.reasoning) if repaired is not None else parsed
+            status = "repaired" if not isinstance(parsed, ContractError) else "failed"
+        self.metrics.parse.labels(call, status).inc()
+        self.metrics.tokens.labels("prompt").inc(gen.usage.prompt_tokens)
+        self.metrics.tokens.labels("completion").inc(gen.usage.completion_tokens)
+        self.metrics.model_latency.labels(call).observe(gen.latency_s)
+        result = ModelResult(
+            parse_status=status,
+            raw_output=gen.text,
+            reasoning=gen.reasoning,
+            truncated=gen.truncated,
+            usage={"prompt": gen.usage.prompt_tokens, "completion": gen.usage.completion_tokens},
+            model_ms=_ms(start),
+        )
+        if isinstance(parsed, ContractError):
+            reason = "truncated" if gen.truncated else "parse"
+            self.metrics.degraded.labels(call, reason).inc()
+            result.status, result.reason = "degraded", reason
+            return result
+        result.parsed = parsed
+        if gen.truncated:
+            # The answer block was complete although the cap was hit: keep it, flag it.
+            result.status, result.reason = "degraded", "truncated"
+            self.metrics.degraded.labels(call, "truncated").inc()
+        return result
+
+
+def _repair(text: str, tag: str) -> str | None:
+    """One repair: close an answer block the model opened but did not close."""
+    open_tag, close_tag = _OPEN_CLOSE[tag]
+    lower = text.lower()
+    if open_tag in lower and close_tag not in lower:
+        return text.rstrip() + "\n" + close_tag
+    head, sep, answer = text.rpartition("</think>")
+    if open_tag not in lower and re.search(r"Overall Grading:|Progress Summary:", answer):
+        return f"{head}{sep}\n{open_tag}\n{answer.strip()}\n{close_tag}"
+    return None
+
+
+def _ms(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 2)

@@ -1,0 +1,756 @@
+"""What the gateway does per request, independent of HTTP: sessions, steps, verdicts, traces.
+
+``Gateway`` owns the session store, the screenshot store, the critic and the trace writer. The
+FastAPI routes (``serve.app``) only validate bodies and call these methods. Per session, requests
+run one at a time (a lock per session), so a runner's retry of a step waits for the first try
+and then gets its stored answer instead of applying the step twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hivig.actions import pointer_after, space_for_platform
+from hivig.backends import InferenceBackend
+from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
+from hivig.media import ArrowMark
+from hivig.prompts import format_trajectory
+from serve.actions import Frame, ResolvedAction, resolve
+from serve.config import ServeConfig
+from serve.critic import Critic, ModelResult, QueueGate
+from serve.errors import ApiError
+from serve.images import ImageStore, StoredImage
+from serve.metrics import Metrics
+from serve.recurrence import Detector, fired
+from serve.sessions import SessionState, SessionStore, StoredResponse, now, open_store
+from serve.traces import TraceWriter, messages_json, valid_session_id
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "1"
+PLATFORMS = {
+    "windows": "windows",
+    "mac": "mac",
+    "macos": "mac",
+    "ubuntu": "ubuntu",
+    "linux": "ubuntu",
+    "web": "web",
+    "android": "android",
+}
+_GROUNDING = "Grounding/Spatial Error"
+_OFF_SCREEN = (
+    "The proposed target lies outside the visible screen, so the step cannot act on any element "
+    "shown; pointer actions must target a point inside the current screenshot."
+)
+
+
+@dataclass
+class Timer:
+    """Milliseconds of each phase of a request."""
+
+    start: float
+
+    def total(self) -> float:
+        """Milliseconds since the request started."""
+        return round((time.perf_counter() - self.start) * 1000, 2)
+
+
+class Gateway:
+    """Sessions, screenshots, the critic, traces and metrics of one gateway process."""
+
+    def __init__(self, cfg: ServeConfig, backend: InferenceBackend, model_version: str) -> None:
+        """Open the stores under ``cfg.sessions.state_dir`` and wrap ``backend``."""
+        state_dir = Path(cfg.sessions.state_dir)
+        self.cfg = cfg
+        self.model_version = model_version
+        self.metrics = Metrics()
+        self.store: SessionStore = open_store(cfg.sessions.store, state_dir)
+        self.images = ImageStore(
+            state_dir / "images",
+            cfg.frame,
+            max_bytes=cfg.limits.max_image_bytes,
+            max_pixels=cfg.limits.max_image_pixels,
+            cache_size=cfg.sessions.frame_cache,
+        )
+        self.traces = TraceWriter(state_dir / "traces")
+        self.critic = Critic(backend, cfg, self.images, self.metrics)
+        self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
+        self.detector = Detector()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.metrics.sessions_open.set(self.store.count_open())
+
+    def close(self) -> None:
+        """Release the stores."""
+        self.store.close()
+
+    # -- common --------------------------------------------------------------------------------
+
+    def versions(self) -> dict[str, str]:
+        """The versions every response carries."""
+        return {
+            "model_version": self.model_version,
+            "prompt_version": self.critic.prompt_version,
+            "schema_version": SCHEMA_VERSION,
+        }
+
+    def _lock(self, sid: str) -> asyncio.Lock:
+        return self._locks.setdefault(sid, asyncio.Lock())
+
+    def _open_session(self, sid: str) -> SessionState:
+        state = self.store.load(sid) if valid_session_id(sid) else None
+        if state is None or state.closed:
+            raise ApiError(
+                404, "unknown_session", f"no open session {sid!r}; re-create it from the echo"
+            )
+        if state.last_seen < now() - self.cfg.sessions.ttl_s:
+            state.closed = True
+            self.store.save(state)
+            raise ApiError(
+                404, "unknown_session", f"session {sid!r} expired; re-create it from the echo"
+            )
+        return state
+
+    @contextmanager
+    def _queued(self, n: int = 1) -> Iterator[None]:
+        self.queue.enter(n)
+        try:
+            yield
+        finally:
+            self.queue.leave(n)
+
+    async def image(
+        self, body: dict[str, Any], key: str = "screenshot", ref_key: str = "image_ref"
+    ) -> StoredImage | None:
+        """The screenshot a body names inline (``key``) or by reference (``ref_key``)."""
+        inline, ref = body.get(key), body.get(ref_key)
+        if inline is not None:
+            if not isinstance(inline, str):
+                raise ApiError(422, "bad_request", f"`{key}` must be a base64 string")
+            return await asyncio.to_thread(self.images.put_base64, inline)
+        if ref is not None:
+            if not isinstance(ref, str):
+                raise ApiError(422, "bad_request", f"`{ref_key}` must be a string")
+            self.images.require(ref)
+            w, h = await asyncio.to_thread(self.images.size, ref)
+            return StoredImage(ref, w, h, self.images.path_of(ref))
+        return None
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/sessions``: a new session, or one re-created from an echo."""
+        state = new_state(body)
+        sid = state.session_id
+        existing = self.store.load(sid)
+        if existing is not None and not existing.closed:
+            existing.last_seen = now()
+            self.store.save(existing)
+            return {"session_id": sid, "created": False, "echo": existing.echo(), **self.versions()}
+        echo = body.get("echo")
+        if echo is not None:
+            seed_from_echo(state, echo)
+        self.store.save(state)
+        self.traces.write(
+            sid,
+            "session",
+            task=state.task,
+            platform=state.platform,
+            screen={"w": state.screen_w, "h": state.screen_h},
+            coord_space=state.coord_space,
+            reseeded=echo is not None,
+        )
+        self.metrics.sessions_open.set(self.store.count_open())
+        return {"session_id": sid, "created": True, "echo": state.echo(), **self.versions()}
+
+    def get(self, sid: str) -> dict[str, Any]:
+        """``GET /v1/sessions/{sid}``."""
+        state = self.store.load(sid) if valid_session_id(sid) else None
+        if state is None:
+            raise ApiError(404, "unknown_session", f"no session {sid!r}")
+        return {
+            "session_id": sid,
+            "step_idx": state.step_idx,
+            "closed": state.closed,
+            "echo": state.echo(),
+            **self.versions(),
+        }
+
+    async def close_session(self, sid: str) -> dict[str, Any]:
+        """``DELETE /v1/sessions/{sid}``."""
+        async with self._lock(sid):
+            state = self._open_session(sid)
+            state.closed = True
+            self.store.save(state)
+            self.traces.write(sid, "close")
+        self._locks.pop(sid, None)
+        self.metrics.sessions_open.set(self.store.count_open())
+        return {"session_id": sid, "closed": True, **self.versions()}
+
+    def expire(self) -> list[str]:
+        """Close sessions idle past the TTL."""
+        gone = self.store.expire(now() - self.cfg.sessions.ttl_s)
+        for sid in gone:
+            self._locks.pop(sid, None)
+            self.traces.write(sid, "close", reason="ttl")
+        if gone:
+            self.metrics.sessions_open.set(self.store.count_open())
+        return gone
+
+    # -- observe -------------------------------------------------------------------------------
+
+    async def observe(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/sessions/{sid}/observe``: the history update of the executed step."""
+        timer = Timer(time.perf_counter())
+        k = _step_idx(body)
+        async with self._lock(sid):
+            state = self._open_session(sid)
+            if k <= state.step_idx and not body.get("force"):
+                stored = self.store.response(sid, "observe", k, "")
+                if stored is not None:
+                    return stored
+            expected = state.step_idx + 1
+            if k != expected and not body.get("force"):
+                raise ApiError(409, "step_conflict", f"expected step_idx {expected}, got {k}")
+            shot = await self.image(body)
+            if shot is None:
+                raise ApiError(422, "bad_request", "observe needs `screenshot` or `image_ref`")
+            response, event = await self._observe(state, k, shot, body.get("prev_action"), timer)
+            self.store.save(state, StoredResponse("observe", k, "", response))
+            self.traces.write(sid, "observe", **event)
+            return response
+
+    async def _observe(
+        self, state: SessionState, k: int, shot: StoredImage, prev: Any, timer: Timer
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        before = state.screens.get(str(k - 1)) if k > 0 else None
+        executed: ResolvedAction | None = None
+        result: ModelResult | None = None
+        prompt: list[dict[str, Any]] = []
+        if k > 0:
+            if prev is None:
+                raise ApiError(422, "bad_action", "observe of step_idx > 0 needs `prev_action`")
+            executed = resolve(prev, state.platform, session_frame(state), state.action_format)
+        if executed is not None and before is not None:
+            space = space_for_platform(state.platform)
+            messages = self.critic.history_messages(
+                state.task,
+                state.platform,
+                state.summary,
+                before,
+                shot.ref,
+                executed.step_text(space),
+            )
+            prompt = messages_json(list(messages))
+            with self._queued():
+                result = await self.critic.history(messages)
+            self._apply_history(state, result)
+        if executed is not None:
+            self._append_step(state, k - 1, executed, before)
+        frame = self.images.clean_frame(shot.ref)
+        signals = self.detector.update(state, frame, _detector_actions(executed))
+        for name in fired(signals):
+            self.metrics.recurrence.labels(name).inc()
+        state.screens[str(k)] = shot.ref
+        state.step_idx = k
+        state.last_seen = now()
+        status = "degraded" if result is not None and result.status != "ok" else "ok"
+        response = {
+            "session_id": state.session_id,
+            "step_idx": k,
+            "status": status,
+            "reason": result.reason if result is not None else None,
+            "history": state.history_json(),
+            "image_ref": shot.ref,
+            "change": signals.change,
+            "recurrence": signals.recurrence,
+            "recovery": None,
+            "echo": state.echo(),
+            "timing_ms": {
+                "model": result.model_ms if result is not None else 0.0,
+                "total": timer.total(),
+            },
+            "usage": result.usage if result is not None else {"prompt": 0, "completion": 0},
+            **self.versions(),
+        }
+        event = {
+            "step_idx": k,
+            "image_ref": shot.ref,
+            "prev_image_ref": before,
+            "prev_action": executed.to_trace() if executed is not None else None,
+            "prompt": prompt,
+            "raw_output": result.raw_output if result is not None else None,
+            "reasoning": result.reasoning if result is not None else None,
+            "history": state.history_json(),
+            "change": signals.change,
+            "recurrence": signals.recurrence,
+            "status": status,
+            "reason": response["reason"],
+            "timing_ms": response["timing_ms"],
+        }
+        return response, event
+
+    def _apply_history(self, state: SessionState, result: ModelResult) -> None:
+        if isinstance(result.parsed, HistoryOutput):
+            state.progress = result.parsed.progress
+            state.last_result = result.parsed.last_result
+            state.history_version += 1
+            state.stale = False
+        else:
+            # The previous history stays, flagged: the policy still gets a history.
+            state.stale = True
+
+    def _append_step(
+        self, state: SessionState, index: int, executed: ResolvedAction, image_ref: str | None
+    ) -> None:
+        space = space_for_platform(state.platform)
+        actions = [a.to_arguments() for a in executed.actions] if executed.actions else None
+        state.steps.append(
+            {
+                "step_idx": index,
+                "intent": executed.intent,
+                "action_text": executed.tool_calls,
+                "step_text": executed.step_text(space),
+                "image_ref": image_ref,
+                "last_action_result": state.last_result if not state.stale else None,
+                "actions": actions,
+            }
+        )
+        if executed.actions:
+            start = tuple(state.pointer) if state.pointer else None
+            moved = pointer_after(executed.actions, start)  # type: ignore[arg-type]
+            state.pointer = list(moved) if moved is not None else None
+
+    # -- critique ------------------------------------------------------------------------------
+
+    async def critique(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/sessions/{sid}/critique``: verdict(s) on the proposed step(s)."""
+        timer = Timer(time.perf_counter())
+        k = _step_idx(body)
+        key = _request_key(body)
+        async with self._lock(sid):
+            state = self._open_session(sid)
+            stored = self.store.response(sid, "critique", k, key)
+            if stored is not None:
+                return stored
+            if k != state.step_idx:
+                raise ApiError(
+                    409,
+                    "step_conflict",
+                    f"critique step_idx {k} but the latest observed is {state.step_idx}",
+                )
+            shot = await self.image(body)
+            ref = shot.ref if shot is not None else state.screens.get(str(k))
+            if ref is None:
+                raise ApiError(422, "bad_request", "no screenshot for this step: observe it first")
+            response, event = await self._critique(state, ref, body, timer)
+            state.last_seen = now()
+            self.store.save(state, StoredResponse("critique", k, key, response))
+            self.traces.write(state.session_id, "critique", step_idx=k, **event)
+            return response
+
+    async def _critique(
+        self, state: SessionState, ref: str, body: dict[str, Any], timer: Timer
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        items = _proposals(body, self.cfg.limits.max_candidates)
+        frame = session_frame(state)
+        resolved = [resolve(a, state.platform, frame, state.action_format) for a in items]
+        trajectory = format_trajectory([s["step_text"] for s in state.steps])
+        note = self.detector.note(state) if self.cfg.critic.recurrence_note else None
+        if note:
+            trajectory = f"{trajectory}\n\n{note}" if trajectory else note
+        pointer = tuple(state.pointer) if state.pointer else None
+        space = space_for_platform(state.platform)
+        jobs = []
+        for r in resolved:
+            marks = r.marks(pointer)  # type: ignore[arg-type]
+            messages = self.critic.critique_messages(
+                state.task, state.platform, trajectory, ref, marks, r.step_text(space)
+            )
+            jobs.append((r, marks, messages))
+        model_jobs = [j for j in jobs if not j[0].out_of_frame]
+        with self._queued(max(1, len(model_jobs))):
+            results = await asyncio.gather(
+                *(self.critic.critique(m) for r, _, m in jobs if not r.out_of_frame)
+            )
+        it = iter(results)
+        verdicts = []
+        for r, marks, _ in jobs:
+            result = None if r.out_of_frame else next(it)
+            verdicts.append(self._verdict(state, r, marks, result, ref, body))
+        recurrence = self.detector.last_recurrence(state)
+        for v in verdicts:
+            v["recurrence"] = recurrence
+        common = {
+            "history_version": state.history_version,
+            "echo": state.echo(),
+            "timing_ms": {"total": timer.total()},
+            **self.versions(),
+        }
+        event = {
+            "image_ref": ref,
+            "actions": [r.to_trace() for r, _, _ in jobs],
+            "marks": [[_mark_json(m) for m in marks] for _, marks, _ in jobs],
+            "prompt": messages_json(list(jobs[0][2])),
+            "raw_outputs": [v.pop("_raw") for v in verdicts],
+            "verdicts": verdicts,
+            "timing_ms": common["timing_ms"],
+        }
+        if "candidates" in body:
+            return {"results": verdicts, "ranking": rank(verdicts), **common}, event
+        return {**verdicts[0], **common}, event
+
+    def _verdict(
+        self,
+        state: SessionState,
+        r: ResolvedAction,
+        marks: list[Any],
+        result: ModelResult | None,
+        ref: str,
+        body: dict[str, Any],
+    ) -> dict[str, Any]:
+        marker = _marker(marks, state)
+        base: dict[str, Any] = {
+            "marker": marker,
+            "action_text": r.tool_calls,
+            "parse_error": r.error,
+            "thinking": None,
+            "confidence": None,
+            "annotated_image": None,
+            "_raw": None,
+        }
+        if result is None:  # out of frame: a rule answers, not the model
+            self.metrics.rejected_coords.labels(state.coord_space).inc()
+            self._count("bad", _GROUNDING, state.platform)
+            return {
+                **base,
+                "status": "ok",
+                "verdict": "bad",
+                "source": "rule",
+                "reason": "out_of_frame",
+                "error_dimension": _GROUNDING,
+                "explanation": _OFF_SCREEN,
+                "parse_status": "ok",
+                "truncated": False,
+                "usage": {"prompt": 0, "completion": 0},
+                "model_ms": 0.0,
+            }
+        parsed = result.parsed if isinstance(result.parsed, CritiqueOutput) else None
+        verdict = parsed.verdict.lower() if parsed is not None else "abstain"
+        dimension = parsed.dimension.name if parsed is not None and parsed.dimension else None
+        self._count(verdict, dimension, state.platform)
+        limit = self.cfg.critic.explanation_max_chars
+        out = {
+            **base,
+            "status": result.status,
+            "verdict": verdict,
+            "source": "model" if parsed is not None else "fallback",
+            "reason": result.reason,
+            "error_dimension": dimension,
+            "explanation": parsed.explanation[:limit] if parsed is not None else "",
+            "parse_status": result.parse_status,
+            "truncated": result.truncated,
+            "usage": result.usage,
+            "model_ms": result.model_ms,
+            "_raw": result.raw_output,
+        }
+        if body.get("return_thinking") and parsed is not None:
+            out["thinking"] = parsed.think
+        if body.get("return_image"):
+            out["annotated_image"] = self._annotated(ref, marks, state.platform)
+        return out
+
+    def _count(self, verdict: str, dimension: str | None, platform: str) -> None:
+        self.metrics.verdicts.labels(verdict, platform).inc()
+        if dimension:
+            self.metrics.dimensions.labels(dimension, platform).inc()
+
+    def _annotated(self, ref: str, marks: list[Any], platform: str) -> str:
+        import base64
+
+        from hivig.vision import FAST_PNG_LEVEL, draw_marks, encode_png, size_class_for_platform
+
+        image = draw_marks(
+            self.images.clean_frame(ref), marks, size_class_for_platform(platform)
+        ).image
+        return (
+            "data:image/png;base64," + base64.b64encode(encode_png(image, FAST_PNG_LEVEL)).decode()
+        )
+
+    # -- stateless -----------------------------------------------------------------------------
+
+    async def observe_stateless(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/observe``: a history update with the caller's history and screenshots."""
+        timer = Timer(time.perf_counter())
+        state = new_state({**body, "session_id": "stateless"})
+        if "previous_summary" in body:
+            seed_summary(state, body["previous_summary"])
+        before = await self.image(body, "before", "before_ref")
+        after = await self.image(body, "after", "after_ref")
+        if after is None:
+            raise ApiError(422, "bad_request", "observe needs `after` (or `after_ref`)")
+        k = 0
+        if before is not None:
+            state.screens["0"] = before.ref
+            state.step_idx, k = 0, 1
+        response, _ = await self._observe(state, k, after, body.get("prev_action"), timer)
+        response.pop("session_id", None)
+        return response
+
+    async def critique_stateless(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/critique``: a verdict with the caller's trajectory and screenshot."""
+        timer = Timer(time.perf_counter())
+        state = new_state({**body, "session_id": "stateless"})
+        trajectory = body.get("trajectory", [])
+        if not isinstance(trajectory, list):
+            raise ApiError(422, "bad_request", "`trajectory` must be a list of executed actions")
+        for i, step in enumerate(trajectory):
+            executed = resolve(step, state.platform, session_frame(state), state.action_format)
+            self._append_step(state, i, executed, None)
+        shot = await self.image(body)
+        if shot is None:
+            raise ApiError(422, "bad_request", "critique needs `screenshot` or `image_ref`")
+        self.detector.reset(state)
+        response, _ = await self._critique(state, shot.ref, body, timer)
+        response.pop("echo", None)
+        return response
+
+    # -- warm-up -------------------------------------------------------------------------------
+
+    async def warm_up(self) -> str:
+        """Run one history update and one verdict on a blank screen; a readiness detail.
+
+        The backend must answer both; whether the answers parse is reported, not required (a
+        tiny random model never writes the contract, a trained one does).
+        """
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (640, 400), (236, 236, 236)).save(buf, format="PNG")
+        ref = (await asyncio.to_thread(self.images.put_bytes, buf.getvalue())).ref
+        platform, task = "ubuntu", "Warm-up: check that the critic answers."
+        history = self.critic.history_messages(
+            task, platform, INITIAL_HISTORY.summary, ref, ref, "<tool_call>\n{}\n</tool_call>"
+        )
+        critique = self.critic.critique_messages(
+            task, platform, "", ref, [], "<tool_call>\n{}\n</tool_call>"
+        )
+        h = await self.critic.history(history)
+        c = await self.critic.critique(critique)
+        failed = [r.reason for r in (h, c) if r.reason in ("timeout", "backend")]
+        if failed:
+            raise RuntimeError(f"backend did not answer the warm-up ({', '.join(failed)})")
+        return f"ready (warm-up parse: history {h.parse_status}, critique {c.parse_status})"
+
+    # -- images --------------------------------------------------------------------------------
+
+    async def upload(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/images``."""
+        data = body.get("image")
+        if not isinstance(data, str):
+            raise ApiError(422, "bad_request", "`image` must be a base64 string")
+        stored = await asyncio.to_thread(self.images.put_base64, data)
+        return {"image_ref": stored.ref, "w": stored.width, "h": stored.height}
+
+
+# ---------------------------------------------------------------------------------------------
+# Request helpers
+
+
+def new_state(body: dict[str, Any]) -> SessionState:
+    """A session from a ``POST /v1/sessions`` body (validated here, 422 on any mistake)."""
+    task = body.get("task")
+    if not isinstance(task, str) or not task.strip():
+        raise ApiError(422, "bad_request", "`task` must be a non-empty string")
+    platform = PLATFORMS.get(str(body.get("platform", "")).lower())
+    if platform is None:
+        raise ApiError(422, "bad_request", f"`platform` must be one of {sorted(PLATFORMS)}")
+    w, h = _size(body.get("screen"), "screen")
+    space = body.get("coord_space", "screen_px")
+    if space not in ("screen_px", "norm1000", "norm999", "norm01", "resized_px"):
+        raise ApiError(422, "bad_request", f"unknown coord_space {space!r}")
+    fw, fh = w, h
+    if space == "resized_px":
+        fw, fh = _size(body.get("frame"), "frame")
+    sid = body.get("session_id") or uuid.uuid4().hex
+    if not isinstance(sid, str) or not valid_session_id(sid):
+        raise ApiError(422, "bad_request", "`session_id` may hold letters, digits and _.- only")
+    fmt = body.get("action_format", "auto")
+    if fmt not in ("auto", "qwen", "scalecua", "osworld", "androidworld"):
+        raise ApiError(422, "bad_request", f"unknown action_format {fmt!r}")
+    regions = body.get("volatile_regions") or []
+    if not (isinstance(regions, list) and all(_is_box(r) for r in regions)):
+        raise ApiError(
+            422, "bad_request", "`volatile_regions` must be [[x0, y0, x1, y1], ...] on 0-1000"
+        )
+    t = now()
+    return SessionState(
+        session_id=sid,
+        task=task,
+        platform=platform,
+        screen_w=w,
+        screen_h=h,
+        coord_space=space,
+        frame_w=fw,
+        frame_h=fh,
+        action_format=fmt,
+        policy_id=str(body.get("policy_id") or ""),
+        volatile_regions=[list(map(int, r)) for r in regions],
+        created=t,
+        last_seen=t,
+    )
+
+
+def seed_from_echo(state: SessionState, echo: Any) -> None:
+    """Restore history, steps and screens from a response's ``echo`` (a lost session)."""
+    if not isinstance(echo, dict):
+        raise ApiError(422, "bad_request", "`echo` must be the echo object of an earlier response")
+    try:
+        summary = echo.get("summary") or {}
+        state.progress = str(summary.get("progress_summary", INITIAL_HISTORY.progress))
+        state.last_result = str(summary.get("last_action_result", INITIAL_HISTORY.last_result))
+        state.history_version = int(summary.get("version", 0))
+        state.stale = bool(summary.get("stale", False))
+        state.step_idx = int(echo.get("step_idx", -1))
+        state.screens = {str(k): str(v) for k, v in (echo.get("screens") or {}).items()}
+        state.steps = [dict(s) for s in echo.get("steps") or []]
+        pointer = echo.get("pointer")
+        state.pointer = [int(pointer[0]), int(pointer[1])] if pointer else None
+    except (TypeError, ValueError, AttributeError, IndexError) as e:
+        raise ApiError(422, "bad_request", f"malformed `echo`: {e}") from None
+    for s in state.steps:
+        if not isinstance(s.get("step_text"), str):
+            raise ApiError(422, "bad_request", "malformed `echo`: every step needs its step_text")
+
+
+def seed_summary(state: SessionState, summary: Any) -> None:
+    """Stateless observe: the caller's previous history (text or the ``history`` object)."""
+    if isinstance(summary, dict):
+        state.progress = str(summary.get("progress_summary", state.progress))
+        state.last_result = str(summary.get("last_action_result", state.last_result))
+        return
+    if not isinstance(summary, str):
+        raise ApiError(422, "bad_request", "`previous_summary` must be text or a history object")
+    from hivig.contracts import parse_history
+
+    parsed = parse_history(f"<think>-</think><summary>{summary}</summary>")
+    if isinstance(parsed, HistoryOutput):
+        state.progress, state.last_result = parsed.progress, parsed.last_result
+    elif summary.strip():
+        raise ApiError(
+            422,
+            "bad_request",
+            "`previous_summary` needs 'Progress Summary:' and 'Last Action Result:' lines",
+        )
+
+
+def session_frame(state: SessionState) -> Frame:
+    """The session's coordinate frame."""
+    return Frame(
+        state.coord_space, state.frame_w or state.screen_w, state.frame_h or state.screen_h
+    )
+
+
+def rank(verdicts: list[dict[str, Any]]) -> list[int]:
+    """Candidate indices, best first: good, then abstain, then bad; confidence, then order."""
+    order = {"good": 0, "abstain": 1, "bad": 2}
+    return sorted(
+        range(len(verdicts)),
+        key=lambda i: (order[verdicts[i]["verdict"]], -(verdicts[i]["confidence"] or 0.0), i),
+    )
+
+
+def _step_idx(body: dict[str, Any]) -> int:
+    k = body.get("step_idx")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ApiError(422, "bad_request", "`step_idx` must be an integer >= 0")
+    return k
+
+
+def _size(obj: Any, name: str) -> tuple[int, int]:
+    ok = isinstance(obj, dict) and all(
+        isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool) and obj[k] > 0
+        for k in ("w", "h")
+    )
+    if not ok:
+        raise ApiError(422, "bad_request", f'`{name}` must be {{"w": int > 0, "h": int > 0}}')
+    return obj["w"], obj["h"]
+
+
+def _is_box(r: Any) -> bool:
+    return (
+        isinstance(r, (list, tuple))
+        and len(r) == 4
+        and all(isinstance(v, (int, float)) and 0 <= v <= 1000 for v in r)
+        and r[0] < r[2]
+        and r[1] < r[3]
+    )
+
+
+def _proposals(body: dict[str, Any], limit: int) -> list[Any]:
+    if "candidates" in body:
+        cands = body["candidates"]
+        if not isinstance(cands, list) or not cands:
+            raise ApiError(422, "bad_action", "`candidates` must be a non-empty list of actions")
+        if len(cands) > limit:
+            raise ApiError(422, "bad_action", f"at most {limit} candidates per critique")
+        return cands
+    if "action" not in body:
+        raise ApiError(422, "bad_action", "critique needs `action` or `candidates`")
+    return [body["action"]]
+
+
+def _request_key(body: dict[str, Any]) -> str:
+    """Idempotency key of a critique: what is judged, on which screen."""
+    keep = {k: body.get(k) for k in ("action", "candidates", "image_ref", "return_thinking")}
+    if body.get("screenshot"):
+        keep["screenshot"] = hashlib.sha256(str(body["screenshot"]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _detector_actions(executed: ResolvedAction | None) -> list[Any] | None:
+    """What the detector compares: typed actions, or the raw text when the parse failed."""
+    if executed is None:
+        return None
+    return list(executed.actions) if executed.actions else [executed.raw]
+
+
+def _mark_json(mark: Any) -> dict[str, Any]:
+    if isinstance(mark, ArrowMark):
+        return {"shape": "arrow", "x": mark.x1, "y": mark.y1, "x2": mark.x2, "y2": mark.y2}
+    return {"shape": "x", "x": mark.x, "y": mark.y}
+
+
+def _marker(marks: list[Any], state: SessionState) -> dict[str, Any] | None:
+    """The ``marker`` field: the first mark on the grid and in screen pixels."""
+    if not marks:
+        return None
+    m = marks[0]
+    frame = Frame("screen_px", state.screen_w, state.screen_h)
+    if isinstance(m, ArrowMark):
+        x_px, y_px = frame.from_grid(m.x1, m.y1)
+        x2_px, y2_px = frame.from_grid(m.x2, m.y2)
+        return {
+            "x_1000": m.x1,
+            "y_1000": m.y1,
+            "x_px": x_px,
+            "y_px": y_px,
+            "x2_1000": m.x2,
+            "y2_1000": m.y2,
+            "x2_px": x2_px,
+            "y2_px": y2_px,
+            "shape": "arrow",
+        }
+    x_px, y_px = frame.from_grid(m.x, m.y)
+    return {"x_1000": m.x, "y_1000": m.y, "x_px": x_px, "y_px": y_px, "shape": "x"}

@@ -1,0 +1,202 @@
+"""Screenshots by reference: decoded once, stored once, canonical frames cached.
+
+A screenshot arrives inline (base64 PNG/JPEG) or as an ``image_ref`` from an earlier upload. Its
+reference is the SHA-256 of its decoded RGB pixels and size, so the same screen sent twice, in
+any encoding, is one reference. It is stored as a lossless PNG under ``images/<hex>.png``
+(traces and ``diagnose`` read it there; a restarted gateway finds it again). The clean canonical
+frame of recent screenshots stays in memory, so a critique after its observe only draws markers.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from hivig.config import FrameConfig
+from hivig.vision import FAST_PNG_LEVEL, ImageError, canonical_frame, encode_png, load_image
+from serve.errors import ApiError
+
+REF_PREFIX = "sha256:"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    """A screenshot the gateway holds: its reference, size and path on disk."""
+
+    ref: str
+    width: int
+    height: int
+    path: Path
+
+
+def decode_base64(data: str) -> bytes:
+    """Bytes of a base64 string, with or without a ``data:image/...;base64,`` prefix."""
+    if data.startswith("data:"):
+        _, _, data = data.partition(",")
+    try:
+        return base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError) as e:
+        raise ApiError(400, "bad_image", f"screenshot is not valid base64: {e}") from None
+
+
+def pixel_ref(image: Image.Image) -> str:
+    """The reference of an RGB image: SHA-256 over its size and pixels."""
+    h = hashlib.sha256(f"{image.width}x{image.height}:".encode())
+    h.update(image.tobytes())
+    return REF_PREFIX + h.hexdigest()
+
+
+class ImageStore:
+    """Decoded screenshots on disk plus an LRU of their clean canonical frames.
+
+    Thread-safe: requests decode and write in worker threads.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        frame: FrameConfig,
+        *,
+        max_bytes: int,
+        max_pixels: int,
+        cache_size: int = 256,
+    ) -> None:
+        """Store under ``root`` (created); frames follow ``frame``'s pixel budget."""
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.frame = frame
+        self.max_bytes = max_bytes
+        self.max_pixels = max_pixels
+        self._frames: OrderedDict[str, Image.Image] = OrderedDict()
+        self._sizes: dict[str, tuple[int, int]] = {}
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def put_bytes(self, data: bytes) -> StoredImage:
+        """Decode, check and store an encoded screenshot; returns its reference.
+
+        Raises:
+            ApiError: 413 ``image_too_large`` or 400 ``bad_image``.
+        """
+        if len(data) > self.max_bytes:
+            raise ApiError(
+                413, "image_too_large", f"screenshot is {len(data)} bytes (max {self.max_bytes})"
+            )
+        if not data:
+            raise ApiError(400, "bad_image", "screenshot is empty")
+        image = self._decode(data)
+        ref = pixel_ref(image)
+        path = self.path_of(ref)
+        if not path.exists():
+            # PNG input is stored as sent (lossless already): no re-encode on the request path.
+            payload = data if data.startswith(_PNG_MAGIC) else encode_png(image, FAST_PNG_LEVEL)
+            _atomic_write(path, payload)
+        self._remember(ref, image)
+        return StoredImage(ref, image.width, image.height, path)
+
+    def put_base64(self, data: str) -> StoredImage:
+        """``put_bytes`` of a base64 string."""
+        return self.put_bytes(decode_base64(data))
+
+    def _decode(self, data: bytes) -> Image.Image:
+        try:
+            with Image.open(io.BytesIO(data)) as probe:
+                w, h = probe.size
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            raise ApiError(400, "bad_image", f"screenshot cannot be decoded: {e}") from None
+        if w * h > self.max_pixels:
+            raise ApiError(400, "bad_image", f"screenshot is {w}x{h} (max {self.max_pixels} px)")
+        try:
+            image = load_image(data)
+        except (ImageError, ValueError) as e:
+            raise ApiError(400, "bad_image", f"screenshot cannot be decoded: {e}") from None
+        if min(image.size) < 1 or max(image.size) / min(image.size) >= 200:
+            raise ApiError(400, "bad_image", f"screenshot size {w}x{h} is unusable")
+        return image
+
+    def _remember(self, ref: str, image: Image.Image) -> None:
+        frame = canonical_frame(
+            image,
+            min_pixels=self.frame.min_pixels,
+            max_pixels=self.frame.max_pixels,
+            factor=self.frame.factor,
+        )
+        with self._lock:
+            self._sizes[ref] = image.size
+            self._frames[ref] = frame
+            self._frames.move_to_end(ref)
+            while len(self._frames) > self._cache_size:
+                self._frames.popitem(last=False)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def path_of(self, ref: str) -> Path:
+        """Where a reference's PNG lives (it may not exist)."""
+        return self.root / f"{_hex(ref)}.png"
+
+    def has(self, ref: str) -> bool:
+        """Whether the reference is known (in memory or on disk)."""
+        return ref in self._frames or (_valid(ref) and self.path_of(ref).exists())
+
+    def size(self, ref: str) -> tuple[int, int]:
+        """``(width, height)`` of the original screenshot."""
+        with self._lock:
+            if ref in self._sizes:
+                return self._sizes[ref]
+        with Image.open(self.require(ref)) as im:
+            return im.size
+
+    def require(self, ref: str) -> Path:
+        """The stored file of ``ref``, or 404 ``unknown_image_ref``."""
+        if not _valid(ref) or not self.path_of(ref).exists():
+            raise ApiError(404, "unknown_image_ref", f"no screenshot {ref!r}; send it inline")
+        return self.path_of(ref)
+
+    def clean_frame(self, ref: str) -> Image.Image:
+        """The clean canonical frame of ``ref`` (shared: callers must not draw on it)."""
+        with self._lock:
+            frame = self._frames.get(ref)
+            if frame is not None:
+                self._frames.move_to_end(ref)
+                return frame
+        image = load_image(self.require(ref))
+        self._remember(ref, image)
+        return (
+            self._frames[ref]
+            if ref in self._frames
+            else canonical_frame(
+                image,
+                min_pixels=self.frame.min_pixels,
+                max_pixels=self.frame.max_pixels,
+                factor=self.frame.factor,
+            )
+        )
+
+
+def _valid(ref: str) -> bool:
+    hexpart = ref[len(REF_PREFIX) :] if ref.startswith(REF_PREFIX) else ""
+    return len(hexpart) == 64 and all(c in "0123456789abcdef" for c in hexpart)
+
+
+def _hex(ref: str) -> str:
+    if not _valid(ref):
+        raise ApiError(404, "unknown_image_ref", f"malformed image_ref {ref!r}")
+    return ref[len(REF_PREFIX) :]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
