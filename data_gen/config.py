@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from data_gen.annotator import PREFETCH
+from data_gen.audit import FAMILIES
 from hivig.backends.images import check_transport
 from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
 from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key
@@ -135,7 +136,17 @@ class PerturbConfig:
     """Target share of critique steps per platform (relative weights); empty keeps the corpus'
     natural mix. Over-represented platforms are down-sampled (counted as a drop reason)."""
     bad_share: float = 1.0
-    """Share of critique steps that also get a Bad sample (HiViG: one Good + one Bad per step)."""
+    """Share of critique steps offered a Bad sample; the distribution caps below decide which
+    of them get one."""
+    max_dimension_ratio: float = 1.5
+    """No dimension gets more than this multiple of its target share of the Bad samples: a
+    step whose only feasible dimensions are full gets no Bad (it may still be a Good sample)."""
+    min_dimension_ratio: float = 0.5
+    """A dimension below this multiple of its target share, where the corpus could express more
+    of it, fails the export (``unreachable_dimension=error``) or is reported (``warn``)."""
+    good_bad_ratio: float = 1.0
+    """Good critique samples per Bad one (HiViG: 1:1). Goods of steps that have a Bad come
+    first, so pairs stay together; surplus Goods are left out and counted."""
     near_miss_margin: int = 12
     """Grounding/Spatial near-miss: distance outside the target element box, in 0-1000 grid
     units."""
@@ -162,6 +173,12 @@ class PerturbConfig:
             raise ConfigError("`perturb.platform_weights` must be non-negative")
         if not 0.0 <= self.bad_share <= 1.0:
             raise ConfigError("`perturb.bad_share` must be in [0, 1]")
+        if self.max_dimension_ratio < 1.0:
+            raise ConfigError("`perturb.max_dimension_ratio` must be >= 1")
+        if not 0.0 <= self.min_dimension_ratio <= 1.0:
+            raise ConfigError("`perturb.min_dimension_ratio` must be in [0, 1]")
+        if self.good_bad_ratio < 0:
+            raise ConfigError("`perturb.good_bad_ratio` must be >= 0 (0 = keep every Good)")
         if self.near_miss_margin <= 0:
             raise ConfigError("`perturb.near_miss_margin` must be positive")
         if not 0.0 < self.scroll_shrink < 1.0:
@@ -222,6 +239,17 @@ class ExportConfig:
     """Sample cards in report.html (marked screenshots with prompt and target)."""
     sharegpt: bool = True
     """Also write the LlamaFactory ShareGPT export (``sharegpt/<split>.json``)."""
+    history_critique_ratio: float = 0.625
+    """History samples per critique sample in the export (HiViG: 20k history to 32k critique);
+    surplus history samples are left out and counted (``mix_ratio``); 0 keeps them all."""
+    audit_max_auc: float = 0.7
+    """Shortcut audit: the highest acceptable AUC of a text-only probe (proposed step, history
+    text) separating Good from Bad in a gated family; above it the export fails loudly."""
+    audit_gated: list[str] = field(default_factory=lambda: ["pointing"])
+    """Dimension families the audit gates (``pointing``, ``visual_other``, ``cognitive``; see
+    ``data_gen.audit.FAMILIES``); the others are reported only."""
+    audit_min_samples: int = 20
+    """Families with fewer Bad samples are reported as too small to score."""
     max_tokens: int = 16384
     """Drop samples longer than this, in tokens (system + user + images + target), estimated on
     the canonical frame (image tokens exact, text at 4 UTF-8 bytes per token); 0 = no limit.
@@ -234,6 +262,15 @@ class ExportConfig:
             raise ConfigError("`export.report_cards` must be >= 0")
         if self.max_tokens < 0:
             raise ConfigError("`export.max_tokens` must be >= 0 (0 = no limit)")
+        if self.history_critique_ratio < 0:
+            raise ConfigError("`export.history_critique_ratio` must be >= 0 (0 = keep all)")
+        if not 0.5 <= self.audit_max_auc <= 1.0:
+            raise ConfigError("`export.audit_max_auc` must be in [0.5, 1]")
+        unknown = sorted(set(self.audit_gated) - set(FAMILIES))
+        if unknown:
+            raise ConfigError(
+                f"`export.audit_gated` names unknown families {unknown}; use {sorted(FAMILIES)}"
+            )
 
 
 @dataclass
@@ -257,6 +294,13 @@ class DataGenConfig:
     """Run seed; every per-sample seed derives from it and the sample id."""
     max_trajectories: int = 0
     """Use only the first N trajectories in id order (0 = all); for smoke runs."""
+    verify_images: str = "header"
+    """How the ingest that ``run`` starts checks screenshots: ``header`` (signature, size, end
+    marker, and a decompression-bomb size limit) or ``full`` (decode every screenshot, so a
+    corrupt body is quarantined at ingest rather than dropped where it is first decoded)."""
+    keep_failed: bool = False
+    """Also build samples from trajectories whose outcome is not ``success`` (HiViG synthesises
+    from successful trajectories only; failed and unfinished ones are counted and left out)."""
     frame: FrameConfig = field(default_factory=FrameConfig)
     """Canonical frame for marked images and token estimates."""
     annotator: AnnotatorConfig = field(default_factory=AnnotatorConfig)
@@ -277,6 +321,8 @@ class DataGenConfig:
     def __post_init__(self) -> None:
         if self.max_trajectories < 0:
             raise ConfigError("`max_trajectories` must be >= 0")
+        if self.verify_images not in ("header", "full"):
+            raise ConfigError("`verify_images` must be `header` or `full`")
 
     def require_paths(self) -> None:
         """Check the two paths every real run needs (``--dry-run`` may leave them empty).

@@ -28,6 +28,7 @@ from typing import Any
 
 from data_gen.config import DataGenConfig
 from data_gen.executor import StageStats, atomic_write_text, dumps_jsonl, merge_counts, stable_int
+from data_gen.ingest import decode_check
 from data_gen.report import ImageSizes, dataset_stats, estimated_tokens, pick_cards, render_report
 from data_gen.steps._work import Work, messages_from_json, spec_to_record
 from hivig.media import ImageRef, mark_to_json
@@ -80,6 +81,41 @@ def duplicate_bad_samples(works: list[Work]) -> dict[str, str]:
         else:
             first[key] = sid
     return dupes
+
+
+class ExportError(RuntimeError):
+    """The export cannot stand behind what it wrote: no records, a failed shortcut audit, or a
+    target distribution it could not reach. The dataset folder is written for inspection, but
+    no completion marker, so a rerun exports (and fails) again."""
+
+
+CORRUPT_IMAGE = "corrupt_image"
+"""Drop reason of a sample whose screenshot passed ingest's header check but does not decode
+(a corrupt body, a decompression bomb); the offline annotator never decodes, so export is where
+such an image is first opened."""
+
+
+class ImageCheck:
+    """Whether each screenshot decodes fully, decided once per path."""
+
+    def __init__(self, corpus: Path) -> None:
+        self.corpus = corpus
+        self._seen: dict[str, str | None] = {}
+
+    def problem(self, path: str) -> str | None:
+        """Why the screenshot cannot be decoded, or ``None``."""
+        if path not in self._seen:
+            got = decode_check(self.corpus / path)
+            self._seen[path] = got[1] if isinstance(got[0], str) else None  # type: ignore[assignment]
+        return self._seen[path]
+
+
+def _undecodable(spec: dict[str, Any], check: ImageCheck) -> str | None:
+    for message in spec["messages"]:
+        for part in message["content"]:
+            if "image" in part and (why := check.problem(part["image"])) is not None:
+                return f"{part['image']}: {why}"
+    return None
 
 
 def _json(obj: Any) -> str:
@@ -201,10 +237,15 @@ def export_dataset(
     sizes, f, limit = ImageSizes(corpus), cfg.frame, cfg.export.max_tokens
     specs, records, tokens = [], [], {}
     dupes = duplicate_bad_samples(works)
+    decodes = ImageCheck(corpus)
     for spec in collect_specs(works):
         stats.seen()
         if spec["id"] in dupes:
             stats.drop(spec["id"], DUPLICATE_BAD_STEP, f"same as {dupes[spec['id']]}")
+            continue
+        broken = _undecodable(spec, decodes)
+        if broken is not None:
+            stats.drop(spec["id"], CORRUPT_IMAGE, broken)
             continue
         n = estimated_tokens(spec, sizes, f.min_pixels, f.max_pixels, f.factor)
         if limit and n > limit:
@@ -234,4 +275,9 @@ def export_dataset(
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)
+    if not records:
+        raise ExportError(
+            f"the run produced no records (every sample was dropped; see {dest / 'stats.json'} "
+            "and exclusions.jsonl for the reasons)"
+        )
     return result

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from data_gen.annotator import TRANSIENT_REASONS, Annotator, offline_answer
 from data_gen.config import DataGenConfig
 from data_gen.executor import (
@@ -43,8 +45,8 @@ from data_gen.executor import (
     merge_counts,
     summary_table,
 )
-from data_gen.export import export_dataset
-from data_gen.ingest import IngestConfig, ingest
+from data_gen.export import ExportError, export_dataset
+from data_gen.ingest import IngestConfig, IngestError, ingest, ingest_complete
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, plan_corpus
 from data_gen.perturb.grounding import ground_corpus
 from data_gen.perturb.plan import UnreachableDimensionError, target_shares
@@ -93,13 +95,19 @@ def trajectories_path(cfg: DataGenConfig) -> Path:
     if inside.exists():
         return inside
     ingested = Path(cfg.out) / "ingest" / "trajectories.jsonl"
-    # Shards of an array job may start together: one ingests, the others wait for its file.
-    while not ingested.exists():
+    # Shards of an array job may start together: one ingests, the others wait for its
+    # completion marker (a trajectories file alone may be what a killed ingest left behind).
+    while not ingest_complete(ingested.parent):
         with file_lock(Path(cfg.out) / "ingest.lock") as held:
-            if held and not ingested.exists():
+            if held and not ingest_complete(ingested.parent):
                 log.info("no trajectories.jsonl given; ingesting %s", cfg.corpus)
-                ingest(cfg.corpus, ingested.parent, IngestConfig(), progress=False)
-        if not ingested.exists():
+                ingest(
+                    cfg.corpus,
+                    ingested.parent,
+                    IngestConfig(verify_images=cfg.verify_images),
+                    progress=False,
+                )
+        if not ingest_complete(ingested.parent):
             time.sleep(LOCK_POLL_S)
     return ingested
 
@@ -310,6 +318,62 @@ def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+OUTPUT_FORMAT = 2
+"""Version of the layout of an output folder (work files, plan, markers). Version 1 folders
+(no ``format.json``) were written before successful-only sampling and paired masking; their
+work files do not resume under this code."""
+
+
+def check_corpus(cfg: DataGenConfig) -> None:
+    """Refuse a missing corpus, or one with neither ``meta.json`` nor ``trajectories.jsonl``.
+
+    Raises:
+        ConfigError: Naming the folder and what it lacks.
+    """
+    corpus = Path(cfg.corpus)
+    if cfg.trajectories:
+        if not Path(cfg.trajectories).is_file():
+            raise ConfigError(f"`trajectories` file {cfg.trajectories} does not exist")
+        if not corpus.is_dir():
+            raise ConfigError(f"`corpus` folder {corpus} does not exist")
+        return
+    if not corpus.is_dir():
+        raise ConfigError(f"`corpus` folder {corpus} does not exist (override: corpus=DIR)")
+    if not (corpus / "meta.json").is_file() and not (corpus / "trajectories.jsonl").is_file():
+        raise ConfigError(
+            f"`corpus` folder {corpus} holds neither meta.json (a ScaleCUA-format corpus) nor "
+            "trajectories.jsonl (ingest output)"
+        )
+
+
+def check_out(cfg: DataGenConfig) -> None:
+    """Refuse an ``out`` that cannot be written, or that an older version wrote.
+
+    Raises:
+        ConfigError: Naming the folder and the fix.
+    """
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create `out` folder {out}: {e.strerror}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"`out` folder {out} is not writable")
+    marker = out / "format.json"
+    if (out / "config.yaml").exists():
+        try:
+            found = json.loads(marker.read_text(encoding="utf-8")).get("format")
+        except (OSError, ValueError, AttributeError):
+            found = 1
+        if found != OUTPUT_FORMAT:
+            raise ConfigError(
+                f"{out} was written by an older hivig (output format {found}, this one writes "
+                f"{OUTPUT_FORMAT}); write to a new `out` (paid answers stay usable with "
+                f"annotator.cache_dir={cfg.annotator.cache_dir or out / 'cache'})"
+            )
+    atomic_write_text(marker, json.dumps({"format": OUTPUT_FORMAT}) + "\n")
+
+
 def check_resume(cfg: DataGenConfig) -> None:
     """Record the config in ``out/config.yaml``, refusing a resume that would change outputs.
 
@@ -495,13 +559,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> dict[str, Any] | None:
     """Run the pipeline for ``shard`` (all of the corpus when ``None``) and merge when complete."""
     cfg.require_paths()
+    check_corpus(cfg)
+    check_out(cfg)
     check_resume(cfg)
     shard = shard or Shard(0, 1)
+    # The annotator (endpoint, key variable, transport) is checked before any ingest work.
+    annotator = build_annotator(cfg)
     # Host, git revision, package versions and SLURM ids of this process, per shard.
     write_run_description(Path(cfg.out) / "runs" / shard.name, cfg)
     works, quarantine = load_work(cfg)
     atomic_write_text(Path(cfg.out) / "input_quarantine.jsonl", dumps_jsonl(quarantine))
-    annotator = build_annotator(cfg)
+    if not works:
+        annotator.close()
+        raise ConfigError(
+            f"no usable trajectory in {cfg.corpus} ({len(quarantine)} quarantined, see "
+            f"{Path(cfg.out) / 'input_quarantine.jsonl'}); check the corpus"
+        )
     loop = LoopThread()
     try:
         elements = load_elements(cfg, works, annotator, loop)
@@ -533,20 +606,41 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
             annotator.close()
 
 
+def read_config(path: str | None, overrides: list[str]) -> DataGenConfig:
+    """``load_config`` with every way a config file can be unusable as a ``ConfigError``.
+
+    Raises:
+        ConfigError: The file is missing, unreadable, not YAML, or does not fit the schema.
+    """
+    try:
+        return load_config(DataGenConfig, path, overrides)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(e).split())}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror or e}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid config {path}: {e}") from None
+
+
 def main(argv: list[str]) -> int:
     """``python -m data_gen run``; returns the process exit code."""
     args = parse_args(argv)
     try:
-        cfg = load_config(DataGenConfig, args.config, args.overrides)
+        cfg = read_config(args.config, args.overrides)
         if args.dry_run:
             sys.stdout.write(config_to_yaml(cfg))
             return 0
         shard = Shard.parse(args.shard) if args.shard else None
         configure_logging()
         run(cfg, shard, args.merge)
-    except (ConfigError, ShardError, UnreachableDimensionError) as e:
+    except (ConfigError, ShardError, UnreachableDimensionError, IngestError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    except ExportError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
     except StageIncomplete as e:
         # Not a crash: the finished work is kept and a rerun picks up the rest.
         sys.stderr.write(f"incomplete: {e}\n")

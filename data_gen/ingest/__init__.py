@@ -41,7 +41,7 @@ from typing import Any
 from tqdm import tqdm
 
 from data_gen.ingest._build import Built, FileIngest, FileReport, drop_copies
-from data_gen.ingest._images import ImageResolver, sniff_image
+from data_gen.ingest._images import ImageResolver, decode_check, sniff_image
 from data_gen.ingest._parse import (
     MIXED_SCALE_SHARE,
     PLATFORMS,
@@ -73,6 +73,7 @@ __all__ = [
     "IngestResult",
     "Record",
     "classify_entry",
+    "decode_check",
     "ingest",
     "ingest_complete",
     "parse_line",

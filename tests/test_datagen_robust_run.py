@@ -1,0 +1,72 @@
+"""``data_gen run`` on bad input: a corrupt screenshot body is dropped with a reason (or
+quarantined at ingest with ``verify_images=full``), and a killed ingest is never resumed from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_ingest import episode, write_corpus
+
+from data_gen.config import DataGenConfig
+from data_gen.ingest import ingest_complete
+from data_gen.run import run, trajectories_path
+from hivig.config import load_config
+
+DEMO = Path(__file__).resolve().parents[1] / "configs" / "data_gen" / "demo.yaml"
+STEPS = [
+    ("Click the 'OK' button", "click(x=0.1, y=0.1)"),
+    ("Click the 'Next' button", "click(x=0.5, y=0.5)"),
+    ("Done", "terminate(status='success', info=None)"),
+]
+
+
+def _corpus(root: Path) -> Path:
+    eps = episode("e/1", "Open it", STEPS) + episode("e/2", "Close it", STEPS)
+    write_corpus(root, {"internal_web_navigation_1": ("web", "navigation", eps)})
+    shot = root / "data/data_20250612/web/images/e/1/images/1.png"
+    raw = bytearray(shot.read_bytes())
+    raw[45:70] = b"\x07" * 25  # the IDAT body: header and end marker stay intact
+    shot.write_bytes(bytes(raw))
+    return root
+
+
+def _cfg(tmp_path: Path, *extra: str) -> DataGenConfig:
+    return load_config(
+        DataGenConfig,
+        DEMO,
+        [f"corpus={tmp_path / 'c'}", f"out={tmp_path / 'o'}", "judge.enabled=false", *extra],
+    )
+
+
+def test_corrupt_body_is_dropped_at_export_not_a_crash(tmp_path):
+    _corpus(tmp_path / "c")
+    stats = run(_cfg(tmp_path, "perturb.unreachable_dimension=warn"), None)
+    assert stats is not None
+    dropped = stats["stages"]["export"]
+    assert dropped.get("dropped_corrupt_image", 0) > 0
+    rows = (tmp_path / "o" / "dataset" / "exclusions.jsonl").read_text().splitlines()
+    assert any(json.loads(r)["reason"] == "corrupt_image" for r in rows)
+    # A rerun does not crash either (the export is up to date or redone the same way).
+    assert run(_cfg(tmp_path, "perturb.unreachable_dimension=warn"), None) == stats
+
+
+def test_full_verification_quarantines_it_at_ingest(tmp_path):
+    _corpus(tmp_path / "c")
+    cfg = _cfg(tmp_path, "verify_images=full")
+    path = trajectories_path(cfg)
+    quarantine = (path.parent / "quarantine.jsonl").read_text()
+    assert "corrupt_image" in quarantine
+
+
+def test_run_reingests_when_ingest_was_killed_midway(tmp_path):
+    _corpus(tmp_path / "c")
+    cfg = _cfg(tmp_path)
+    path = trajectories_path(cfg)
+    assert ingest_complete(path.parent)
+    # What a kill between the writes leaves: the trajectories file, the rest missing.
+    (path.parent / "stats.json").unlink()
+    (path.parent / "quarantine.jsonl").unlink()
+    assert not ingest_complete(path.parent)
+    assert trajectories_path(cfg) == path
+    assert (path.parent / "stats.json").exists() and (path.parent / "quarantine.jsonl").exists()
