@@ -1,0 +1,656 @@
+"""Readers for the three inputs of ``diagnose``, detected from the path.
+
+* a gateway session trace, ``<state_dir>/traces/<sid>.jsonl``, whose screenshots are
+  ``<state_dir>/images/<hex>.png``;
+* an OSWorld-style result folder (``traj.jsonl``, ``step_{n}_{timestamp}.png`` after each action,
+  ``result.txt``), including the ``{"Error": ...}`` lines real runs write and the ``response``
+  field (a string or an object) some forks add;
+* an ingested trajectories file (``hivig.trajectory``; screenshots relative to the corpus root).
+
+A bad line never stops a load: it is skipped and recorded in ``Run.skipped`` with a reason.
+Only a path that cannot be read as any of the three raises ``DiagnoseInputError``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from hivig.actions import (
+    PLATFORMS,
+    Action,
+    ActionError,
+    Terminate,
+    parse_osworld,
+    parse_tool_calls,
+    render_tool_calls,
+    space_for_platform,
+)
+from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
+from serve.diagnose.run import Run, RunStep, Skipped, Verdict
+
+OSWORLD_PLATFORM = "ubuntu"
+"""OSWorld runs on an Ubuntu VM; its folders do not record the platform."""
+
+DEFAULT_SCREEN = (1920, 1080)
+"""OSWorld's default screen, used when no screenshot can be read to learn the size."""
+
+_TEXT_CAP = 2000  # characters of a response kept as the step's reasoning
+_OSWORLD_INITIAL = ("step_0.png", "step_0_*.png", "initial*.png", "screenshot_0*.png")
+_TASK_FILES = ("task.json", "example.json", "config.json")
+_TASK_TEXT_FILES = ("instruction.txt", "task.txt")
+
+
+class DiagnoseInputError(ValueError):
+    """The input path cannot be diagnosed (missing, empty, or of no known format)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Detection
+
+
+def detect_kind(path: Path) -> str:
+    """Which reader a path needs: ``trace``, ``osworld`` or ``trajectories``.
+
+    Args:
+        path: A trace file, an OSWorld result folder (or its ``traj.jsonl``), or an ingested
+            trajectories file.
+
+    Returns:
+        The kind.
+
+    Raises:
+        DiagnoseInputError: The path is missing or matches none of the formats.
+    """
+    if path.is_dir():
+        if (path / "traj.jsonl").is_file():
+            return "osworld"
+        raise DiagnoseInputError(f"{path} is a folder without traj.jsonl; pass a result folder")
+    if not path.is_file():
+        raise DiagnoseInputError(f"{path} does not exist")
+    if path.name == "traj.jsonl":
+        return "osworld"
+    first = _first_object(path)
+    if first is None:
+        raise DiagnoseInputError(f"{path} holds no JSON object on any line")
+    if "event" in first:
+        return "trace"
+    if "steps" in first and "task" in first:
+        return "trajectories"
+    if "step_num" in first or "Error" in first:
+        return "osworld"
+    raise DiagnoseInputError(
+        f"{path}: cannot tell the format (expected a gateway trace, an OSWorld traj.jsonl or "
+        "ingested trajectories)"
+    )
+
+
+def _first_object(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    return obj
+    except OSError as e:
+        raise DiagnoseInputError(f"cannot read {path}: {e.strerror}") from None
+    return None
+
+
+def load_run(
+    path: str | Path, *, images_root: str | Path | None = None, trajectory_id: str | None = None
+) -> Run:
+    """Read any of the three inputs into a ``Run``.
+
+    Args:
+        path: Trace file, OSWorld result folder (or its ``traj.jsonl``), or trajectories file.
+        images_root: Corpus root for an ingested trajectories file (default: its folder).
+        trajectory_id: Which trajectory of a trajectories file to read (default: the first
+            failed one, else the first).
+
+    Returns:
+        The run.
+
+    Raises:
+        DiagnoseInputError: The path cannot be read or holds no usable step.
+    """
+    p = Path(path)
+    kind = detect_kind(p)
+    if kind == "trace":
+        run = load_trace(p)
+    elif kind == "osworld":
+        run = load_osworld(p if p.is_dir() else p.parent)
+    else:
+        run = load_trajectories(p, images_root=images_root, trajectory_id=trajectory_id)
+    if not run.steps:
+        reasons = ", ".join(sorted({s.reason for s in run.skipped})) or "no action lines"
+        raise DiagnoseInputError(f"{p}: no usable step ({reasons})")
+    return run
+
+
+def _lines(path: Path, skipped: list[Skipped]) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of every JSON-object line; the others go to ``skipped``."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path.name}:{number}"
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError) as e:
+                skipped.append(Skipped(where, "bad_json", str(e)[:200]))
+                continue
+            if not isinstance(obj, dict):
+                skipped.append(Skipped(where, "not_an_object", type(obj).__name__))
+                continue
+            out.append((number, obj))
+    return out
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _cap(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return text if len(text) <= _TEXT_CAP else text[: _TEXT_CAP - 3] + "..."
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _image_size(path: Path) -> tuple[int, int] | None:
+    try:
+        with Image.open(path) as img:
+            return img.size
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Gateway traces
+
+
+def _trace_image(images: Path, ref: object) -> Path | None:
+    if not isinstance(ref, str) or not ref.startswith("sha256:"):
+        return None
+    digest = ref.split(":", 1)[1]
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        return None
+    path = images / f"{digest}.png"
+    return path if path.is_file() else None
+
+
+def _trace_action(obj: object) -> tuple[str, str | None, list[Action] | None, str | None]:
+    """``(raw, intent, actions, parse_error)`` of a trace action object."""
+    if not isinstance(obj, dict):
+        return "", None, None, "missing action"
+    text = _text(obj.get("action_text")) or _text(obj.get("raw")) or ""
+    intent = _text(obj.get("intent"))
+    recorded_error = _text(obj.get("parse_error"))
+    parsed = parse_tool_calls(text) if text else ActionError("empty", "no action text")
+    if isinstance(parsed, ActionError):
+        return text, intent, None, recorded_error or f"{parsed.reason}: {parsed.message}"
+    return text, intent, parsed, recorded_error
+
+
+def _trace_verdict(obj: object) -> Verdict | None:
+    if not isinstance(obj, dict) or obj.get("verdict") not in ("good", "bad", "abstain"):
+        return None
+    return Verdict(
+        verdict=obj["verdict"],
+        source=str(obj.get("source") or "model"),
+        dimension=_text(obj.get("error_dimension")),
+        explanation=_text(obj.get("explanation")) or "",
+        confidence=_number(obj.get("confidence")),
+    )
+
+
+def _history_fields(obs: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    history = (obs or {}).get("history")
+    if not isinstance(history, dict):
+        return None, None
+    return _text(history.get("progress_summary")), _text(history.get("last_action_result"))
+
+
+def load_trace(path: Path) -> Run:
+    """Read a gateway session trace (``SERVE_API`` "Traces" section) into a run.
+
+    Step ``k`` of the session (screen ``k`` observed, then an action executed) becomes run step
+    ``k + 1``: its action is the ``prev_action`` of observe ``k + 1``, its screens the images of
+    observes ``k`` and ``k + 1``, its verdict the critique at ``k`` of that same action. A
+    critique at the last observed screen becomes a final step without an after-screen.
+
+    Args:
+        path: The ``traces/<sid>.jsonl`` file.
+
+    Returns:
+        The run (outcome ``failure`` when it ends in ``terminate(failure)``, else ``unknown``).
+    """
+    skipped: list[Skipped] = []
+    notes: list[str] = []
+    images = path.parent.parent / "images"
+    session: dict[str, Any] | None = None
+    observes: dict[int, dict[str, Any]] = {}
+    critiques: dict[int, list[dict[str, Any]]] = {}
+    for number, obj in _lines(path, skipped):
+        where = f"{path.name}:{number}"
+        event = obj.get("event")
+        idx = obj.get("step_idx")
+        if event == "session":
+            session = session or obj
+        elif event in ("observe", "critique"):
+            if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+                skipped.append(Skipped(where, "bad_step_idx", f"step_idx {idx!r}"))
+            elif event == "observe":
+                # Observe is idempotent per step_idx: a repeated line restates the first one.
+                observes.setdefault(idx, obj)
+            else:
+                critiques.setdefault(idx, []).append(obj)
+        elif event != "close":
+            skipped.append(Skipped(where, "unknown_event", f"event {event!r}"))
+    task, platform, screen = _session_fields(session, notes)
+    steps: list[RunStep] = []
+    last = max(observes) if observes else -1
+    for k in range(last):
+        nxt = observes.get(k + 1)
+        if nxt is None:
+            skipped.append(Skipped(f"step_idx {k + 1}", "missing_observe", "no observe event"))
+            continue
+        raw, intent, actions, error = _trace_action(nxt.get("prev_action"))
+        verdict = _matching_verdict(critiques.get(k, []), raw)
+        progress, result = _history_fields(nxt)
+        change = nxt.get("change") if isinstance(nxt.get("change"), dict) else None
+        steps.append(
+            RunStep(
+                step=len(steps) + 1,
+                source_ref=f"trace step_idx {k} -> {k + 1}",
+                raw=raw,
+                actions=actions,
+                parse_error=error,
+                intent=intent,
+                before=_trace_image(images, (observes.get(k) or {}).get("image_ref")),
+                after=_trace_image(images, nxt.get("image_ref")),
+                verdict=verdict,
+                last_action_result=result,
+                progress_summary=progress,
+                recorded_change=change,
+            )
+        )
+    final = critiques.get(last, []) if last >= 0 else []
+    if final:
+        crit = final[-1]
+        raw, intent, actions, error = _trace_action(crit.get("action"))
+        terminal = bool(actions) and isinstance(actions[-1], Terminate)
+        steps.append(
+            RunStep(
+                step=len(steps) + 1,
+                source_ref=f"trace step_idx {last} (last critique)",
+                raw=raw,
+                actions=actions,
+                parse_error=error,
+                intent=intent,
+                before=_trace_image(images, crit.get("image_ref"))
+                or _trace_image(images, observes[last].get("image_ref")),
+                verdict=_trace_verdict(crit.get("verdict")),
+                executed=terminal,
+            )
+        )
+    missing = sum(s.before is None for s in steps)
+    if missing:
+        notes.append(f"{missing} step(s) have no readable before-screenshot in {images}")
+    outcome = "unknown"
+    if steps and steps[-1].actions and isinstance(steps[-1].actions[-1], Terminate):
+        outcome = "failure" if steps[-1].actions[-1].status == "failure" else "unknown"
+    if outcome == "unknown":
+        notes.append("a trace does not record the task outcome; the run is assumed to have failed")
+    return Run("trace", path, task, platform, screen, steps, outcome, None, skipped, notes)
+
+
+def _session_fields(
+    session: dict[str, Any] | None, notes: list[str]
+) -> tuple[str | None, str, tuple[int, int]]:
+    if session is None:
+        notes.append("the trace has no session event; platform and screen are assumed")
+        return None, OSWORLD_PLATFORM, DEFAULT_SCREEN
+    platform = {"macos": "mac", "linux": "ubuntu"}.get(session.get("platform"))
+    platform = platform or session.get("platform")
+    if platform not in PLATFORMS:
+        notes.append(f"unknown platform {session.get('platform')!r}; assumed {OSWORLD_PLATFORM}")
+        platform = OSWORLD_PLATFORM
+    screen = session.get("screen")
+    size = DEFAULT_SCREEN
+    if isinstance(screen, dict):
+        w, h = screen.get("w"), screen.get("h")
+        if isinstance(w, int) and isinstance(h, int) and w > 0 and h > 0:
+            size = (w, h)
+    return _text(session.get("task")), platform, size
+
+
+def _matching_verdict(critiques: list[dict[str, Any]], raw: str) -> Verdict | None:
+    """The verdict on the executed action: the last critique of the same action text."""
+    for crit in reversed(critiques):
+        action = crit.get("action")
+        if isinstance(action, dict) and (action.get("action_text") or action.get("raw")) == raw:
+            return _trace_verdict(crit.get("verdict"))
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# OSWorld result folders
+
+
+def strip_thought_strings(code: str) -> str:
+    """Blank out bare string statements (UI-TARS-style thought blocks) from pyautogui code.
+
+    Args:
+        code: The action code.
+
+    Returns:
+        The code with every top-level string-literal statement replaced by blank lines (line
+        numbers are kept); the input unchanged when it does not parse.
+    """
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError):
+        return code
+    lines = code.splitlines(keepends=True)
+    drop: set[int] = set()
+    for stmt in body:
+        if (
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Constant)
+            and isinstance(stmt.value.value, str)
+        ):
+            drop.update(range(stmt.lineno - 1, (stmt.end_lineno or stmt.lineno)))
+    if not drop:
+        return code
+    return "".join("\n" if i in drop else line for i, line in enumerate(lines))
+
+
+def _osworld_code(action: object) -> str:
+    """The action text of a traj.jsonl line: a string, or the code inside an action object."""
+    if isinstance(action, str):
+        return action
+    if isinstance(action, dict):
+        for key in ("command", "code", "action", "pyautogui", "python"):
+            if isinstance(action.get(key), str):
+                return action[key]
+    return json.dumps(action, ensure_ascii=False)
+
+
+def parse_osworld_action(code: str, width: int, height: int) -> list[Action] | ActionError:
+    """Parse an OSWorld action (pyautogui code or WAIT/DONE/FAIL), ignoring thought strings."""
+    parsed = parse_osworld(code, width, height)
+    if isinstance(parsed, ActionError) and parsed.reason == "unsupported_action":
+        stripped = strip_thought_strings(code)
+        if stripped != code:
+            return parse_osworld(stripped, width, height)
+    return parsed
+
+
+def _response_texts(response: object) -> tuple[str | None, str | None]:
+    """``(think, intent)`` from a ``response`` field that is a string or an object."""
+    if isinstance(response, str):
+        return _cap(_text(response)), None
+    if isinstance(response, dict):
+        intent = _text(response.get("intent")) or _text(response.get("action_description"))
+        for key in ("thought", "thoughts", "reasoning", "response", "content", "text"):
+            if _text(response.get(key)):
+                return _cap(response[key]), intent
+        return _cap(json.dumps(response, ensure_ascii=False)), intent
+    return None, None
+
+
+def _info_error(info: object) -> str | None:
+    if not isinstance(info, dict):
+        return None
+    for key, value in info.items():
+        if "error" in str(key).lower() and value:
+            return f"{key}: {value}"[:300]
+    return None
+
+
+def _osworld_task(folder: Path) -> str | None:
+    for name in _TASK_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                obj = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(obj, dict) and _text(obj.get("instruction")):
+                return obj["instruction"]
+    for name in _TASK_TEXT_FILES:
+        path = folder / name
+        if path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+            if text:
+                return text
+    return None
+
+
+def _osworld_score(folder: Path, notes: list[str]) -> float | None:
+    path = folder / "result.txt"
+    if not path.is_file():
+        notes.append("no result.txt; the outcome is unknown")
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace").strip()
+    try:
+        return float(text.split()[0]) if text else None
+    except ValueError:
+        notes.append(f"result.txt holds {text[:40]!r}, not a number; the outcome is unknown")
+        return None
+
+
+def load_osworld(folder: Path) -> Run:
+    """Read an OSWorld-style result folder into a run.
+
+    Every action line is one step (several lines may share a ``step_num`` when one response
+    held several actions). The screenshot a line names is the screen *after* its action, so
+    the before-screen of a step is the after-screen of the step before; the first step has a
+    before-screen only when the folder holds an initial screenshot (``step_0*.png``).
+
+    Args:
+        folder: The result folder holding ``traj.jsonl``.
+
+    Returns:
+        The run; ``{"Error": ...}`` lines and other unusable lines are in ``Run.skipped``.
+    """
+    skipped: list[Skipped] = []
+    notes: list[str] = []
+    traj = folder / "traj.jsonl"
+    records: list[tuple[int, dict[str, Any], Path | None]] = []
+    for number, obj in _lines(traj, skipped):
+        where = f"traj.jsonl:{number}"
+        if "Error" in obj and "action" not in obj:
+            skipped.append(Skipped(where, "error_line", str(obj["Error"])[:300]))
+            notes.append(f"the runner recorded an error: {str(obj['Error'])[:200]}")
+            continue
+        if "action" not in obj:
+            skipped.append(Skipped(where, "no_action", f"keys {sorted(obj)[:8]}"))
+            continue
+        shot = obj.get("screenshot_file")
+        image = folder / shot if isinstance(shot, str) and shot and "/" not in shot else None
+        if image is not None and not image.is_file():
+            image = None
+        records.append((number, obj, image))
+    size = next((s for _, _, p in records if p and (s := _image_size(p))), None)
+    if size is None:
+        notes.append(f"no readable screenshot; the screen is assumed {DEFAULT_SCREEN}")
+    width, height = size or DEFAULT_SCREEN
+    previous = _initial_screenshot(folder)
+    steps: list[RunStep] = []
+    for number, obj, image in records:
+        code = _osworld_code(obj["action"])
+        parsed = parse_osworld_action(code, width, height)
+        think, intent = _response_texts(obj.get("response"))
+        error = _text(obj.get("Error")) or _info_error(obj.get("info"))
+        steps.append(
+            RunStep(
+                step=len(steps) + 1,
+                source_ref=f"traj.jsonl:{number} step_num {obj.get('step_num')}",
+                raw=code,
+                actions=None if isinstance(parsed, ActionError) else parsed,
+                parse_error=(
+                    f"{parsed.reason}: {parsed.message}"
+                    if isinstance(parsed, ActionError)
+                    else None
+                ),
+                intent=intent,
+                think=think,
+                before=previous,
+                after=image,
+                reward=_number(obj.get("reward")),
+                error=error,
+            )
+        )
+        previous = image
+    missing = sum(s.after is None for s in steps)
+    if missing:
+        notes.append(f"{missing} step(s) have no readable screenshot file")
+    if steps and steps[0].before is None:
+        notes.append("the folder has no initial screenshot; step 1 has no before-screen")
+    score = _osworld_score(folder, notes)
+    outcome = "unknown" if score is None else ("success" if score >= 1.0 else "failure")
+    task = _osworld_task(folder)
+    if task is None:
+        notes.append("the folder does not record the task instruction")
+    return Run(
+        "osworld",
+        folder,
+        task,
+        OSWORLD_PLATFORM,
+        (width, height),
+        steps,
+        outcome,
+        score,
+        skipped,
+        notes,
+    )
+
+
+def _initial_screenshot(folder: Path) -> Path | None:
+    for pattern in _OSWORLD_INITIAL:
+        found = sorted(folder.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Ingested trajectories
+
+
+def _pick(
+    items: list[Trajectory], trajectory_id: str | None, path: Path, notes: list[str]
+) -> Trajectory | None:
+    if trajectory_id is not None:
+        for t in items:
+            if t.id == trajectory_id:
+                return t
+        raise DiagnoseInputError(f"{path}: no trajectory with id {trajectory_id}")
+    if not items:
+        return None
+    failed = [t for t in items if t.outcome == "failure"]
+    chosen = failed[0] if failed else items[0]
+    if len(items) > 1:
+        notes.append(
+            f"the file holds {len(items)} trajectories; diagnosed {chosen.id} "
+            "(pass trajectory_id / --trajectory to choose another)"
+        )
+    return chosen
+
+
+def load_trajectories(
+    path: Path, *, images_root: str | Path | None = None, trajectory_id: str | None = None
+) -> Run:
+    """Read one trajectory of an ingested trajectories file into a run.
+
+    A step's screenshot is its before-screen; the next step's screenshot is its after-screen.
+
+    Args:
+        path: The JSONL file.
+        images_root: The corpus root the screenshot paths are relative to (default: the
+            file's folder).
+        trajectory_id: The trajectory to read (default: the first failed one, else the first).
+
+    Returns:
+        The run; malformed lines are in ``Run.skipped``.
+
+    Raises:
+        DiagnoseInputError: ``trajectory_id`` is not in the file.
+    """
+    skipped: list[Skipped] = []
+    notes: list[str] = []
+    items: list[Trajectory] = []
+    for number, item in scan_trajectories(path):
+        if isinstance(item, TrajectoryError):
+            skipped.append(Skipped(f"{path.name}:{number}", item.reason, item.message[:300]))
+        else:
+            items.append(item)
+    chosen = _pick(items, trajectory_id, path, notes)
+    if chosen is None:
+        return Run(
+            "trajectories",
+            path,
+            None,
+            OSWORLD_PLATFORM,
+            DEFAULT_SCREEN,
+            [],
+            "unknown",
+            None,
+            skipped,
+            notes,
+        )
+    root = Path(images_root) if images_root is not None else path.parent
+    space = space_for_platform(chosen.platform)
+    shots = [root / s.screenshot for s in chosen.steps]
+    shots = [p if p.is_file() else None for p in shots]
+    if any(p is None for p in shots):
+        notes.append(
+            f"{sum(p is None for p in shots)} screenshot(s) not found under {root} "
+            "(pass images_root / --images-root: the corpus root)"
+        )
+    steps: list[RunStep] = []
+    for k, s in enumerate(chosen.steps):
+        steps.append(
+            RunStep(
+                step=k + 1,
+                source_ref=f"trajectory {chosen.id} step index {s.index}",
+                raw=s.raw_action or render_tool_calls(s.actions, space),
+                actions=list(s.actions) or None,
+                parse_error=None if s.actions else "empty: the step has no action",
+                intent=s.intent,
+                think=_cap(s.think),
+                before=shots[k],
+                after=shots[k + 1] if k + 1 < len(shots) else None,
+            )
+        )
+    return Run(
+        "trajectories",
+        path,
+        chosen.task,
+        chosen.platform,
+        (chosen.screen_w, chosen.screen_h),
+        steps,
+        chosen.outcome,
+        None,
+        skipped,
+        notes,
+    )
