@@ -54,8 +54,13 @@ def _check(cfg: ServeConfig) -> str | None:
         return "the openai backend needs backend.base_url=URL and model=NAME (the served name)"
     if cfg.backend.kind == "offline":
         return "backend.kind offline has no critic to serve; use transformers or openai"
-    if cfg.critic.prompt_dir and not Path(cfg.critic.prompt_dir).is_dir():
-        return f"critic.prompt_dir not found: {cfg.critic.prompt_dir}"
+    if cfg.critic.prompt_dir:
+        from hivig.prompts import CRITIC_PROMPTS, PromptError, load_prompt_dir
+
+        try:
+            load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)
+        except PromptError as e:
+            return f"critic.prompt_dir: {e}"
     state = Path(cfg.sessions.state_dir)
     try:
         state.mkdir(parents=True, exist_ok=True)

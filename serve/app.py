@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hivig.backends import InferenceBackend, build_backend
 from hivig.config import FrameConfig
+from hivig.prompts import CRITIC_PROMPTS, load_prompt_dir
 from hivig.taxonomy import DIMENSIONS
 from serve.config import ACTION_FORMATS, COORD_SPACES, ServeConfig
 from serve.errors import ApiError
@@ -94,6 +95,8 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
                 await aclose()
             gateway.close()
 
+    if cfg.critic.prompt_dir:
+        load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)  # a bad profile fails before serving
     app = FastAPI(title="hivig critic gateway", version=SCHEMA_VERSION, lifespan=lifespan)
     token = os.environ.get(cfg.auth_token_env, "") if cfg.auth_token_env else ""
     _add_middleware(app, cfg, token)
