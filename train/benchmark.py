@@ -859,6 +859,17 @@ def _served_model(url: str, timeout_s: float) -> str:
     return str(models[0])
 
 
+def resolve_model(spec: BackendSpec, timeout_s: float) -> BackendSpec:
+    """``spec`` with the served model filled in for ``openai:URL`` without ``@MODEL``.
+
+    Raises:
+        BenchmarkError: The server cannot be reached or lists no model.
+    """
+    if spec.kind != "openai" or spec.model:
+        return spec
+    return BackendSpec(spec.kind, spec.target, _served_model(spec.target, timeout_s))
+
+
 def build_predictor(
     spec: BackendSpec, cfg: BenchmarkConfig, image_root: Path, name: str
 ) -> Predictor:
@@ -880,11 +891,10 @@ def build_predictor(
         except (OSError, ValueError) as e:
             raise BenchmarkError(f"--backend {spec.label}: cannot load {spec.target}: {e}") from e
     else:
-        model = spec.model or _served_model(spec.target, cfg.timeout_s)
         backend_cfg = BackendConfig(
             kind="openai",
             base_url=spec.target,
-            model=model,
+            model=spec.model or _served_model(spec.target, cfg.timeout_s),
             concurrency=cfg.concurrency,
             timeout_s=cfg.timeout_s,
         )
@@ -1036,7 +1046,7 @@ def write_confusion_png(results: Sequence[BackendResult], path: Path) -> None:
     """Critique (Good + 12 dimensions) and history (transition) confusion matrices per backend.
 
     Rows are the truth, columns the prediction (``Unparsed``: no usable answer); one row of
-    panels per backend.
+    panels per backend. Cells show counts, shaded by their share of the row.
     """
     import matplotlib
 
@@ -1058,14 +1068,16 @@ def write_confusion_png(results: Sequence[BackendResult], path: Path) -> None:
             rows = [
                 f"{r} ({_abbrev(r)})" if short and r in DIMENSION_NAMES else r for r in conf["rows"]
             ]
-            ax.imshow(matrix, cmap="Blues", aspect="auto")
+            # Shade by share of the row, so a rare class reads as clearly as a common one; the
+            # cells print the counts.
+            shares = [[v / (sum(line) or 1) for v in line] for line in matrix]
+            ax.imshow(shares, cmap="Blues", aspect="auto", vmin=0.0, vmax=1.0)
             ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right", fontsize=8)
             ax.set_yticks(range(len(rows)), rows, fontsize=8)
-            peak = max((v for line in matrix for v in line), default=0)
             for i, line in enumerate(matrix):
                 for j, v in enumerate(line):
                     if v:
-                        colour = "white" if v > peak / 2 else "black"
+                        colour = "white" if shares[i][j] > 0.5 else "black"
                         ax.text(j, i, str(v), ha="center", va="center", fontsize=8, color=colour)
             ax.set_xlabel("predicted")
             ax.set_ylabel("truth")
@@ -1201,6 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = [parse_backend_spec(s) for s in cfg.backends]
         records, image_root, split = load_benchmark_records(cfg.data, cfg.split, cfg.image_root)
         out = _prepare_out(cfg.out)
+        specs = [resolve_model(s, cfg.timeout_s) for s in specs]
     except BenchmarkError as e:
         return _fail(str(e))
     records = select_records(records, cfg.limit)
