@@ -7,6 +7,13 @@ Qwen3-VL tool-call ``arguments`` object. Parsers are total: on any input they re
 
 from hivig.actions._calls import RawCall
 from hivig.actions._tags import first_block
+from hivig.actions.agent import (
+    AGENT_FORMATS,
+    COORD_SPACES,
+    DEFAULT_COORD_SPACE,
+    detect_format,
+    parse_agent_output,
+)
 from hivig.actions.androidworld import parse_androidworld
 from hivig.actions.keys import PYAUTOGUI_KEYS, is_key_name, is_mobile_key_name
 from hivig.actions.model import (
@@ -69,6 +76,11 @@ from hivig.actions.scalecua import (
 )
 
 __all__ = [
+    "AGENT_FORMATS",
+    "COORD_SPACES",
+    "DEFAULT_COORD_SPACE",
+    "detect_format",
+    "parse_agent_output",
     "first_block",
     "ALIASES",
     "CLAMP_FRACTION",

@@ -47,3 +47,39 @@ def loads(text: str, what: str) -> Any | ActionError:
         return ActionError("bad_argument", f"{what}: {exc}")
     except (ValueError, RecursionError) as exc:
         return ActionError("bad_syntax", f"{what} is not strict JSON: {exc}")
+
+
+MAX_OBJECT_STARTS = 256
+"""Open braces tried by ``decode_objects``; bounds the work on hostile text (each try can scan
+to the end of the text when a string never closes)."""
+
+
+def decode_objects(text: str, limit: int = MAX_OBJECT_STARTS) -> list[Any]:
+    """Every strict-JSON object embedded in free text, in order of appearance.
+
+    Decoding is tried at each ``{`` not inside an object already decoded, so prose around the
+    JSON, a doubled opening brace (``{{"name": ...}``) and a stray closing brace are skipped.
+
+    Args:
+        text: Text that may hold JSON objects among other characters.
+        limit: Most ``{`` positions tried.
+
+    Returns:
+        The decoded objects (dicts only). Never raises.
+    """
+    decoder = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+    found: list[Any] = []
+    pos = 0
+    for _ in range(limit):
+        start = text.find("{", pos)
+        if start < 0:
+            break
+        try:
+            obj, end = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            pos = start + 1
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+        pos = end
+    return found
