@@ -624,6 +624,23 @@ def _compare(
     return _Compared(identical, dist, region, frac, no_effect, changed)
 
 
+def _resized_compare(
+    state: DetectorState,
+    prev_rgb: np.ndarray,
+    cur: tuple[np.ndarray, np.ndarray],
+    mask: _Mask,
+    has_targets: bool,
+) -> _Compared:
+    """Signals across a change of screen size: always a change; the dHash still compares."""
+    prev_shape = (prev_rgb.shape[0], prev_rgb.shape[1])
+    boxes = (*platform_masks(state.platform), *state.volatile_regions)
+    prev_mask = _Mask.build(_static_slices(boxes, prev_shape), (), prev_shape, 1)
+    prev_g = prev_mask.zeroed(state.grey if state.grey is not None else _grey_of(prev_rgb))
+    dist = hamming(dhash_array(prev_g), dhash_array(mask.zeroed(cur[1])))
+    nothing = np.zeros(mask.px.shape, dtype=bool)
+    return _Compared(False, dist, True if has_targets else None, 1.0, False, nothing)
+
+
 def _screen_key(rgb: np.ndarray, mask: _Mask) -> str:
     """First 16 hex digits of the SHA-256 of the masked RGB thumbnail (and its size)."""
     digest = hashlib.sha256(f"{rgb.shape[1]}x{rgb.shape[0]}:".encode())
@@ -774,6 +791,7 @@ def update(
             compared = _compare(prev_pair, (cur, cur_grey), mask, crops, cfg)
     elif prev is not None:
         logger.info("frame size changed (%s -> %s); screen treated as new", state.frame_size, size)
+        compared = _resized_compare(state, prev, (cur, cur_grey), mask, bool(crops))
 
     prev_key = state.screen_key
     key = _screen_key(cur, mask)
