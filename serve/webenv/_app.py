@@ -56,7 +56,11 @@ class _Handler(SimpleHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            # The tab went away while waiting (an episode reset): nobody needs the answer.
+            logger.debug("webenv: report client disconnected")
 
     def end_headers(self) -> None:
         self.send_header("Cache-Control", "no-store")
@@ -64,6 +68,14 @@ class _Handler(SimpleHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (base-class signature)
         logger.debug("webenv %s " + format, self.address_string(), *args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        # Browsers drop connections at will (tab closed, navigation); never print tracebacks.
+        logger.debug("webenv: request from %s failed", client_address, exc_info=True)
 
 
 class WebApp:
@@ -92,8 +104,7 @@ class WebApp:
         if self._server is not None:
             return self
         handler = partial(_Handler, directory=str(static_dir()), slow_seconds=self.slow_seconds)
-        server = ThreadingHTTPServer(("127.0.0.1", self._port), handler)
-        server.daemon_threads = True
+        server = _Server(("127.0.0.1", self._port), handler)
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, name="hivig-webenv", daemon=True

@@ -1,8 +1,8 @@
 """``BrowserEnv``: headless Chromium driven through Playwright, with an OSWorld-shaped interface.
 
 The browser is the system's Chromium (``find_browser``); Playwright's own browser download is
-never used. One ``BrowserEnv`` owns one browser process; ``reset`` opens a fresh browser context
-(empty storage and history) on the task's start page.
+never used. One ``BrowserEnv`` owns one browser process and one browser context; ``reset`` opens
+a new tab (empty session storage, history, focus and pointer) on the task's start page.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ _LAUNCH_ARGS = (
     "--disable-lcd-text",
     "--font-render-hinting=none",
     "--disable-extensions",
+    # Tabs of the one origin share a renderer, so a reset does not start a new process.
+    "--process-per-site",
 )
 
 # Resolves after two animation frames, i.e. once the last DOM change is painted; reports whether
@@ -215,7 +217,7 @@ class BrowserEnv:
         coord_space: How action coordinates are read: ``"norm1000"`` (the 0–1000 grid, the
             default) or ``"screen_px"`` (CSS pixels of the viewport).
         clock: Show the ticking header clock (a volatile region, as on a desktop). Off gives
-            byte-identical screenshots of unchanged screens.
+            byte-identical screenshots of unchanged screens. Read at every ``reset``.
         slow_seconds: How long the report panel's spinner stays up.
         settle_seconds: Extra wait after every action, before the screenshot (OSWorld's
             ``sleep_after_execution``); rendering is always awaited.
@@ -275,7 +277,7 @@ class BrowserEnv:
     # --- episode -------------------------------------------------------------------------
 
     def reset(self, task: WebTask | str | None = None) -> dict[str, Any]:
-        """Start an episode in a fresh browser context on the task's start page.
+        """Start an episode in a new tab on the task's start page.
 
         Args:
             task: A ``WebTask``, the name of a built-in task (``TASKS``), or ``None`` (the home
@@ -286,18 +288,22 @@ class BrowserEnv:
         """
         self.task = _task(task)
         self.steps = 0
-        if self._context is not None:
-            self._context.close()
-        self._context = self._browser.new_context(
-            viewport={"width": self.width, "height": self.height},
-            device_scale_factor=1,
-            locale="en-US",
-            timezone_id="UTC",
-            color_scheme="light",
-        )
+        if self._context is None:
+            self._context = self._browser.new_context(
+                viewport={"width": self.width, "height": self.height},
+                device_scale_factor=1,
+                locale="en-US",
+                timezone_id="UTC",
+                color_scheme="light",
+            )
+        # A new tab per episode: empty sessionStorage (the app's state), history, focus, scroll
+        # and pointer. Much cheaper than a new browser context, whose renderer starts cold.
+        page = self._context.new_page()
+        if self._page is not None:
+            self._page.close()
+        self._page = page
         if not self.clock:
-            self._context.add_init_script("window.__hivigNoClock = true;")
-        self._page = self._context.new_page()
+            page.add_init_script("window.__hivigNoClock = true;")
         self._page.goto(self.url(self.task.start), wait_until="load")
         self._settle()
         return self._observation()

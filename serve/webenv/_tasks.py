@@ -57,6 +57,7 @@ TASKS: dict[str, WebTask] = {
         WebTask(
             name="q3_revenue",
             instruction="What was the Q3 revenue in the report? Answer with the amount.",
+            start="reports.html",
             answer="$4.2M",
         ),
         # Cannot succeed: the button is disabled. Agents that keep clicking it are the
