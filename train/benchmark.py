@@ -30,6 +30,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -261,6 +262,13 @@ def _resolve(ref_path: str, image_root: Path) -> Path:
     return path if path.is_absolute() else image_root / path
 
 
+def _fingerprint(path: Path) -> str | ImageError:
+    try:
+        return exact_fingerprint(load_image(path))
+    except ImageError as e:
+        return e
+
+
 def true_transitions(
     records: Sequence[SFTRecord], image_root: Path, *, progress: bool = False
 ) -> tuple[dict[str, str | None], dict[str, str]]:
@@ -281,18 +289,16 @@ def true_transitions(
         ``(transitions, skipped)``: record id → transition (``None`` for critique samples), and
         record id → ``image_<reason>`` for the records to leave out.
     """
-    prints: dict[str, str | ImageError] = {}
+    paths = sorted({ref.path for record in records for ref in record.images})
+    # Decoding is most of the cost and PIL releases the GIL while it decodes.
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        digests_of = pool.map(lambda p: _fingerprint(_resolve(p, image_root)), paths)
+        bar = tqdm(digests_of, total=len(paths), desc="images", unit="image", disable=not progress)
+        prints = dict(zip(paths, bar, strict=True))
     transitions: dict[str, str | None] = {}
     skipped: dict[str, str] = {}
-    for record in tqdm(records, desc="images", unit="sample", disable=not progress):
-        digests = []
-        for ref in record.images:
-            if ref.path not in prints:
-                try:
-                    prints[ref.path] = exact_fingerprint(load_image(_resolve(ref.path, image_root)))
-                except ImageError as e:
-                    prints[ref.path] = e
-            digests.append(prints[ref.path])
+    for record in records:
+        digests = [prints[ref.path] for ref in record.images]
         bad = next((d for d in digests if isinstance(d, ImageError)), None)
         if bad is not None:
             skipped[record.id] = f"image_{bad.reason}"
