@@ -1,11 +1,22 @@
-"""Screen fingerprints: exact and perceptual hashes, volatile-region masks, Hamming distance."""
+"""Screen fingerprints: exact and perceptual hashes, volatile-region masks, thumbnails."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from hivig.vision import apply_masks, canonical_frame, exact_fingerprint, hamming, perceptual_hash
+from hivig.vision import (
+    apply_masks,
+    canonical_frame,
+    dhash_array,
+    exact_fingerprint,
+    grid_box_px,
+    hamming,
+    mask_array,
+    perceptual_hash,
+    screen_thumbnail,
+)
 
 MIN_PX = 65_536
 MAX_PX = 1_048_576
@@ -112,3 +123,45 @@ def test_hamming():
     assert hamming(2**64 - 1, 0) == 64
     with pytest.raises(ValueError):
         hamming(-1, 3)
+
+
+def test_dhash_array_matches_perceptual_hash():
+    frame = _desktop("12:01")
+    grey = np.asarray(frame.convert("L"))
+    assert dhash_array(grey) == perceptual_hash(frame)
+    assert dhash_array(grey, hash_size=16) == perceptual_hash(frame, hash_size=16)
+    # Odd hash sizes pack their bits without padding.
+    assert 0 <= dhash_array(grey, hash_size=3) < 2**9
+    assert dhash_array(grey, hash_size=3) == perceptual_hash(frame, hash_size=3)
+    with pytest.raises(ValueError, match="hash_size"):
+        dhash_array(grey, hash_size=1)
+    with pytest.raises(ValueError, match="2-D uint8"):
+        dhash_array(np.zeros((4, 4, 3), dtype=np.uint8))
+
+
+def test_screen_thumbnail_reduces_by_an_integer_factor():
+    img = Image.new("RGB", (1920, 1080), (10, 20, 30))
+    img.paste((250, 250, 250), (0, 0, 4, 4))  # one 4×4 block averages to itself
+    thumb, factor = screen_thumbnail(img, long_side=480)
+    assert factor == 4 and thumb.size == (480, 270) and thumb.mode == "RGB"
+    assert thumb.getpixel((0, 0)) == (250, 250, 250)
+    assert thumb.getpixel((1, 0)) == (10, 20, 30)
+    assert screen_thumbnail(img, long_side=500)[1] == 4  # ceil(1920 / 500)
+    small, f1 = screen_thumbnail(Image.new("L", (300, 200)), long_side=480)
+    assert f1 == 1 and small.size == (300, 200) and small.mode == "RGB"
+    rgba, _ = screen_thumbnail(Image.new("RGBA", (960, 540)), long_side=480)
+    assert rgba.mode == "RGB" and rgba.size == (480, 270)
+    with pytest.raises(ValueError, match="long_side"):
+        screen_thumbnail(img, long_side=8)
+
+
+def test_mask_array_matches_apply_masks():
+    box = (100, 200, 305, 400)
+    assert grid_box_px(box, 100, 50) == (10, 10, 31, 20)
+    mask = mask_array([box], 100, 50)
+    assert mask.shape == (50, 100) and mask.dtype == bool
+    painted = np.asarray(apply_masks(Image.new("L", (100, 50), 255), [box])) == 0
+    assert np.array_equal(mask, painted)
+    assert not mask_array([], 10, 10).any()
+    with pytest.raises(ValueError, match="mask"):
+        mask_array([(5, 5, 5, 6)], 10, 10)
