@@ -208,10 +208,15 @@ class FakeGateway:
             "summary": history,
             "steps": [
                 *sess["echo"]["steps"],
-                {"step_idx": k, "intent": intent, "action_text": intent, "image_ref": ref,
-                 "last_action_result": history["last_action_result"]},
+                {
+                    "step_idx": k,
+                    "intent": intent,
+                    "action_text": intent,
+                    "image_ref": ref,
+                    "last_action_result": history["last_action_result"],
+                },
             ],
-        }  # fmt: skip
+        }
         reply = {
             "session_id": sid,
             "step_idx": k,
@@ -266,8 +271,9 @@ class FakeGateway:
 
         if "candidates" in body:
             results = [one(a) for a in body["candidates"]]
-            ranking = rank_verdicts([Verdict(r["verdict"], confidence=r["confidence"])
-                                     for r in results])  # fmt: skip
+            ranking = rank_verdicts(
+                [Verdict(r["verdict"], confidence=r["confidence"]) for r in results]
+            )
             reply = {"results": results, "ranking": ranking, **VERSIONS}
         else:
             reply = {**one(body["action"]), "echo": sess["echo"]}
@@ -301,8 +307,12 @@ def test_session_observe_critique_close():
         "format": "auto",
     }
     assert obs1.no_effect is False and obs1.history.progress_summary == "1 steps done"
-    gw.judge = lambda a: {"verdict": "bad", "error_dimension": "Wrong Target",
-                          "explanation": "That is the help icon.", "confidence": 0.8}  # fmt: skip
+    gw.judge = lambda a: {
+        "verdict": "bad",
+        "error_dimension": "Wrong Target",
+        "explanation": "That is the help icon.",
+        "confidence": 0.8,
+    }
     v = s.critique(1, {"raw": "click", "format": "auto"})
     assert isinstance(v, Verdict) and v.is_bad and v.error_dimension == "Wrong Target"
     assert s.echo["steps"][-1]["step_idx"] == 1
@@ -437,9 +447,10 @@ def test_circuit_breaker_opens_after_five_failures_and_half_opens():
     breaker = CircuitBreaker(failures=5, open_s=60.0, clock=lambda: now[0])
     gw = FakeGateway()
     client = CriticClient(
-        config=ClientConfig(base_url="http://gw", retries=0), transport=gw.transport(),
+        config=ClientConfig(base_url="http://gw", retries=0),
+        transport=gw.transport(),
         breaker=breaker,
-    )  # fmt: skip
+    )
     s = client.start("t", "ubuntu", (100, 100))
     s.observe(0, png("a"))
     gw.faults = [("/critique", 503)] * 5

@@ -1,0 +1,223 @@
+"""What every runner adapter shares: action payloads, agent memory snapshots, screenshots."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import struct
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hivig.actions import (
+    ActionError,
+    first_block,
+    in_space,
+    parse_agent_output,
+    render_tool_calls,
+    space_for_platform,
+)
+from serve.guard import PolicyContext
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCREEN = (1920, 1080)
+"""OSWorld's default screen, used when neither the caller nor the screenshot says otherwise."""
+
+MEMORY_ATTRS = (
+    "thoughts",
+    "actions",
+    "observations",
+    "history",
+    "history_images",
+    "history_responses",
+    "history_actions",
+    "responses",
+    "screenshots",
+    "messages",
+    "step_idx",
+)
+"""Attributes agents keep their own episode memory in (OSWorld, ScaleCUA, AndroidWorld agents);
+the adapters snapshot those that exist so a rejected proposal leaves no trace in the agent."""
+
+NO_ACTION = {"raw": "(no action executed)", "format": "auto"}
+"""The prev_action sent when a step executed nothing (the agent answered without acting)."""
+
+
+def action_payload(
+    output: Any,
+    fmt: str,
+    *,
+    platform: str,
+    screen: tuple[int, int],
+    coord_space: str | None = None,
+    frame: tuple[int, int] | None = None,
+    intent: str | None = None,
+) -> dict[str, Any]:
+    """The API action object for one step of agent output.
+
+    Output that parses (``hivig.actions.parse_agent_output``, with its repairs) is sent as the
+    canonical Qwen3-VL tool-call text on the 0-1000 grid, so the gateway reads exactly what the
+    critic was trained on. Anything else is sent as it is, under ``raw``: the gateway judges it as
+    text without a marker; it is never dropped.
+
+    Args:
+        output: The agent's action text, or an AndroidWorld action object.
+        fmt: ``osworld``, ``scalecua``, ``qwen``, ``androidworld`` or ``auto``.
+        platform: Session platform.
+        screen: Screen size ``(w, h)``.
+        coord_space: How the output writes coordinates (``None``: the format's default).
+        frame: Resized frame ``(w, h)`` for ``resized_px``.
+        intent: The agent's verbal intent, if it states one.
+
+    Returns:
+        ``{"raw", "format", ["coord_space"], ["intent"]}``.
+    """
+    parsed = parse_agent_output(
+        output,
+        fmt,
+        platform=platform,
+        width=screen[0],
+        height=screen[1],
+        coord_space=coord_space,
+        frame=frame,
+    )
+    space = space_for_platform(platform)
+    payload: dict[str, Any]
+    if isinstance(parsed, list) and parsed and all(in_space(a, space) for a in parsed):
+        payload = {
+            "raw": render_tool_calls(parsed, space),
+            "format": "qwen",
+            "coord_space": "norm1000",
+        }
+    else:
+        if isinstance(parsed, ActionError):
+            log.info("agent output sent as raw text (%s)", parsed.reason)
+        raw = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+        payload = {"raw": raw, "format": fmt}
+    if intent:
+        payload["intent"] = intent
+    return payload
+
+
+def scalecua_intent(response: Any) -> str | None:
+    """The ``<operation>`` text of a ScaleCUA response (its verbal intent)."""
+    if not isinstance(response, str):
+        return None
+    op = first_block(response, "operation")
+    return op.strip() if op and op.strip() else None
+
+
+def default_prompt(base: str, ctx: PolicyContext) -> str:
+    """The agent's instruction with the guard's addendum (history, recovery brief, feedback)."""
+    addendum = ctx.prompt_addendum()
+    return f"{base}\n\n{addendum}" if addendum else base
+
+
+PromptHook = Callable[[str, PolicyContext], str]
+
+
+class AgentMemory:
+    """Snapshots of an agent's list/dict memory attributes (shallow copies)."""
+
+    def __init__(self, agent: Any, attrs: Iterable[str] = MEMORY_ATTRS) -> None:
+        self.agent = agent
+        self.attrs = tuple(a for a in attrs if hasattr(agent, a))
+
+    def take(self) -> dict[str, Any]:
+        """The current values."""
+        return {a: copy.copy(getattr(self.agent, a)) for a in self.attrs}
+
+    def put(self, snap: dict[str, Any]) -> None:
+        """Restore ``snap``."""
+        for attr, value in snap.items():
+            setattr(self.agent, attr, copy.copy(value))
+
+    def splice(self, base: dict[str, Any], start: dict[str, Any]) -> None:
+        """R3 Restore in the agent: ``base`` plus what was added since ``start``.
+
+        Lists become ``base + current[len(start):]`` (what a fresh-context proposal appended);
+        other values keep their current state.
+        """
+        for attr in self.attrs:
+            now = getattr(self.agent, attr)
+            old, first = base.get(attr), start.get(attr)
+            if isinstance(now, list) and isinstance(old, list) and isinstance(first, list):
+                setattr(self.agent, attr, [*old, *now[len(first) :]])
+
+
+def png_size(data: Any) -> tuple[int, int] | None:
+    """Width and height from a PNG header, without decoding (``None`` if not a PNG)."""
+    if not isinstance(data, (bytes, bytearray)) or len(data) < 24:
+        return None
+    if bytes(data[:8]) != b"\x89PNG\r\n\x1a\n" or bytes(data[12:16]) != b"IHDR":
+        return None
+    w, h = struct.unpack(">II", bytes(data[16:24]))
+    return (w, h) if w > 0 and h > 0 else None
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+
+def rgb_png(pixels: Any, level: int = 1) -> bytes:
+    """PNG bytes of an ``(h, w, 3)`` uint8 RGB array (AndroidWorld's ``state.pixels``).
+
+    Written with ``zlib`` directly so the adapter needs no image library.
+    """
+    h, w = int(pixels.shape[0]), int(pixels.shape[1])
+    if len(pixels.shape) != 3 or pixels.shape[2] != 3:
+        raise ValueError(f"expected an (h, w, 3) RGB array, got shape {tuple(pixels.shape)}")
+    raw = bytes(pixels.astype("uint8").tobytes()) if hasattr(pixels, "astype") else bytes(pixels)
+    stride = w * 3
+    rows = b"".join(b"\x00" + raw[y * stride : (y + 1) * stride] for y in range(h))
+    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", zlib.compress(rows, level))
+        + _chunk(b"IEND", b"")
+    )
+
+
+class EpisodeMemory(AgentMemory):
+    """``AgentMemory`` that follows a guard's episode: snapshots per step and R3 events.
+
+    ``begin()`` at the episode's first step, ``step(idx)`` before each step's proposals,
+    ``sync(guard)`` after each observe applies what R3 decided to the agent's own memory: a
+    Restore splices the memory from before the loop with what the accepted fresh-context step
+    added; a failed reroute puts back the memory from before the loop.
+    """
+
+    def __init__(self, agent: Any, attrs: Iterable[str] = MEMORY_ATTRS) -> None:
+        super().__init__(agent, attrs)
+        self.start: dict[str, Any] = {}
+        self.snaps: dict[int, dict[str, Any]] = {}
+        self.seen_r3 = 0
+
+    def begin(self) -> None:
+        """Remember the empty-episode memory (what an R3 reset returns to)."""
+        self.start, self.snaps, self.seen_r3 = self.take(), {}, 0
+
+    def step(self, idx: int) -> dict[str, Any]:
+        """Snapshot the memory before step ``idx``'s proposals; returns it."""
+        snap = self.take()
+        self.snaps[idx] = snap
+        return snap
+
+    def fresh(self) -> None:
+        """R3 reset: the agent proposes with an empty memory."""
+        self.put(self.start)
+
+    def sync(self, guard: Any) -> None:
+        """Apply the guard's new R3 events to the agent's memory."""
+        while self.seen_r3 < len(guard.r3_events):
+            event = guard.r3_events[self.seen_r3]
+            self.seen_r3 += 1
+            base = self.snaps.get(event["loop_start"], self.start)
+            if event["event"] == "restored":
+                self.splice(base, self.start)
+            else:
+                self.put(base)

@@ -1,0 +1,227 @@
+"""Wrappers for ``predict``-style agents: OSWorld agents and ScaleCUA agents.
+
+The harness keeps calling ``agent.predict(instruction, obs)``; the wrapper calls the wrapped
+agent (once, or again after a ``bad`` verdict, with the critic's feedback appended to the
+instruction) and returns the output of the proposal the guard accepted, in the agent's own shape
+(a 2-tuple, or a 3-tuple passed through). The agent's own episode memory (``thoughts``,
+``actions``, ``history``... see ``MEMORY_ATTRS``) is snapshotted so that a rejected proposal
+leaves no trace in it, an R3 reroute proposes from an empty memory, and Restore puts back the
+memory from before the loop plus the accepted step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from hivig.actions import first_block
+from serve.adapters._common import (
+    DEFAULT_SCREEN,
+    MEMORY_ATTRS,
+    EpisodeMemory,
+    PromptHook,
+    action_payload,
+    default_prompt,
+    png_size,
+    scalecua_intent,
+)
+from serve.client import CriticClient
+from serve.guard import CriticGuard, Decision, GuardConfig, PolicyContext
+
+STOP_ACTIONS = ["FAIL"]
+"""The actions returned when the guard stops the episode (OSWorld's failure string)."""
+
+
+def _screenshot(obs: Any) -> Any:
+    if isinstance(obs, dict):
+        return obs.get("screenshot")
+    return getattr(obs, "screenshot", None)
+
+
+class _PredictWrapper:
+    """The shared ``reset`` / ``predict`` machinery; subclasses say how to read the output."""
+
+    fmt = "auto"
+
+    def __init__(
+        self,
+        agent: Any,
+        client: CriticClient,
+        *,
+        platform: str = "ubuntu",
+        screen: tuple[int, int] | None = None,
+        coord_space: str | None = None,
+        frame: tuple[int, int] | None = None,
+        config: GuardConfig | None = None,
+        prompt_hook: PromptHook = default_prompt,
+        memory_attrs: Iterable[str] = MEMORY_ATTRS,
+    ) -> None:
+        self.agent = agent
+        self.client = client
+        self.platform = platform
+        self.screen = screen
+        self.coord_space = coord_space
+        self.frame = frame
+        self.config = config or GuardConfig()
+        self.prompt_hook = prompt_hook
+        self.memory = EpisodeMemory(agent, memory_attrs)
+        self.guard: CriticGuard | None = None
+        self.logs: list[list[dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        # Harnesses read agent attributes (e.g. ``agent.action_space``); pass them through.
+        if name == "agent":
+            raise AttributeError(name)
+        return getattr(self.agent, name)
+
+    @property
+    def log(self) -> list[dict[str, Any]]:
+        """The critic exchange of the current episode (one dict per step)."""
+        return self.guard.log if self.guard is not None else []
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        """Reset the wrapped agent and start a new critic episode."""
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
+        return self.agent.reset(*args, **kwargs) if hasattr(self.agent, "reset") else None
+
+    # -- output reading (per runner style) ---------------------------------------------
+
+    def action_text(self, response: Any, actions: Any) -> Any:
+        """The text to critique from one ``predict`` output."""
+        if isinstance(actions, str):
+            return actions
+        if isinstance(actions, (list, tuple)) and actions:
+            if all(isinstance(a, str) for a in actions):
+                return "\n".join(actions)
+            return json.dumps(list(actions), ensure_ascii=False, default=str)
+        return response if isinstance(response, str) else json.dumps(response, default=str)
+
+    def intent(self, response: Any) -> str | None:
+        """The agent's verbal intent, when its output states one."""
+        return None
+
+    def to_action(self, output: Any) -> dict[str, Any]:
+        """One ``predict`` output -> the API action object."""
+        response, actions = (output[0], output[1]) if _is_pair(output) else (output, None)
+        return action_payload(
+            self.action_text(response, actions),
+            self.fmt,
+            platform=self.platform,
+            screen=self.screen or DEFAULT_SCREEN,
+            coord_space=self.coord_space,
+            frame=self.frame,
+            intent=self.intent(response),
+        )
+
+    # -- the step ------------------------------------------------------------------------
+
+    def _guard(self, instruction: str, screenshot: Any) -> CriticGuard:
+        if self.guard is None:
+            self.screen = self.screen or png_size(screenshot) or DEFAULT_SCREEN
+            kwargs: dict[str, Any] = {"action_format": self.fmt}
+            if self.frame is not None:
+                kwargs["frame"] = self.frame
+            self.guard = CriticGuard(
+                self.client,
+                lambda ctx: None,  # replaced per step by a closure over the harness' arguments
+                task=instruction,
+                platform=self.platform,
+                screen=self.screen,
+                coord_space=self.coord_space or "screen_px",
+                config=self.config,
+                to_action=self.to_action,
+                session_kwargs=kwargs,
+            )
+            self.logs.append(self.guard.log)
+            self.memory.begin()
+        return self.guard
+
+    def predict(self, instruction: str, obs: Any, *args: Any, **kwargs: Any) -> Any:
+        """The harness' ``predict``: the accepted proposal's output, in the agent's shape."""
+        screenshot = _screenshot(obs)
+        guard = self._guard(instruction, screenshot)
+        guard.observe(screenshot)
+        self.memory.sync(guard)
+        step_start = self.memory.step(guard.step_idx)
+        outputs: list[Any] = []
+        after: list[dict[str, Any]] = []
+
+        def policy(ctx: PolicyContext) -> Any:
+            if outputs:
+                self.memory.put(step_start)  # a rejected proposal leaves no trace
+            if ctx.mode == "reroute":
+                self.memory.fresh()  # Reset: task and screen only
+            out = self.agent.predict(self.prompt_hook(instruction, ctx), obs, *args, **kwargs)
+            outputs.append(out)
+            after.append(self.memory.take())
+            return out
+
+        guard.policy = policy
+        decision = guard.decide()
+        return self._result(decision, outputs, after)
+
+    def _result(self, decision: Decision, outputs: list[Any], after: list[dict]) -> Any:
+        if decision.stop:
+            last = outputs[-1] if outputs else ("", [])
+            if _is_pair(last):
+                return (last[0], list(STOP_ACTIONS), *last[2:])
+            return ("", list(STOP_ACTIONS))
+        chosen = next((i for i, o in enumerate(outputs) if o is decision.proposal), None)
+        if chosen is not None and chosen != len(outputs) - 1:
+            self.memory.put(after[chosen])  # execute_first / best-of-N: that proposal's memory
+        return decision.proposal
+
+
+def _is_pair(output: Any) -> bool:
+    return isinstance(output, tuple) and len(output) >= 2
+
+
+class GuardedOSWorldAgent(_PredictWrapper):
+    """An OSWorld agent behind the critic: same ``reset()`` and ``predict(instruction, obs)``.
+
+    Actions are pyautogui code strings (screen pixels by default) or ``WAIT``/``DONE``/``FAIL``;
+    several actions of one step are judged together as one proposal.
+
+    Args:
+        agent: The OSWorld agent (``predict(instruction, obs) -> (response, actions)`` or a
+            3-tuple).
+        client: A ``CriticClient``.
+        platform: Session platform (``ubuntu`` for OSWorld, ``windows`` for WAA).
+        screen: Screen size; read from the first screenshot when omitted.
+        coord_space: How the agent writes coordinates (``screen_px`` by default).
+        frame: Resized frame ``(w, h)`` for ``resized_px`` agents.
+        config: Guard settings (K, on_exhausted, R3, recovery).
+        prompt_hook: ``(instruction, ctx) -> instruction``: how history and feedback reach the
+            agent (default: appended to the instruction).
+        memory_attrs: The agent's memory attributes to snapshot.
+    """
+
+    fmt = "osworld"
+
+
+class GuardedScaleCUAAgent(_PredictWrapper):
+    """A ScaleCUA agent behind the critic (``predict``), reading its ``<action>`` block.
+
+    The critique text is the response's ``<action>`` block when present (calls with
+    ``pyautogui.``/``mobile.`` prefixes, ``+``-joined combos), else the returned actions; the
+    ``<operation>`` text is sent as the intent. Coordinates are read by their magnitude unless
+    ``coord_space`` says otherwise (``resized_px`` with ``frame`` for the released agents).
+    Arguments as ``GuardedOSWorldAgent``.
+    """
+
+    fmt = "scalecua"
+
+    def action_text(self, response: Any, actions: Any) -> Any:
+        """The ``<action>`` block of the response, else the returned actions."""
+        if isinstance(response, str):
+            block = first_block(response, "action")
+            if block is not None and block.strip():
+                return block
+        return super().action_text(response, actions)
+
+    def intent(self, response: Any) -> str | None:
+        """The ``<operation>`` text."""
+        return scalecua_intent(response)

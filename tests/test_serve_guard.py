@@ -1,0 +1,399 @@
+"""CriticGuard: re-proposal on bad, exhaustion policies, escalation, best-of-N, fail-open,
+R3 (Reset, Reroute, Restore) and ReTrace recovery, against the in-process fake gateway."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any
+
+import pytest
+from test_serve_client import FakeGateway, make_client, png
+
+from serve.guard import CriticGuard, GuardConfig, PolicyContext, R3Config, RecoveryConfig
+
+
+class Env:
+    """Screens are names; ``transitions[(screen, action)]`` is the next screen, else no change."""
+
+    def __init__(self, start: str, transitions: dict[tuple[str, str], str]) -> None:
+        self.screen = start
+        self.transitions = transitions
+        self.executed: list[str] = []
+
+    def shot(self) -> bytes:
+        return png(self.screen)
+
+    def execute(self, proposal: str) -> bytes:
+        self.executed.append(proposal)
+        self.screen = self.transitions.get((self.screen, proposal), self.screen)
+        return self.shot()
+
+
+class Scripted:
+    """A policy that answers from a function of the context and records every context."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.contexts: list[PolicyContext] = []
+
+    def __call__(self, ctx: PolicyContext) -> Any:
+        self.contexts.append(ctx)
+        return self.answer(ctx)
+
+
+def judge_by(table: dict[str, tuple[str, float]]):
+    def judge(action: dict[str, Any]) -> dict[str, Any]:
+        verdict, conf = table.get(action["raw"], ("good", 0.9))
+        out = {"verdict": verdict, "confidence": conf}
+        if verdict == "bad":
+            out |= {"error_dimension": "Wrong Target", "explanation": f"{action['raw']} is wrong."}
+        return out
+
+    return judge
+
+
+def guard_for(gw: FakeGateway, policy, **cfg: Any) -> CriticGuard:
+    return CriticGuard(
+        make_client(gw),
+        policy,
+        task="Open the menu",
+        platform="ubuntu",
+        screen=(1920, 1080),
+        config=GuardConfig(**cfg),
+    )
+
+
+def ref_of(screen: str) -> str:
+    encoded = base64.b64encode(png(screen)).decode()
+    return "sha256:" + hashlib.sha256(encoded.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-step loop
+
+
+def test_good_proposal_is_executed_and_history_is_injected():
+    gw = FakeGateway()
+    env = Env("A", {("A", "go"): "B", ("B", "go"): "C"})
+    policy = Scripted(lambda ctx: "go")
+    guard = guard_for(gw, policy)
+    decisions = guard.run(env.execute, env.shot(), max_steps=2)
+    assert [d.outcome for d in decisions] == ["accepted", "accepted"]
+    assert env.executed == ["go", "go"]
+    # The second observe carried the executed action; the policy saw the macro history.
+    assert gw.bodies("/observe")[1]["prev_action"] == {"raw": "go", "format": "auto"}
+    assert "1 steps done" in policy.contexts[1].history_text
+    assert policy.contexts[1].history == ("go",)
+    assert guard.log[1]["proposals"][0]["verdict"]["verdict"] == "good"
+
+
+def test_bad_proposal_gets_feedback_and_is_reproposed():
+    gw = FakeGateway()
+    gw.judge = judge_by({"help": ("bad", 0.8)})
+    policy = Scripted(lambda ctx: "menu" if ctx.feedback else "help")
+    guard = guard_for(gw, policy)
+    d = guard.step(png("A"))
+    assert d.proposal == "menu" and d.outcome == "accepted"
+    assert len(policy.contexts) == 2 and policy.contexts[0].feedback == ()
+    fb = policy.contexts[1].feedback[0]
+    assert "Wrong Target" in fb and "help is wrong." in fb and fb.endswith("different action.")
+    rulings = [p["ruling"] for p in guard.log[0]["proposals"]]
+    assert rulings == ["rejected", "accepted"]
+    assert guard.log[0]["feedback"] == [fb]
+
+
+@pytest.mark.parametrize(
+    ("how", "expected", "stop"),
+    [("execute_last", "b", False), ("execute_first", "a", False), ("stop", None, True)],
+)
+def test_exhausted_policies(how, expected, stop):
+    gw = FakeGateway()
+    gw.judge = judge_by({"a": ("bad", 0.9), "b": ("bad", 0.7)})
+    policy = Scripted(lambda ctx: "b" if ctx.feedback else "a")
+    d = guard_for(gw, policy, on_exhausted=how).step(png("A"))
+    assert d.proposal == expected and d.stop is stop
+    assert d.outcome == ("stopped" if stop else "critic_overridden")
+    assert len(policy.contexts) == 2  # K = 1: one re-proposal
+
+
+def test_k_two_allows_three_proposals():
+    gw = FakeGateway()
+    gw.judge = judge_by({"a": ("bad", 0.9), "b": ("bad", 0.9)})
+    answers = iter(["a", "b", "c"])
+    policy = Scripted(lambda ctx: next(answers))
+    d = guard_for(gw, policy, max_reproposals=2).step(png("A"))
+    assert d.proposal == "c" and d.outcome == "accepted"
+    assert len(policy.contexts[2].feedback) == 2
+
+
+def test_three_rejections_at_one_screen_escalate():
+    gw = FakeGateway()
+    gw.judge = judge_by({"bad": ("bad", 0.9)})
+    env = Env("A", {})  # nothing ever changes the screen
+    policy = Scripted(lambda ctx: "bad")
+    guard = guard_for(gw, policy, r3=R3Config(enabled=False))
+    decisions = guard.run(env.execute, env.shot(), max_steps=2)
+    # Step 0: rejected twice (overridden); step 1: one more rejection, then the next proposal
+    # is accepted without critique.
+    assert [d.outcome for d in decisions] == ["critic_overridden", "escalated"]
+    assert guard.events["escalation"] == 1
+    assert len(gw.bodies("/critique")) == 3
+
+
+def test_best_of_n_ranks_by_verdict_then_confidence():
+    gw = FakeGateway()
+    gw.judge = judge_by({"x": ("bad", 0.9), "y": ("good", 0.6), "z": ("good", 0.8)})
+    policy = Scripted(lambda ctx: ["x", "y", "z"][: ctx.n])
+    guard = guard_for(gw, policy, candidates=3)
+    d = guard.step(png("A"))
+    assert d.proposal == "z" and d.outcome == "ranked"
+    assert len(gw.bodies("/critique")) == 1
+    assert gw.bodies("/critique")[0]["candidates"][0] == {"raw": "x", "format": "auto"}
+    assert [p["rank"] for p in guard.log[0]["proposals"]] == [2, 1, 0]
+
+
+def test_best_of_n_calls_a_single_answer_policy_n_times():
+    gw = FakeGateway()
+    answers = iter(["p", "q"])
+    policy = Scripted(lambda ctx: next(answers))
+    d = guard_for(gw, policy, candidates=2).step(png("A"))
+    assert len(policy.contexts) == 2 and d.proposal in ("p", "q")
+
+
+def test_critic_errors_fail_open():
+    gw = FakeGateway()
+    gw.faults = [("/critique", 500)]
+    policy = Scripted(lambda ctx: "go")
+    d = guard_for(gw, policy).step(png("A"))
+    assert d.proposal == "go" and d.outcome == "fail_open"
+    assert d.verdict.reason == "backend"
+
+
+def test_gateway_down_the_whole_episode_still_runs():
+    gw = FakeGateway()
+    gw.faults = [("/", "connect")] * 1000
+    env = Env("A", {("A", "go"): "B", ("B", "go"): "C"})
+    guard = guard_for(gw, Scripted(lambda ctx: "go"))
+    decisions = guard.run(env.execute, env.shot(), max_steps=3)
+    assert env.executed == ["go", "go", "go"]
+    assert all(d.outcome == "fail_open" and not d.stop for d in decisions)
+    assert guard.log[0]["observe"]["status"] == "stale"
+
+
+def test_guard_review_commit_api():
+    gw = FakeGateway()
+    gw.judge = judge_by({"a": ("bad", 0.9)})
+    guard = guard_for(gw, Scripted(lambda ctx: "unused"))
+    guard.observe(png("A"))
+    first = guard.review("a")
+    assert not first.accept and first.feedback and guard.context().feedback == (first.feedback,)
+    second = guard.review("b")
+    assert second.accept
+    d = guard.commit(second)
+    assert d.proposal == "b" and guard.history == ["b"]
+    with pytest.raises(RuntimeError):
+        guard.review("c")  # no observe yet for the next step
+
+
+def test_reset_starts_a_new_session():
+    gw = FakeGateway()
+    guard = guard_for(gw, Scripted(lambda ctx: "go"))
+    guard.step(png("A"))
+    guard.reset("Another task")
+    guard.step(png("A"))
+    assert [b["task"] for b in gw.creates()] == ["Open the menu", "Another task"]
+    assert gw.sessions["s1"]["closed"] and guard.log[0]["step_idx"] == 0
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError):
+        GuardConfig(on_exhausted="panic")
+    with pytest.raises(ValueError):
+        GuardConfig(max_reproposals=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# R3
+
+
+def dead_spot_policy():
+    """Goes to B, clicks a dead spot until told to start afresh; then tries the dead spot once
+    more and then the menu."""
+    fresh_answers = iter(["dead", "menu", "menu", "menu"])
+
+    def answer(ctx: PolicyContext) -> str:
+        if ctx.mode == "reroute":
+            return next(fresh_answers)
+        if not ctx.history:
+            return "go"
+        return "dead" if ctx.history[-1] in ("go", "dead") else "next"
+
+    return Scripted(answer)
+
+
+R3_ENV = {("A", "go"): "B", ("B", "menu"): "C", ("C", "next"): "D"}
+
+
+def test_r3_triggers_reroutes_and_restores_without_a_trace_of_the_loop():
+    gw = FakeGateway(r3_k=2)
+    env = Env("A", dict(R3_ENV))
+    policy = dead_spot_policy()
+    guard = guard_for(gw, policy)
+    decisions = guard.run(env.execute, env.shot(), max_steps=6)
+    # go, dead, dead -> trigger at step 3; reroute: dead (no effect), menu (changes) -> restore.
+    assert env.executed == ["go", "dead", "dead", "dead", "menu", "next"]
+    assert guard.log[3]["r3"]["event"] == "trigger" and guard.log[3]["r3"]["loop_steps"] == 2
+    assert [c.mode for c in policy.contexts[3:5]] == ["reroute", "reroute"]
+    # Reset: the reroute proposals were made from the task and screen only.
+    assert all(c.history == () and c.history_text == "" for c in policy.contexts[3:5])
+    assert guard.log[5]["r3"]["event"] == "restored"
+    # Restore: the history before the loop plus the accepted step, no dead clicks.
+    assert policy.contexts[5].history == ("go", "menu")
+    assert "dead" not in " ".join(policy.contexts[5].history)
+    assert guard.history == ["go", "menu", "next"]
+    assert guard.r3_events == [
+        {"event": "restored", "attempts": 2, "trigger_step": 3, "loop_start": 1, "accepted": "menu"}
+    ]
+    # The restored macro history is the one seen before the loop, plus the accepted step's result.
+    text = policy.contexts[5].history_text
+    assert text.startswith(guard._texts[1]) and "nothing changed" not in text
+    assert not decisions[-1].stop
+
+
+def test_r3_trigger_needs_k_repeats():
+    gw = FakeGateway(r3_k=3)
+    env = Env("A", dict(R3_ENV))
+    guard = guard_for(gw, dead_spot_policy())
+    guard.run(env.execute, env.shot(), max_steps=4)  # go, then dead three times
+    assert guard.events["r3_trigger"] == 0 and guard.mode == "normal"
+    guard.run(env.execute, env.shot(), max_steps=1)  # observes the third no-effect repeat
+    assert guard.events["r3_trigger"] == 1 and guard.mode == "reroute"
+
+
+def test_r3_reroute_that_never_changes_the_screen_terminates():
+    gw = FakeGateway()
+    env = Env("A", {("A", "go"): "B"})  # nothing changes B
+    policy = Scripted(lambda ctx: "go" if not ctx.history and ctx.mode == "normal" else "dead")
+    guard = guard_for(gw, policy, r3=R3Config(reroute_attempts=3))
+    decisions = guard.run(env.execute, env.shot(), max_steps=10)
+    assert decisions[-1].stop and decisions[-1].outcome == "r3_failed"
+    assert env.executed == ["go", "dead", "dead", "dead", "dead", "dead"]
+    assert guard.events["r3_failed"] == 1
+    assert guard.history == ["go"]  # the loop and the failed reroutes left out
+
+
+def test_r3_failure_can_continue():
+    gw = FakeGateway()
+    env = Env("A", {("A", "go"): "B"})
+    policy = Scripted(lambda ctx: "go" if not ctx.history and ctx.mode == "normal" else "dead")
+    guard = guard_for(gw, policy, r3=R3Config(reroute_attempts=2, on_failure="continue"))
+    decisions = guard.run(env.execute, env.shot(), max_steps=7)
+    assert not any(d.stop for d in decisions)
+    assert guard.events["r3_failed"] >= 1 and len(decisions) == 7
+
+
+def test_r3_bad_reroute_proposal_is_not_executed():
+    gw = FakeGateway()
+    gw.judge = judge_by({"delete all": ("bad", 0.95)})
+    env = Env("A", dict(R3_ENV))
+    fresh = iter(["delete all", "menu"])
+
+    def answer(ctx):
+        if ctx.mode == "reroute":
+            return next(fresh)
+        return "go" if not ctx.history else "dead"
+
+    guard = guard_for(gw, Scripted(answer))
+    guard.run(env.execute, env.shot(), max_steps=5)
+    assert "delete all" not in env.executed
+    assert guard.r3_events[0]["event"] == "restored" and guard.r3_events[0]["accepted"] == "menu"
+
+
+def test_r3_disabled_ignores_the_trigger():
+    gw = FakeGateway()
+    env = Env("A", dict(R3_ENV))
+    guard = guard_for(gw, dead_spot_policy(), r3=R3Config(enabled=False))
+    guard.run(env.execute, env.shot(), max_steps=5)
+    assert env.executed == ["go", "dead", "dead", "dead", "dead"]
+    assert guard.events["r3_trigger"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# ReTrace recovery
+
+
+def recovery_setup(policy_answer, budget=3):
+    gw = FakeGateway()
+    # Inbox -> open mail (error: the wrong mail) -> the gateway proposes going back to step 1.
+    env = Env(
+        "start",
+        {
+            ("start", "inbox"): "inbox",
+            ("inbox", "open"): "mail",
+            ("mail", "back"): "inbox",
+            ("mail", "wander"): "other",
+        },
+    )
+    gw.recovery_at[2] = {
+        "target_step": 1,
+        "target_image_ref": ref_of("inbox"),
+        "reason": "wrong mail opened",
+        "brief": "Go back to the inbox list you saw at step 1.",
+    }
+    policy = Scripted(policy_answer)
+    guard = guard_for(gw, policy, recovery=RecoveryConfig(budget=budget))
+    return gw, env, policy, guard
+
+
+def test_recovery_reaches_the_target_screen():
+    def answer(ctx):
+        if ctx.mode == "recovery":
+            return "back"
+        return {0: "inbox", 1: "open"}.get(ctx.step_idx, "done")
+
+    gw, env, policy, guard = recovery_setup(answer)
+    guard.run(env.execute, env.shot(), max_steps=4)
+    assert policy.contexts[2].mode == "recovery"
+    assert policy.contexts[2].brief == "Go back to the inbox list you saw at step 1."
+    assert "Recovery: Go back" in policy.contexts[2].prompt_addendum()
+    assert guard.recoveries == [{"target_step": 1, "reached": True, "steps": 1}]
+    assert policy.contexts[3].mode == "normal" and env.screen == "inbox"
+
+
+def test_recovery_gives_up_after_its_budget():
+    def answer(ctx):
+        return "wander" if ctx.mode == "recovery" else {0: "inbox", 1: "open"}.get(ctx.step_idx)
+
+    gw, env, policy, guard = recovery_setup(answer, budget=3)
+    guard.run(env.execute, env.shot(), max_steps=6)
+    assert guard.recoveries == [{"target_step": 1, "reached": False, "steps": 3}]
+    assert [c.mode for c in policy.contexts[2:6]] == ["recovery"] * 3 + ["normal"]
+    assert guard.events["recovery_failed"] == 1
+
+
+def test_recovery_without_image_ref_compares_the_frames():
+    def answer(ctx):
+        if ctx.mode == "recovery":
+            return "back"
+        return {0: "inbox", 1: "open"}.get(ctx.step_idx, "done")
+
+    gw, env, policy, guard = recovery_setup(answer)
+    inner = gw.observe
+
+    def no_ref(sid, sess, body):
+        resp = inner(sid, sess, body)
+        data = resp.json()
+        data.pop("image_ref")
+        return type(resp)(200, json=data)
+
+    gw.observe = no_ref
+    guard.run(env.execute, env.shot(), max_steps=4)
+    assert guard.recoveries == [{"target_step": 1, "reached": True, "steps": 1}]
+
+
+def test_recovery_disabled():
+    gw, env, policy, guard = recovery_setup(lambda ctx: {0: "inbox", 1: "open"}.get(ctx.step_idx))
+    guard.config = GuardConfig(recovery=RecoveryConfig(enabled=False))
+    guard.run(env.execute, env.shot(), max_steps=4)
+    assert guard.recoveries == [] and all(c.mode == "normal" for c in policy.contexts)
