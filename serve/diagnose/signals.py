@@ -10,8 +10,8 @@ Signals (name: weight):
 
 * ``bad_verdict`` 3.0: the gateway's critic judged the executed action Bad;
   ``low_confidence_verdict`` 1.0: judged Good with confidence below 0.5.
-* ``unparseable_action`` 2.0 / ``execution_error`` 2.0: the action text does not parse, or the
-  runner recorded an error for the step.
+* ``unparseable_action`` 2.0 (0.75 when the same broken text is re-emitted) /
+  ``execution_error`` 2.0: the action text does not parse, or the runner recorded an error.
 * ``no_effect`` 2.0 (first of a streak) / ``no_effect_repeat`` 0.75: identical or near-identical
   before/after screens for an action that should change the screen.
 * ``recurrence_onset`` 2.5 / ``recurrence_repeat`` 0.5: the same action on the same screen again.
@@ -21,6 +21,7 @@ Signals (name: weight):
   history model reported a failure, or its progress summary stopped advancing.
 * ``premature_done`` 2.0: ``terminate(success)`` (``DONE``) but the task failed; ``gave_up``
   1.0: ``terminate(failure)`` (``FAIL``); ``answer_on_failure`` 1.5: an answer, task failed.
+  A run whose outcome is not recorded (a trace) is assumed to have failed.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ WEIGHTS: dict[str, float] = {
     "bad_verdict": 3.0,
     "low_confidence_verdict": 1.0,
     "unparseable_action": 2.0,
+    "unparseable_action_repeat": 0.75,
     "execution_error": 2.0,
     "no_effect": 2.0,
     "no_effect_repeat": 0.75,
@@ -220,13 +222,16 @@ def _verdict_signals(run: Run, signals: dict[int, list[Signal]]) -> None:
 
 
 def _error_signals(run: Run, signals: dict[int, list[Signal]]) -> None:
+    previous: RunStep | None = None
     for s in run.steps:
         if s.parse_error:
-            _add(
-                signals, s.step, "unparseable_action", f"the action does not parse: {s.parse_error}"
-            )
+            # Re-emitting the same broken call is a consequence, not a new mistake.
+            repeat = previous is not None and previous.parse_error and previous.raw == s.raw
+            name = "unparseable_action_repeat" if repeat else "unparseable_action"
+            _add(signals, s.step, name, f"the action does not parse: {s.parse_error}")
         if s.error:
             _add(signals, s.step, "execution_error", f"the runner recorded: {s.error}")
+        previous = s
 
 
 def _no_effect_signals(
@@ -329,27 +334,28 @@ def _history_signals(run: Run, signals: dict[int, list[Signal]]) -> None:
 
 
 def _terminal_signals(run: Run, signals: dict[int, list[Signal]]) -> None:
+    # A run under diagnosis failed; where the source does not record the outcome (a trace),
+    # that is assumed and said so in the signal.
     if not run.steps or run.outcome == "success":
         return
     last = run.steps[-1]
     action = last.actions[-1] if last.actions else None
-    failed = run.outcome == "failure"
-    score = f" (score {run.score:g})" if run.score is not None else ""
-    if isinstance(action, Terminate) and action.status == "success" and failed:
+    if run.outcome == "failure":
+        how = f" (score {run.score:g})" if run.score is not None else ""
+    else:
+        how = " (outcome not recorded; assumed failed)"
+    if isinstance(action, Terminate) and action.status == "success":
         _add(
             signals,
             last.step,
             "premature_done",
-            f"the agent declared the task done but it failed{score}",
+            f"the agent declared the task done but it failed{how}",
         )
     elif isinstance(action, Terminate) and action.status == "failure":
         _add(signals, last.step, "gave_up", "the agent gave up (terminate failure)")
-    elif isinstance(action, Answer) and failed:
+    elif isinstance(action, Answer):
         _add(
-            signals,
-            last.step,
-            "answer_on_failure",
-            f"the agent answered but the task failed{score}",
+            signals, last.step, "answer_on_failure", f"the agent answered but the task failed{how}"
         )
 
 
