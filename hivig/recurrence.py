@@ -19,7 +19,8 @@ screen costs a few milliseconds on one core):
   from cells that changed in several no-effect steps.
 - **Change**: ``identical`` (masked thumbnails equal), ``dhash_dist`` (global 9×8 dHash Hamming
   distance), ``masked_diff_frac`` (share of unmasked pixels whose grey value moved by more than
-  ``pixel_delta``) and ``region_changed`` (a crop around each pointer target). ``no_effect`` is
+  ``pixel_delta``) and ``region_changed`` (a crop around each pointer target; a blinking caret
+  alone does not count). ``no_effect`` is
   ``identical``, or a small masked diff with the global hash and every target region unchanged.
 - **Recurrence**: consecutive single, non-wait actions with the same relaxed action key and no
   effect (R3's trigger, ``k`` = 2 by default); the shortest screen-continuous return of 2–8
@@ -142,8 +143,10 @@ class DetectorConfig:
     crop_dhash_unchanged: int = 4
     """Largest dHash distance of a target crop that still counts as unchanged."""
     region_diff_frac: float = 0.004
-    """A target crop changed when more than this share of its pixels changed (a caret blink
-    stays below it on a 160 px crop, a ticked checkbox does not)."""
+    """A target crop changed when more than this share of its pixels changed."""
+    caret_max_px: int = 6
+    """A change at a target confined to a vertical band this narrow (screen pixels) is a blinking
+    text caret, not an effect of the action (0 disables the rule)."""
     crop_frac: float = 0.10
     """Side of the crop around a pointer target, as a share of the screen's short side."""
     crop_min_px: int = 160
@@ -185,6 +188,8 @@ class DetectorConfig:
         ):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"`recurrence.{name}` must be in [0, 1]")
+        if self.caret_max_px < 0:
+            raise ConfigError("`recurrence.caret_max_px` must be >= 0")
         if self.thumb_long_side < 16:
             raise ConfigError("`recurrence.thumb_long_side` must be at least 16")
         if self.learn_min_hits < 1 or self.learn_window < self.learn_min_hits:
@@ -588,6 +593,7 @@ def _compare(
     cur: tuple[np.ndarray, np.ndarray],
     mask: _Mask,
     crops: list[tuple[int, int, int, int]],
+    factor: int,
     cfg: DetectorConfig,
 ) -> _Compared:
     """Change signals between two equally sized ``(rgb, grey)`` thumbnails under one mask."""
@@ -608,10 +614,19 @@ def _compare(
     region: bool | None = None
     if crops:
         region = False
+        # A caret line of up to caret_max_px can straddle one more thumbnail column.
+        caret_cols = math.ceil(cfg.caret_max_px / factor) + 1 if cfg.caret_max_px else 0
         for y1, y2, x1, x2 in crops:
             if y2 <= y1 or x2 <= x1:
                 continue
-            crop_frac = float(np.count_nonzero(changed[y1:y2, x1:x2])) / ((y2 - y1) * (x2 - x1))
+            crop_changed = changed[y1:y2, x1:x2]
+            cols = np.flatnonzero(crop_changed.any(axis=0))
+            if cols.size and cols[-1] - cols[0] < caret_cols:
+                # Everything that moved fits in one narrow vertical band: the text caret of the
+                # field the pointer is in blinked. Counting it would hide every repeated click
+                # into an already focused field.
+                continue
+            crop_frac = float(np.count_nonzero(crop_changed)) / crop_changed.size
             crop_dist = hamming(dhash_array(prev_g[y1:y2, x1:x2]), dhash_array(cur_g[y1:y2, x1:x2]))
             if crop_frac > cfg.region_diff_frac or crop_dist > cfg.crop_dhash_unchanged:
                 region = True
@@ -780,7 +795,7 @@ def update(
     compared: _Compared | None = None
     learned_now = False
     if same_shape:
-        compared = _compare(prev_pair, (cur, cur_grey), mask, crops, cfg)
+        compared = _compare(prev_pair, (cur, cur_grey), mask, crops, factor, cfg)
         new_cells, history = _learn(state, compared, no_action, shape, cfg)
         if new_cells != learned_cells:
             learned_now = True
@@ -788,7 +803,7 @@ def update(
             mask = _Mask.build(static, learned_cells, shape, cfg.learn_cell_px)
             # Judge this frame under the mask it just taught, so a spinner's first tick
             # already reads as "no effect".
-            compared = _compare(prev_pair, (cur, cur_grey), mask, crops, cfg)
+            compared = _compare(prev_pair, (cur, cur_grey), mask, crops, factor, cfg)
     elif prev is not None:
         logger.info("frame size changed (%s -> %s); screen treated as new", state.frame_size, size)
         compared = _resized_compare(state, prev, (cur, cur_grey), mask, bool(crops))

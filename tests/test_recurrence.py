@@ -175,6 +175,34 @@ def test_small_change_at_the_target_is_caught_by_the_region_check():
     assert keyed.change["no_effect"] is True
 
 
+def _text_field(caret: bool) -> Image.Image:
+    """The settings screen with a focused text field whose caret is on or off (it blinks)."""
+    img = screen("settings").copy()
+    d = ImageDraw.Draw(img)
+    d.rectangle((700, 600, 1100, 640), fill=(255, 255, 255), outline=(0, 0, 0))
+    d.text((710, 610), "hello world and more text", fill=(0, 0, 0), font=FONT)
+    if caret:
+        d.line((905, 606, 905, 634), fill=(0, 0, 0), width=2)
+    return img
+
+
+def test_caret_blink_at_the_target_does_not_hide_a_repeat():
+    click = LeftClick((470, 574))  # (902, 620): inside the focused field, next to the caret
+    frames = [
+        (_text_field(True), None),
+        (_text_field(False), [click]),
+        (_text_field(True), [click]),
+    ]
+    _, sigs = run(frames)
+    assert [s.change["identical"] for s in sigs[1:]] == [False, False]
+    assert [s.change["region_changed"] for s in sigs[1:]] == [False, False]
+    assert [s.recurrence["r3_trigger"] for s in sigs] == [False, False, True]
+    # Control: with the caret rule off the blink reads as an effect of each click.
+    _, ctrl = run(frames, config=DetectorConfig(caret_max_px=0))
+    assert [s.change["region_changed"] for s in ctrl[1:]] == [True, True]
+    assert not any(s.recurrence["r3_trigger"] for s in ctrl)
+
+
 def test_first_frame_has_no_change_object():
     _, (sig,) = run([(screen(), None)])
     assert sig.change is None
