@@ -20,8 +20,8 @@ screen costs a few milliseconds on one core):
 - **Change**: ``identical`` (masked thumbnails equal), ``dhash_dist`` (global 9×8 dHash Hamming
   distance), ``masked_diff_frac`` (share of unmasked pixels whose grey value moved by more than
   ``pixel_delta``) and ``region_changed`` (a crop around each pointer target; a blinking caret
-  alone does not count). ``no_effect`` is
-  ``identical``, or a small masked diff with the global hash and every target region unchanged.
+  alone does not count). ``no_effect`` is ``identical``, or a small masked diff with the global
+  hash and every target region unchanged.
 - **Recurrence**: consecutive single, non-wait actions with the same relaxed action key and no
   effect (R3's trigger, ``k`` = 2 by default); the shortest screen-continuous return of 2–8
   action transitions, grouped up to rotation and reported from its second traversal on; and how
