@@ -7,7 +7,10 @@ screenshots. One browser serves the whole module.
 from __future__ import annotations
 
 import io
+import json
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -24,6 +27,7 @@ from hivig.actions import (
     Wait,
 )
 from hivig.media import PointMark
+from hivig.recurrence import DetectorConfig, new_state, update
 from hivig.vision import POINT_COLOUR, canonical_frame
 from serve.webenv import (
     BROWSER_ENV_VAR,
@@ -138,15 +142,12 @@ def test_only_the_clock_changes_on_its_own(env):
 
 # --- coordinates: grid -> pixels -> DOM element -> marker -------------------------------------
 
-ELEMENTS = [
-    ("index.html", "#settings-btn"),
-    ("index.html", "#refresh-btn"),
-    ("index.html", "#nav-items"),
-    ("items.html", "#item-7"),
-    ("items.html", "#item-12"),
-    ("form.html", "#email"),
-    ("form.html", "#submit-btn"),
-]
+# Per page: elements whose geometry and marker are checked, then the ones clicked (in order).
+ELEMENTS = {
+    "index.html": (("#refresh-btn", "#settings-btn", "#nav-items"), ("#refresh-btn", "#nav-items")),
+    "items.html": (("#item-7", "#item-12", "#nav-form"), ("#item-7", "#item-12")),
+    "form.html": (("#email", "#submit-btn", "#subscribe"), ("#email", "#submit-btn")),
+}
 
 
 def test_grid_conversion_round_trips():
@@ -186,30 +187,35 @@ def _check_marker(png: bytes, grid: tuple[int, int], box) -> None:
     assert abs((ys.min() + ys.max()) / 2 - (y + h / 2) * sy) <= 2
 
 
-@pytest.mark.parametrize(("page", "selector"), ELEMENTS)
-def test_grid_point_reaches_the_dom_element_and_its_marker(env, page, selector):
+@pytest.mark.parametrize("page", sorted(ELEMENTS))
+def test_grid_points_reach_the_dom_elements_and_their_markers(env, page):
     png = _goto(env, page)["screenshot"]
-    box = env.bounding_box(selector)
-    x, y, w, h = box
-    element_id = selector[1:]
-    # The centre and an off-centre point, both as a policy would emit them on the grid.
-    for fx, fy in ((0.5, 0.5), (0.2, 0.7)):
-        grid = px_to_grid(x + fx * w, y + fy * h, *VIEWPORT)
-        px, py = env.to_px(grid)
-        assert x <= px <= x + w and y <= py <= y + h
-        assert env.element_at(px, py).id == element_id
-    # Negative control: a point just above the element hits something else.
-    above = env.element_at(x + w / 2, y - 8)
-    assert above is None or above.id != element_id
-    centre = px_to_grid(x + w / 2, y + h / 2, *VIEWPORT)
-    _check_marker(png, centre, box)
-    _, _, _, info = env.step(LeftClick(centre))
-    assert info["target"]["id"] == element_id
-    assert info["target"]["box"] == pytest.approx(box)
-    if selector.startswith("#nav-"):
-        assert info["url"].endswith("/items.html")  # the click navigated
-    else:
-        assert env.page.evaluate("() => window.__hivigLastClick") == element_id
+    checked, clicked = ELEMENTS[page]
+    for selector in checked:
+        box = env.bounding_box(selector)
+        x, y, w, h = box
+        element_id = selector[1:]
+        # The centre and an off-centre point, both as a policy would emit them on the grid.
+        for fx, fy in ((0.5, 0.5), (0.2, 0.7)):
+            grid = px_to_grid(x + fx * w, y + fy * h, *VIEWPORT)
+            px, py = env.to_px(grid)
+            assert x <= px <= x + w and y <= py <= y + h
+            assert env.element_at(px, py).id == element_id, selector
+        # Negative control: a point just above the element hits something else.
+        above = env.element_at(x + w / 2, y - 8)
+        assert above is None or above.id != element_id
+        if min(w, h) >= 24:  # room for the whole X in the scaled frame
+            _check_marker(png, px_to_grid(x + w / 2, y + h / 2, *VIEWPORT), box)
+    for selector in clicked:
+        box = env.bounding_box(selector)
+        x, y, w, h = box
+        _, _, _, info = env.step(LeftClick(px_to_grid(x + w / 2, y + h / 2, *VIEWPORT)))
+        assert info["target"]["id"] == selector[1:]
+        assert info["target"]["box"] == pytest.approx(box)
+        if selector.startswith("#nav-"):
+            assert info["url"].endswith("/items.html")  # the click navigated
+        else:
+            assert env.page.evaluate("() => window.__hivigLastClick") == selector[1:]
 
 
 def test_marker_check_can_fail(env):
@@ -230,64 +236,155 @@ def test_pixel_coordinates_are_accepted(env):
     assert "Tailspin" in env.page.inner_text("#selection")
 
 
+def _frame(png: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(png)).convert("RGB")
+
+
+def _clock_region(env) -> list[list[int]]:
+    """The session's volatile regions as a runner would declare them: the header clock."""
+    x, y, w, h = env.bounding_box("#clock")
+    return [[*px_to_grid(x - 2, y - 2, *VIEWPORT), *px_to_grid(x + w + 2, y + h + 2, *VIEWPORT)]]
+
+
+def _feed(env, state, actions, cfg):
+    """Execute ``actions`` one by one, feeding each screenshot to the detector."""
+    signals, shots = [], []
+    for action in actions:
+        obs, *_ = env.step(action)
+        state, sig = update(state, _frame(obs["screenshot"]), [action], cfg)
+        signals.append(sig)
+        shots.append(obs["screenshot"])
+    return state, signals, shots
+
+
 # --- behaviours the critic and the detector must cope with -----------------------------------
 
 
-def test_disabled_button_click_leaves_the_screen_unchanged(quiet):
-    start = quiet.reset("publish")["screenshot"]
-    publish = quiet.center_grid("#publish-btn")
-    shots = []
+def _same_outside(a: bytes, b: bytes, boxes) -> bool:
+    return _inside(_diff_mask(a, b), boxes, margin=1)
+
+
+def test_disabled_button_click_leaves_the_screen_unchanged_and_triggers_r3(env):
+    cfg = DetectorConfig()
+    start = env.reset("publish")["screenshot"]
+    clock = [_xyxy(env.bounding_box("#clock"))]
+    state, _ = update(new_state("web", _clock_region(env)), _frame(start), None, cfg)
+    publish = env.center_grid("#publish-btn")
+    shots, signals = [], []
     for _ in range(2):
-        obs, reward, done, info = quiet.step(LeftClick(publish))
+        obs, reward, done, info = env.step(LeftClick(publish))
         assert info["target"]["id"] == "publish-btn" and info["target"]["disabled"]
         assert (reward, done) == (0.0, False)
         shots.append(obs["screenshot"])
-    assert shots[0] == start and shots[1] == start  # byte-identical PNGs
-    assert "published" not in quiet.state()
+        state, sig = update(state, _frame(obs["screenshot"]), [LeftClick(publish)], cfg)
+        signals.append(sig)
+    assert _same_outside(start, shots[0], clock) and _same_outside(start, shots[1], clock)
+    assert "published" not in env.state()
+    first, second = signals
+    assert first.change["no_effect"] and first.recurrence["same_key_no_effect_run"] == 1
+    assert not first.recurrence["r3_trigger"]
+    assert second.change["no_effect"] and second.recurrence["same_key_no_effect_run"] == 2
+    assert second.recurrence["r3_trigger"]
 
 
-def test_first_no_effect_click_after_another_button_is_not_identical(quiet):
+def test_first_no_effect_click_after_another_button_is_not_identical(env):
     # A real side effect: the clicked Refresh button keeps a focus ring until the click on the
-    # disabled button moves focus away; only the repeats after that are identical.
-    quiet.reset("publish")
-    refreshed, *_ = quiet.step(LeftClick(quiet.center_grid("#refresh-btn")))
-    publish = quiet.center_grid("#publish-btn")
-    shots = [quiet.step(LeftClick(publish))[0]["screenshot"] for _ in range(3)]
-    first = _diff_mask(refreshed["screenshot"], shots[0])
+    # disabled button moves focus away; only the repeats after that are identical. The R3
+    # trigger still fires, counted from the first unchanged transition at the latest.
+    cfg = DetectorConfig()
+    obs = env.reset("publish")
+    clock = [_xyxy(env.bounding_box("#clock"))]
+    state, _ = update(new_state("web", _clock_region(env)), _frame(obs["screenshot"]), None, cfg)
+    refresh = LeftClick(env.center_grid("#refresh-btn"))
+    publish = LeftClick(env.center_grid("#publish-btn"))
+    state, signals, shots = _feed(env, state, [refresh, publish, publish, publish], cfg)
+    assert not signals[0].change["no_effect"]  # the status line appeared
+    first = _diff_mask(shots[0], shots[1])
     assert first.any()
-    assert _inside(first, [_xyxy(quiet.bounding_box("#refresh-btn"))])
-    assert shots[1] == shots[0] and shots[2] == shots[0]
+    assert _inside(first, [_xyxy(env.bounding_box("#refresh-btn")), *clock])
+    assert not _inside(first, clock)  # more than the clock changed: the ring went away
+    assert _same_outside(shots[1], shots[2], clock) and _same_outside(shots[2], shots[3], clock)
+    triggers = [s.recurrence["r3_trigger"] for s in signals[1:]]
+    assert not triggers[0] and triggers[-1]
 
 
-def test_slow_panel_shows_a_spinner_then_the_report(env):
+@pytest.fixture(scope="module")
+def report_wait(env):
+    """One episode on the report page: wait in 0.3 s steps until the report shows.
+
+    Records the screenshots, timings and the detector's signals for the tests below, so the
+    two-second wait is paid once.
+    """
+    cfg = DetectorConfig()
     t0 = time.monotonic()
     obs = env.reset("q3_revenue")
-    spinner = env.bounding_box("#spinner")
-    assert spinner is not None and env.bounding_box("#report-content") is None
-    x, y, w, h = spinner
-    assert env.element_at(x + w / 2, y + h / 2).id == "spinner"
-    waiting = [obs["screenshot"]]
-    loaded_at = None
+    run = {
+        "spinner": env.bounding_box("#spinner"),
+        "content_at_start": env.bounding_box("#report-content"),
+        "clock": env.bounding_box("#clock"),
+        "waiting": [obs["screenshot"]],
+        "spinning": [],
+        "loaded": None,
+        "loaded_at": None,
+        "done_while_waiting": False,
+    }
+    x, y, w, h = run["spinner"] or (0, 0, 0, 0)
+    run["spinner_hit"] = env.element_at(x + w / 2, y + h / 2)
+    state, _ = update(new_state("web", _clock_region(env)), _frame(obs["screenshot"]), None, cfg)
     while time.monotonic() - t0 < SLOW_S + 6:
         obs, _, done, _ = env.step(Wait(0.3))
-        assert not done
+        run["done_while_waiting"] |= done
+        state, sig = update(state, _frame(obs["screenshot"]), [Wait(0.3)], cfg)
         if env.bounding_box("#report-content") is not None:
-            loaded_at = time.monotonic() - t0
+            run["loaded_at"] = time.monotonic() - t0
+            run["loaded"] = sig
             break
-        waiting.append(obs["screenshot"])
-    assert loaded_at is not None, "the report never appeared"
-    assert SLOW_S * 0.75 <= loaded_at <= SLOW_S + 4
-    assert len(waiting) >= 2
+        run["waiting"].append(obs["screenshot"])
+        run["spinning"].append(sig)
+    run["spinner_after"] = env.bounding_box("#spinner")
+    run["table"] = env.page.inner_text("#report-table") if run["loaded"] else ""
+    _, run["answer_reward"], run["answer_done"], _ = env.step(Answer("Q3 revenue was $4.2M"))
+    return run
+
+
+def test_slow_panel_shows_a_spinner_then_the_report(report_wait):
+    run = report_wait
+    assert run["spinner"] is not None and run["content_at_start"] is None
+    assert run["spinner_hit"].id == "spinner"
+    assert run["loaded_at"] is not None, "the report never appeared"
+    assert SLOW_S * 0.75 <= run["loaded_at"] <= SLOW_S + 4
+    assert not run["done_while_waiting"]
+    assert len(run["waiting"]) >= 2
     # While waiting, only the spinner (and the clock) moves; it does move.
-    volatile = [_xyxy(spinner), _xyxy(env.bounding_box("#clock"))]
-    moved = [_diff_mask(a, b) for a, b in zip(waiting, waiting[1:], strict=False)]
+    spinner = _xyxy(run["spinner"])
+    volatile = [spinner, _xyxy(run["clock"])]
+    moved = [_diff_mask(a, b) for a, b in zip(run["waiting"], run["waiting"][1:], strict=False)]
     assert all(_inside(m, volatile, margin=2) for m in moved)
-    spinner_only = [m[int(y) : int(y + h), int(x) : int(x + w)].any() for m in moved]
-    assert any(spinner_only)
-    assert env.bounding_box("#spinner") is None
-    assert "$4.2M" in env.page.inner_text("#report-table")
-    _, reward, done, _ = env.step(Answer("Q3 revenue was $4.2M"))
-    assert (reward, done) == (1.0, True)
+    x0, y0, x1, y1 = (int(v) for v in spinner)
+    assert any(m[y0:y1, x0:x1].any() for m in moved)
+    assert run["spinner_after"] is None
+    assert "$4.2M" in run["table"]
+    assert (run["answer_reward"], run["answer_done"]) == (1.0, True)
+
+
+def test_spinner_while_waiting_is_not_a_loop(report_wait):
+    assert report_wait["spinning"] and report_wait["loaded"] is not None
+    for sig in [*report_wait["spinning"], report_wait["loaded"]]:
+        rec = sig.recurrence
+        assert not rec["r3_trigger"] and rec["same_key_no_effect_run"] == 0
+        assert rec["cycle_len"] is None
+        assert rec["screen_revisits"] == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="hivig.recurrence learns a change during a wait as volatile when under "
+    "learn_max_step_frac (1 %) of thumbnail pixels; the report table replacing the spinner "
+    "changes about 0.8 %, so it is masked and reads as no effect",
+)
+def test_report_arriving_during_a_wait_is_a_change(report_wait):
+    assert report_wait["loaded"] is not None
+    assert not report_wait["loaded"].change["no_effect"]
 
 
 def test_typing_into_the_form(env):
@@ -342,6 +439,23 @@ def test_scroll_reveals_new_content_and_comes_back(quiet):
     assert quiet.bounding_box("#item-18")[1] < VIEWPORT[1]
     back, *_ = quiet.step(Scroll(300, (500, 500)))
     assert back["screenshot"] == top
+    quiet.step(Scroll(-300, (500, 500)))
+    again = quiet.reset(WebTask(instruction="", start="items.html"))["screenshot"]
+    assert quiet.page.evaluate("() => window.scrollY") == 0 and again == top
+
+
+# --- the recurrence detector on real screenshots --------------------------------------------
+
+
+def test_clicks_that_change_the_screen_do_not_trigger(env):
+    cfg = DetectorConfig()
+    obs = env.reset(WebTask(instruction="", start="items.html"))
+    state, _ = update(new_state("web", _clock_region(env)), _frame(obs["screenshot"]), None, cfg)
+    rows = [LeftClick(env.center_grid(f"#item-{i}")) for i in (1, 2, 3, 4)]
+    state, signals, _ = _feed(env, state, rows, cfg)
+    for sig in signals:
+        assert not sig.change["no_effect"] and not sig.recurrence["r3_trigger"]
+        assert sig.recurrence["same_key_no_effect_run"] == 0
 
 
 # --- interface details -------------------------------------------------------------------------
@@ -373,6 +487,18 @@ def test_reset_names_built_in_tasks(env):
         WebTask(instruction="x", start="missing.html")
 
 
+def test_reset_starts_clean(env):
+    env.reset(WebTask(instruction="", start="items.html"))
+    env.step(LeftClick(env.center_grid("#item-3")))
+    env.step(LeftClick(env.center_grid("#nav-form")))
+    assert env.state()["selected"] == "item-3"
+    env.reset(WebTask(instruction="", start="items.html"))
+    assert env.state() == {}
+    assert env.page.query_selector("#item-list li.selected") is None
+    assert env.page.go_back() is None  # no history from the last episode
+    assert env.page.url.endswith("/items.html")
+
+
 def test_find_browser_honours_the_override(monkeypatch, tmp_path):
     monkeypatch.setenv(BROWSER_ENV_VAR, str(tmp_path / "no-chromium"))
     assert find_browser() is None
@@ -386,14 +512,16 @@ def test_find_browser_honours_the_override(monkeypatch, tmp_path):
 
 
 def test_web_app_serves_pages_and_the_slow_report():
-    import httpx
-
     with WebApp(slow_seconds=0.2) as app:
-        page = httpx.get(app.url("form.html"), timeout=5)
-        assert page.status_code == 200 and 'id="contact-form"' in page.text
-        assert page.headers["cache-control"] == "no-store"
+        with urllib.request.urlopen(app.url("form.html"), timeout=5) as page:
+            assert page.status == 200 and 'id="contact-form"' in page.read().decode()
+            assert page.headers["Cache-Control"] == "no-store"
         t0 = time.monotonic()
-        report = httpx.get(app.url("api/report"), timeout=5).json()
+        with urllib.request.urlopen(app.url("api/report"), timeout=5) as report:
+            rows = json.loads(report.read())["rows"]
         assert time.monotonic() - t0 >= 0.2
-        assert ["Q3", "$4.2M"] in report["rows"]
-        assert httpx.get(app.url("nope.html"), timeout=5).status_code == 404
+        assert ["Q3", "$4.2M"] in rows
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(app.url("nope.html"), timeout=5)
+    with pytest.raises(ValueError, match="port"):
+        WebApp(port=70000)

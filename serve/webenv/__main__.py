@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.slow_seconds < 0:
         parser.exit(2, "error: --slow-seconds must be >= 0\n")
+    if not 0 <= args.port <= 65535:
+        parser.exit(2, f"error: --port must be in 0..65535, got {args.port}\n")
     try:
         app = WebApp(port=args.port, slow_seconds=args.slow_seconds).start()
     except OSError as e:

@@ -92,6 +92,8 @@ class WebApp:
     """
 
     def __init__(self, port: int = 0, slow_seconds: float = DEFAULT_SLOW_SECONDS) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {port}")
         if slow_seconds < 0:
             raise ValueError(f"slow_seconds must be >= 0, got {slow_seconds}")
         self._port = port

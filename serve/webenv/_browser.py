@@ -1,8 +1,8 @@
 """``BrowserEnv``: headless Chromium driven through Playwright, with an OSWorld-shaped interface.
 
 The browser is the system's Chromium (``find_browser``); Playwright's own browser download is
-never used. One ``BrowserEnv`` owns one browser process and one browser context; ``reset`` opens
-a new tab (empty session storage, history, focus and pointer) on the task's start page.
+never used. One ``BrowserEnv`` owns one browser process and one browser context; ``reset`` loads
+the task's start page afresh with the application's state, the history and the pointer cleared.
 """
 
 from __future__ import annotations
@@ -271,13 +271,15 @@ class BrowserEnv:
             raise
         self._context = None
         self._page = None
+        self._page_clock = clock
+        self._cdp = None
         self.task: WebTask = _task(None)
         self.steps = 0
 
     # --- episode -------------------------------------------------------------------------
 
     def reset(self, task: WebTask | str | None = None) -> dict[str, Any]:
-        """Start an episode in a new tab on the task's start page.
+        """Start an episode: a fresh load of the task's start page with empty app state.
 
         Args:
             task: A ``WebTask``, the name of a built-in task (``TASKS``), or ``None`` (the home
@@ -296,15 +298,11 @@ class BrowserEnv:
                 timezone_id="UTC",
                 color_scheme="light",
             )
-        # A new tab per episode: empty sessionStorage (the app's state), history, focus, scroll
-        # and pointer. Much cheaper than a new browser context, whose renderer starts cold.
-        page = self._context.new_page()
-        if self._page is not None:
-            self._page.close()
-        self._page = page
-        if not self.clock:
-            page.add_init_script("window.__hivigNoClock = true;")
+        if not self._reuse_tab():
+            self._new_tab()
         self._page.goto(self.url(self.task.start), wait_until="load")
+        # Back must not lead into the previous episode.
+        self._cdp.send("Page.resetNavigationHistory")
         self._settle()
         return self._observation()
 
@@ -458,6 +456,39 @@ class BrowserEnv:
         return self._require_page().evaluate("() => window.hivigState ? window.hivigState() : {}")
 
     # --- internals -----------------------------------------------------------------------
+
+    def _new_tab(self) -> None:
+        """Replace the episode's tab with a new one (empty session storage, history, pointer)."""
+        page = self._context.new_page()
+        if self._page is not None:
+            self._page.close()
+        self._page = page
+        self._page_clock = self.clock
+        self._cdp = self._context.new_cdp_session(page)
+        if not self.clock:
+            page.add_init_script("window.__hivigNoClock = true;")
+
+    def _reuse_tab(self) -> bool:
+        """Prepare the current tab for a new episode; ``False`` when a new tab is needed.
+
+        Reusing the tab saves starting a renderer (about half of a reset). The next page load
+        resets the document (focus, dialogs, scroll: the app turns scroll restoration off);
+        here the app's state in session storage is cleared and the pointer parked in the
+        corner, where nothing reacts to hover.
+        """
+        from playwright.sync_api import Error as PlaywrightError
+
+        page = self._page
+        if page is None or page.is_closed() or self._page_clock != self.clock:
+            return False
+        if not page.url.startswith(self._base_url):
+            return False
+        try:
+            page.evaluate("() => sessionStorage.clear()")
+        except PlaywrightError:
+            return False
+        page.mouse.move(0, 0)
+        return True
 
     def _require_page(self):
         if self._page is None:

@@ -19,6 +19,8 @@
   }
 
   window.hivigState = state;
+  // A new episode that reloads the same page starts at the top, not where the last one was.
+  history.scrollRestoration = "manual";
 
   function byId(id) {
     return document.getElementById(id);
