@@ -4,6 +4,10 @@ Two views of a canonical frame: an exact hash of its pixels (the R3 paper's "ide
 rule) and a perceptual difference hash that tolerates resampling noise. Both accept volatile-region
 masks — boxes on the 0–1000 grid, such as a taskbar clock — that are blanked before hashing, so a
 ticking clock does not make a screen look new.
+
+For per-step comparisons (``hivig.recurrence``) a screen is first box-reduced to a small
+thumbnail (``screen_thumbnail``) and compared as arrays (``mask_array``, ``dhash_array``), so no
+full-resolution pixel is handled in Python.
 """
 
 from __future__ import annotations
