@@ -637,12 +637,12 @@ class _SessionState:
     def observe_flow(self, step_idx: int, image: ImageInput, prev: Any) -> Flow:
         if self.closed:
             return self.stale(step_idx, "closed")
+        body = self._observe_body(step_idx, image, prev)
+        self.last_observe = body  # kept even if this call fails: a later critique replays it
         if self.session_id is None:
             failed = yield from self.create_flow()
             if failed is not None:
                 return self.stale(step_idx, failed.reason)
-        body = self._observe_body(step_idx, image, prev)
-        self.last_observe = body
         reply = yield from self._send_observe({**body, "_image": image})
         if not reply.ok:
             return self.stale(step_idx, reply.reason)
@@ -654,15 +654,13 @@ class _SessionState:
         self.latest_step = step_idx
         return obs
 
-    def _recover(self) -> Flow:
-        """Re-create the session and replay the last observe; ``None`` on success."""
-        failed = yield from self.create_flow()
-        if failed is not None:
-            return failed
-        if self.last_observe is None:
-            return None
-        reply = yield from self._send_observe({**self.last_observe, "force": True})
-        return None if reply.ok else reply
+    def _inline(self) -> dict[str, Any]:
+        """The last observed screen as an inline image field (empty if it was a reference)."""
+        shot = (self.last_observe or {}).get("screenshot")
+        return {"screenshot": shot} if isinstance(shot, str) and shot else {}
+
+    def _critique_path(self) -> str:
+        return f"/v1/sessions/{self.session_id}/critique"
 
     def critique_flow(
         self,
@@ -690,32 +688,29 @@ class _SessionState:
         if image is not None:
             body.update(image_field(image))
         if self.session_id is None:
-            failed = yield from self._recover()
+            failed = yield from self.create_flow()
             if failed is not None:
                 return fail(failed.reason)
-        reply = yield _Call(
-            "POST", f"/v1/sessions/{self.session_id}/critique", body, self.cfg.critique_deadline_s
-        )
-        if reply.code == "unknown_session":
-            failed = yield from self._recover()
-            if failed is not None:
-                return fail(failed.reason)
-            reply = yield _Call(
-                "POST",
-                f"/v1/sessions/{self.session_id}/critique",
-                body,
-                self.cfg.critique_deadline_s,
-            )
-        elif reply.code == "unknown_image_ref" and self.last_observe is not None:
-            inline = {k: v for k, v in self.last_observe.items() if k == "screenshot"}
-            if inline:
-                body = {k: v for k, v in body.items() if k != "image_ref"} | inline
-                reply = yield _Call(
-                    "POST",
-                    f"/v1/sessions/{self.session_id}/critique",
-                    body,
-                    self.cfg.critique_deadline_s,
-                )
+        reply = yield _Call("POST", self._critique_path(), body, self.cfg.critique_deadline_s)
+        handled: set[str] = set()
+        while not reply.ok and reply.code not in handled:
+            code = reply.code or ""
+            handled.add(code)
+            if code == "unknown_session":
+                # Re-created from the echo, which covers the latest observed step.
+                failed = yield from self.create_flow()
+                if failed is not None:
+                    return fail(failed.reason)
+            elif code == "unknown_image_ref" and "image_ref" in body and self._inline():
+                body = {k: v for k, v in body.items() if k != "image_ref"} | self._inline()
+            elif code in ("step_conflict", "unknown_image_ref") and self.last_observe:
+                # The gateway lacks the screen being judged: replay its observe.
+                replay = yield from self._send_observe({**self.last_observe, "force": True})
+                if not replay.ok:
+                    return fail(replay.reason)
+            else:
+                break
+            reply = yield _Call("POST", self._critique_path(), body, self.cfg.critique_deadline_s)
         if not reply.ok:
             return fail(reply.reason, reply.message)
         self._note(reply.body)

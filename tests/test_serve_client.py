@@ -142,13 +142,14 @@ class FakeGateway:
             "screen": body["screen"],
             "coord_space": body.get("coord_space", "screen_px"),
             "summary": {"progress_summary": "", "version": 0},
+            "step_idx": None,
             "steps": [],
         }
-        latest = echo["steps"][-1]["step_idx"] if echo["steps"] else None
         self.sessions[sid] = {
             "create": body,
             "echo": echo,
-            "latest": latest,
+            "latest": echo.get("step_idx"),
+            "last_ref": None,
             "stored": {},
             "images": {},
             "run": 0,
@@ -174,7 +175,7 @@ class FakeGateway:
                 return _error(404, "unknown_image_ref")
         ref = "sha256:" + hashlib.sha256(image.encode()).hexdigest()
         sess["images"][ref] = image
-        prev_ref = sess["echo"]["steps"][-1]["image_ref"] if sess["echo"]["steps"] else None
+        prev_ref = sess["last_ref"]
         change = None
         action_key = None
         if k > 0:
@@ -195,28 +196,28 @@ class FakeGateway:
             else:
                 sess["run"] = 0
             sess["last_pair"] = pair if same else None
-        n = len(sess["echo"]["steps"])
+        n = len(sess["echo"]["steps"]) + (1 if k > 0 else 0)
         history = {
             "progress_summary": f"{n} steps done",
             "last_action_result": "nothing changed" if change and change["no_effect"] else "ok",
             "version": n + 1,
             "stale": False,
         }
-        intent = (body.get("prev_action") or {}).get("raw", "")
-        sess["echo"] = {
-            **sess["echo"],
-            "summary": history,
-            "steps": [
-                *sess["echo"]["steps"],
+        steps = list(sess["echo"]["steps"])
+        if k > 0:
+            # Echo steps are the executed steps: the action of step k-1 on its screen.
+            intent = body["prev_action"].get("raw", "")
+            steps.append(
                 {
-                    "step_idx": k,
+                    "step_idx": k - 1,
                     "intent": intent,
                     "action_text": intent,
-                    "image_ref": ref,
+                    "image_ref": prev_ref,
                     "last_action_result": history["last_action_result"],
-                },
-            ],
-        }
+                }
+            )
+        sess["echo"] = {**sess["echo"], "summary": history, "step_idx": k, "steps": steps}
+        sess["last_ref"] = ref
         reply = {
             "session_id": sid,
             "step_idx": k,
@@ -315,7 +316,7 @@ def test_session_observe_critique_close():
     }
     v = s.critique(1, {"raw": "click", "format": "auto"})
     assert isinstance(v, Verdict) and v.is_bad and v.error_dimension == "Wrong Target"
-    assert s.echo["steps"][-1]["step_idx"] == 1
+    assert s.echo["step_idx"] == 1 and s.echo["steps"][-1]["step_idx"] == 0
     assert s.close() is True
     assert gw.sessions["s1"]["closed"]
 
@@ -505,22 +506,38 @@ def test_lost_session_is_recreated_from_the_echo_on_observe():
     obs = s.observe(2, png("c"), "click b")
     assert obs.ok and obs.step_idx == 2 and s.recreated == 1
     recreate = gw.creates()[-1]
-    assert recreate["session_id"] == "s1"
-    assert [st["step_idx"] for st in recreate["echo"]["steps"]] == [0, 1]
+    assert recreate["session_id"] == "s1" and recreate["echo"]["step_idx"] == 1
+    assert [st["step_idx"] for st in recreate["echo"]["steps"]] == [0]
     assert obs.history.progress_summary == "2 steps done"  # the history survived
+    assert [st["step_idx"] for st in obs.body["echo"]["steps"]] == [0, 1]
+    assert "force" not in gw.bodies("/observe")[-1]
 
 
-def test_lost_session_is_recreated_on_critique_and_the_screen_replayed():
+def test_lost_session_is_recreated_on_critique_without_replaying_the_screen():
     gw = FakeGateway()
     s = make_client(gw).start("t", "ubuntu", (100, 100))
     s.observe(0, png("a"))
     s.observe(1, png("b"), "click a")
     gw.sessions.clear()
+    observes = len(gw.bodies("/observe"))
     v = s.critique(1, "click b")
     assert v.is_good and s.recreated == 1
+    # The echo covers step 1: no second observe (it would add the step to the history twice).
+    assert len(gw.bodies("/observe")) == observes
+
+
+def test_critique_replays_the_screen_when_the_gateway_lacks_it():
+    gw = FakeGateway()
+    client = make_client(gw)
+    gw.faults = [("/v1/sessions", "connect"), ("/v1/sessions", "connect")]
+    s = client.start("t", "ubuntu", (100, 100))
+    gw.faults = [("/v1/sessions", "connect"), ("/v1/sessions", "connect")]
+    assert s.observe(0, png("a")).reason == "transport"  # still down
+    v = s.critique(0, "click")  # back up: created, the screen replayed, then judged
+    assert v.is_good and s.session_id == "s1"
     replay = gw.bodies("/observe")[-1]
-    assert replay["step_idx"] == 1 and replay["force"] is True
-    assert base64.b64decode(replay["screenshot"]) == png("b")
+    assert replay["step_idx"] == 0 and replay["force"] is True
+    assert base64.b64decode(replay["screenshot"]) == png("a")
 
 
 def test_gateway_down_at_start_then_back():
