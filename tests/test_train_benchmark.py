@@ -547,3 +547,18 @@ def test_module_entry_point(tmp_path):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("error: --data")
+
+
+def test_backend_names_stay_apart():
+    specs = [
+        bm.BackendSpec("transformers", "runs/a/final"),
+        bm.BackendSpec("transformers", "runs/b/final"),
+        bm.BackendSpec("oracle"),
+        bm.BackendSpec("oracle"),
+    ]
+    assert bm._unique_names(specs) == [
+        "transformers:a/final",
+        "transformers:b/final",
+        "oracle#1",
+        "oracle#2",
+    ]

@@ -909,7 +909,13 @@ def build_predictor(
 
 
 def _unique_names(specs: Sequence[BackendSpec]) -> list[str]:
-    labels = [s.label for s in specs]
+    """Labels for the tables; checkpoints of the same folder name (``RUN_A/final``,
+    ``RUN_B/final``) are told apart by their parent folder, anything else left by a number."""
+    short = [s.label for s in specs]
+    labels = list(short)
+    for i, spec in enumerate(specs):
+        if spec.kind == "transformers" and short.count(spec.label) > 1:
+            labels[i] = "transformers:" + "/".join(Path(spec.target).parts[-2:])
     return [
         label if labels.count(label) == 1 else f"{label}#{labels[:i].count(label) + 1}"
         for i, label in enumerate(labels)
