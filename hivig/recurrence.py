@@ -903,6 +903,46 @@ def update(
     return new, signals
 
 
+def same_screen(
+    a: Image.Image,
+    b: Image.Image,
+    state: DetectorState | None = None,
+    config: DetectorConfig | None = None,
+) -> bool:
+    """Whether ``b`` shows the same screen as ``a``: ``no_effect`` between them, without targets.
+
+    The arrival check of a recovery (ReTrace judges arrival by transition consistency; this
+    approximates it with the stored target screenshot). The session's masks apply: its platform
+    and volatile regions, and its learned cells when the thumbnails have the shape they were
+    learned on.
+
+    Args:
+        a: The reference screen (e.g. the recovery target's screenshot).
+        b: The screen to check.
+        state: The session's detector state, for its masks (``None``: no masks).
+        config: Thresholds (defaults if ``None``).
+
+    Returns:
+        True when the two screens match.
+    """
+    cfg = config or DetectorConfig()
+    base = state or DetectorState()
+    (ta, fa), (tb, _fb) = (
+        screen_thumbnail(a, cfg.thumb_long_side),
+        screen_thumbnail(b, cfg.thumb_long_side),
+    )
+    ra, rb = np.asarray(ta), np.asarray(tb)
+    if ra.shape != rb.shape:
+        return False
+    shape = (ra.shape[0], ra.shape[1])
+    learned = base.learned_cells if base.thumb is not None and base.thumb.shape == ra.shape else ()
+    static = _static_slices((*platform_masks(base.platform), *base.volatile_regions), shape)
+    mask = _Mask.build(static, learned, shape, cfg.learn_cell_px)
+    pair_a = (ra, np.asarray(ta.convert("L")))
+    pair_b = (rb, np.asarray(tb.convert("L")))
+    return _compare(pair_a, pair_b, mask, [], fa, cfg).no_effect
+
+
 def recurrence_note(signals: Signals) -> str | None:
     """One plain-English line for the critique prompt when a repeat or a cycle is flagged.
 

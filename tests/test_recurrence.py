@@ -20,6 +20,7 @@ from hivig.recurrence import (
     platform_masks,
     recurrence_note,
     relaxed_action_key,
+    same_screen,
     update,
 )
 
@@ -503,6 +504,20 @@ def test_frame_size_change_is_a_change():
     _, sig = update(state, small, [DEAD_SPOT])
     assert sig.change["no_effect"] is False
     assert sig.change["masked_diff_frac"] == 1.0 or sig.change["identical"] is False
+
+
+def test_same_screen_uses_the_session_masks():
+    state, _ = run([(screen(), None)])
+    assert same_screen(screen(), screen(clock="12:09"), state)
+    assert not same_screen(screen(), screen(dialog=True), state)
+    assert not same_screen(screen(), screen().resize((1280, 720)), state)
+    # A spinner learned by the session while it waited is ignored too.
+    frames = [(screen("list", spinner=0), None)]
+    frames += [(screen("list", spinner=i % 8), [Wait(1)]) for i in range(1, 12)]
+    learned, _ = run(frames)
+    a, b = screen("list", spinner=1), screen("list", spinner=6)
+    assert same_screen(a, b, learned)
+    assert not same_screen(a, b, state)  # control: the spinner is a real difference unmasked
 
 
 # --- config and platforms ----------------------------------------------------------------------
