@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 OnExhausted = Literal["execute_last", "execute_first", "stop"]
 Mode = Literal["normal", "reroute", "recovery"]
 
+RESTORED_RESULTS_KEPT = 8
+"""After a Restore the policy sees the pre-loop history plus at most this many later results."""
+
 DEFAULT_FEEDBACK = (
     "A critic judged your proposed action {action} as {dimension}: {explanation} "
     "Propose a different action."
@@ -302,6 +305,8 @@ class CriticGuard:
         to_action: Proposal -> API action object (an adapter's converter).
         session_kwargs: Extra ``CriticClient.start`` arguments (``frame``, ``action_format``,
             ``policy_id``, ``volatile_regions``).
+        describe: Proposal -> short text for the policy's history and the feedback (default:
+            the action's intent or raw text).
     """
 
     def __init__(
@@ -316,8 +321,10 @@ class CriticGuard:
         config: GuardConfig | None = None,
         to_action: Callable[[Any], ActionInput] = default_to_action,
         session_kwargs: dict[str, Any] | None = None,
+        describe: Callable[[Any], str] | None = None,
     ) -> None:
         self.client = client
+        self.describe = describe
         self.policy = policy
         self.config = config or GuardConfig()
         self.to_action = to_action
@@ -395,6 +402,7 @@ class CriticGuard:
             self._since_restore.append(
                 f"Result of the last action: {obs.history.last_action_result}"
             )
+            del self._since_restore[:-RESTORED_RESULTS_KEPT]
         record: dict[str, Any] = {
             "step_idx": idx,
             "observe": {
@@ -450,7 +458,11 @@ class CriticGuard:
         run = run if isinstance(run, int) and run > 0 else 1
         run = min(run, len(self.history))
         first = self._step.idx - run if self._step else 0  # the first step of the loop
-        saved_text = self._texts.get(first, "") if self._text_base is None else self._restored()
+        if self._text_base is None:
+            saved_text = self._texts.get(first, "")
+        else:  # a loop after an earlier Restore: that history without the loop's results
+            kept = self._since_restore[: max(len(self._since_restore) - run, 0)]
+            saved_text = "\n".join([self._text_base, *kept]).strip()
         trigger = self._step.idx if self._step else 0
         saved = self.history[: len(self.history) - run]
         self._reroute = _Reroute(saved, saved_text, trigger, loop_start=first)
@@ -576,9 +588,14 @@ class CriticGuard:
             return abstain("client_error")
         return v if isinstance(v, Verdict) else abstain("bad_response")
 
-    def _feedback(self, action: ActionInput, verdict: Verdict) -> str:
+    def _text_of(self, proposal: Any, action: ActionInput | None) -> str:
+        if self.describe is not None and proposal is not None:
+            return self.describe(proposal)
+        return describe(action)
+
+    def _feedback(self, proposal: Any, action: ActionInput, verdict: Verdict) -> str:
         return self.config.feedback_template.format(
-            action=describe(action),
+            action=self._text_of(proposal, action),
             dimension=verdict.error_dimension or "incorrect",
             explanation=verdict.explanation or "no explanation given.",
         )
@@ -607,7 +624,7 @@ class CriticGuard:
         if self._mode == "reroute":
             return self._log_review(st, self._reroute_rejected(st, proposal, action, verdict))
         if len(st.attempts) <= self.config.max_reproposals:
-            text = self._feedback(action, verdict)
+            text = self._feedback(proposal, action, verdict)
             st.feedback.append(text)
             return self._log_review(
                 st, Review(False, proposal, action, verdict, "rejected", feedback=text)
@@ -621,7 +638,7 @@ class CriticGuard:
         if rr is None:
             return Review(True, proposal, action, verdict, "critic_overridden")
         rr.attempts += 1
-        text = self._feedback(action, verdict)
+        text = self._feedback(proposal, action, verdict)
         st.feedback.append(text)
         if rr.attempts >= self.config.r3.reroute_attempts:
             self._reroute_failed(rr, st.record)
@@ -654,7 +671,7 @@ class CriticGuard:
         """Mark ``review.proposal`` as executed: it becomes the next observe's prev_action."""
         st = self._require_step()
         self._pending = review.action
-        text = describe(review.action)
+        text = self._text_of(review.proposal, review.action)
         st.record["outcome"] = review.outcome
         st.record["executed"] = review.action
         if self._mode == "reroute" and self._reroute is not None:

@@ -155,6 +155,9 @@ def test_osworld_rejection_feeds_back_and_leaves_no_trace_in_the_agent():
     response, actions = guarded.predict("Open it", obs_of("A"))
     assert actions == ["pyautogui.click(960, 540)"]
     assert "Wrong Target" in agent.instructions[1] and agent.instructions[1].startswith("Open it")
+    # The feedback quotes the agent's own action, not the critic's tool-call rendering.
+    assert "proposed action pyautogui.click(96, 54) as" in agent.instructions[1]
+    assert guarded.guard.history == ["pyautogui.click(960, 540)"]
     assert agent.thoughts == ["retry"]  # the rejected proposal was rolled back
     assert [p["ruling"] for p in guarded.log[0]["proposals"]] == ["rejected", "accepted"]
 

@@ -163,6 +163,7 @@ class GuardedAndroidWorldAgent:
                 config=self.config,
                 to_action=self.to_action,
                 session_kwargs={"action_format": "androidworld"},
+                describe=lambda action: json.dumps(action_dict(action), default=str),
             )
             self.memory.begin()
         return self.guard

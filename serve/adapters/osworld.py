@@ -103,6 +103,12 @@ class _PredictWrapper:
         """The agent's verbal intent, when its output states one."""
         return None
 
+    def describe(self, output: Any) -> str:
+        """The agent's own action text of one output (history entries, feedback)."""
+        response, actions = (output[0], output[1]) if _is_pair(output) else (output, None)
+        text = self.action_text(response, actions)
+        return text if isinstance(text, str) else json.dumps(text, default=str)
+
     def to_action(self, output: Any) -> dict[str, Any]:
         """One ``predict`` output -> the API action object."""
         response, actions = (output[0], output[1]) if _is_pair(output) else (output, None)
@@ -134,6 +140,7 @@ class _PredictWrapper:
                 config=self.config,
                 to_action=self.to_action,
                 session_kwargs=kwargs,
+                describe=self.describe,
             )
             self.logs.append(self.guard.log)
             self.memory.begin()
