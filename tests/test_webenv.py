@@ -6,8 +6,10 @@ screenshots. One browser serves the whole module.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -497,6 +499,22 @@ def test_reset_starts_clean(env):
     assert env.page.query_selector("#item-list li.selected") is None
     assert env.page.go_back() is None  # no history from the last episode
     assert env.page.url.endswith("/items.html")
+
+
+def test_refuses_to_start_inside_an_event_loop(env):
+    errors = []
+
+    async def start():
+        try:
+            BrowserEnv()
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    # A thread of its own: the module's browser already holds this thread's event loop.
+    worker = threading.Thread(target=asyncio.run, args=(start(),))
+    worker.start()
+    worker.join(timeout=30)
+    assert len(errors) == 1 and "asyncio.to_thread" in errors[0]
 
 
 def test_find_browser_honours_the_override(monkeypatch, tmp_path):

@@ -41,7 +41,12 @@ actions with no browser meaning (``open``, ``call_user``, unknown keys).
 
 For a gateway session: ``platform="web"``, ``screen={"w": env.width, "h": env.height}``,
 ``coord_space="screen_px"`` if the policy's actions are sent as pixels (``info["point_px"]``)
-or ``"norm1000"`` for grid actions, and ``volatile_regions=env.volatile_regions()``.
+or ``"norm1000"`` for grid actions, and ``volatile_regions=env.volatile_regions()`` read right
+after ``reset`` (the clock, plus the spinner when the start page shows one).
+
+``BrowserEnv`` uses Playwright's synchronous API: create and use it in one thread with no
+running asyncio event loop (it refuses to start inside one). From async code, run the whole
+episode loop in one worker thread, or pair it with the synchronous gateway client.
 
 Helpers for tests: ``element_at(x_px, y_px)``, ``bounding_box(selector)``, ``center_grid``,
 ``state()`` (the application's state that task checks read), ``page`` (the Playwright page),

@@ -7,6 +7,7 @@ the task's start page afresh with the application's state, the history and the p
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import shutil
@@ -199,6 +200,18 @@ class ElementInfo:
     disabled: bool
 
 
+def _no_running_loop() -> None:
+    """Refuse to start inside a running asyncio loop, with the fix, before Playwright does."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        "BrowserEnv is synchronous and cannot run inside an asyncio event loop; create and use "
+        "it in one worker thread (e.g. run the episode loop with asyncio.to_thread)"
+    )
+
+
 def _task(task: WebTask | str | None) -> WebTask:
     if task is None:
         return WebTask(instruction="", name="explore")
@@ -251,21 +264,28 @@ class BrowserEnv:
                 "no Chromium found: install it (apt-get install chromium) "
                 f"or set {BROWSER_ENV_VAR}=/path/to/chromium"
             )
+        _no_running_loop()
         from playwright.sync_api import sync_playwright
 
         self.width, self.height = viewport
         self.coord_space: CoordSpace = coord_space
         self.clock = clock
         self.settle_seconds = settle_seconds
-        self._app = None if base_url else WebApp(slow_seconds=slow_seconds).start()
-        self._base_url = base_url.rstrip("/") + "/" if base_url else self._app.base_url
-        self._pw = sync_playwright().start()
+        self._app = None if base_url else WebApp(slow_seconds=slow_seconds)
+        self._pw = None
         try:
+            if self._app is not None:
+                self._app.start()
+            self._base_url = base_url.rstrip("/") + "/" if base_url else self._app.base_url
+            self._pw = sync_playwright().start()
             self._browser = self._pw.chromium.launch(
                 executable_path=executable, headless=True, args=list(_LAUNCH_ARGS)
             )
         except Exception:
-            self._pw.stop()
+            # Leave nothing running behind a failed start (server thread, driver process).
+            if self._pw is not None:
+                self._pw.stop()
+                self._pw = None
             if self._app is not None:
                 self._app.close()
             raise
@@ -325,6 +345,7 @@ class BrowserEnv:
 
         Raises:
             RuntimeError: ``reset`` was not called.
+            ValueError: A dict that is not a valid action.
         """
         page = self._require_page()
         if isinstance(action, dict):
@@ -427,9 +448,10 @@ class BrowserEnv:
         return self.to_grid(x + w / 2, y + h / 2)
 
     def volatile_boxes(self) -> list[tuple[float, float, float, float]]:
-        """Pixel boxes ``(x0, y0, x1, y1)`` that change without any action: clock, spinner."""
+        """Pixel boxes ``(x0, y0, x1, y1)`` that change without any action, as shown now: the
+        clock (when on) and the spinner (while one is up)."""
         boxes = []
-        for selector in ("#clock", "#spinner"):
+        for selector in ("#clock", "#spinner") if self._page_clock else ("#spinner",):
             box = self.bounding_box(selector)
             if box is not None:
                 x, y, w, h = box
