@@ -750,6 +750,121 @@ def _find_cycle(
     return None
 
 
+def _advance_run(
+    run: tuple[str | None, str | None, int],
+    compared: _Compared | None,
+    acts: tuple[Action | str, ...],
+    key: str | None,
+    screen: str | None,
+) -> tuple[str | None, str | None, int, bool]:
+    """R3's run: consecutive single, non-wait actions with one key leaving one screen unchanged.
+
+    Returns ``(run_key, run_screen, run_len, counted)``; ``counted`` says this step extended
+    or started the run (only such a step may trigger).
+    """
+    run_key, run_screen, run_len = run
+    no_action = not acts or _is_wait(acts)
+    if compared is not None and compared.no_effect:
+        if no_action:
+            return run_key, run_screen, run_len, False  # a wait or re-capture: neither way
+        if len(acts) == 1:
+            same = run_key == key and run_screen == screen
+            return key, screen, run_len + 1 if same else 1, True
+    return None, None, 0, False
+
+
+def _advance_trail(
+    state: DetectorState,
+    screens: tuple[str, ...],
+    before: str | None,
+    key: str,
+    action_key: str | None,
+    changed: bool,
+    cfg: DetectorConfig,
+) -> tuple[tuple[str, ...], tuple[str | None, ...], tuple[tuple[str, int], ...], int | None, int]:
+    """Extend the screen-continuous path and look for a repeated cycle.
+
+    No-effect steps are self-loops and do not move the path; ``action_key`` is ``None`` for a
+    transition no cycle may contain (a wait, a change without an action).
+
+    Returns ``(screens, keys, cycle_counts, cycle_len, cycle_repeats)``.
+    """
+    keys = state.trail_keys
+    counts = dict(state.cycle_counts)
+    cycle_len, repeats = None, 0
+    if before is None:
+        return (key,), (), state.cycle_counts, None, 0
+    if changed:
+        if not screens or screens[-1] != before:
+            screens, keys = (before,), ()
+        keys = (*keys, action_key)[-cfg.max_cycle :]
+        screens = (*screens, key)[-(cfg.max_cycle + 1) :]
+        found = _find_cycle(screens, keys, cfg.max_cycle)
+        if found is not None:
+            length, signature = found
+            counts[signature] = counts.pop(signature, 0) + 1
+            # The first traversal is exploration; later ones are recurrence (R3 paper).
+            if counts[signature] >= 2:
+                cycle_len, repeats = length, counts[signature] - 1
+    return screens, keys, tuple(counts.items())[-_MAX_CYCLE_SIGNATURES:], cycle_len, repeats
+
+
+@dataclass(frozen=True)
+class _Judged:
+    rgb: np.ndarray
+    grey: np.ndarray
+    factor: int
+    mask: _Mask
+    compared: _Compared | None
+    learned_cells: tuple[int, ...]
+    history: tuple[tuple[int, ...], ...]
+    learned_now: bool
+
+
+def _judge(
+    state: DetectorState,
+    frame: Image.Image,
+    acts: tuple[Action | str, ...],
+    no_action: bool,
+    cfg: DetectorConfig,
+) -> _Judged:
+    """Thumbnail the frame, compare it with the last one and let it teach the volatile mask."""
+    thumb_img, factor = screen_thumbnail(frame, cfg.thumb_long_side)
+    cur = np.asarray(thumb_img)
+    cur_grey = np.asarray(thumb_img.convert("L"))
+    shape = (cur.shape[0], cur.shape[1])
+    size = (frame.width, frame.height)
+    prev = state.thumb
+    same_shape = prev is not None and prev.shape == cur.shape
+    # Learned cells index one thumbnail shape; a new screen size starts learning afresh.
+    learned_cells = state.learned_cells if same_shape else ()
+    history = state.noeffect_cells if same_shape else ()
+    static = _static_slices((*platform_masks(state.platform), *state.volatile_regions), shape)
+    mask = _Mask.build(static, learned_cells, shape, cfg.learn_cell_px)
+    crops = []
+    for a in acts:
+        if not isinstance(a, str):
+            crops += _crop_boxes(_points(a), shape, size, factor, cfg)
+
+    compared: _Compared | None = None
+    learned_now = False
+    if same_shape:
+        prev_pair = (prev, state.grey if state.grey is not None else _grey_of(prev))
+        compared = _compare(prev_pair, (cur, cur_grey), mask, crops, factor, cfg)  # type: ignore[arg-type]
+        new_cells, history = _learn(state, compared, no_action, shape, cfg)
+        if new_cells != learned_cells:
+            learned_now = True
+            learned_cells = new_cells
+            mask = _Mask.build(static, learned_cells, shape, cfg.learn_cell_px)
+            # Judge this frame under the mask it just taught, so a spinner's first tick
+            # already reads as "no effect".
+            compared = _compare(prev_pair, (cur, cur_grey), mask, crops, factor, cfg)  # type: ignore[arg-type]
+    elif prev is not None:
+        logger.info("frame size changed (%s -> %s); screen treated as new", state.frame_size, size)
+        compared = _resized_compare(state, prev, (cur, cur_grey), mask, bool(crops))
+    return _Judged(cur, cur_grey, factor, mask, compared, learned_cells, history, learned_now)
+
+
 def update(
     state: DetectorState,
     frame: Image.Image,
@@ -771,54 +886,23 @@ def update(
         ``(new_state, signals)``.
     """
     cfg = config or DetectorConfig()
-    thumb_img, factor = screen_thumbnail(frame, cfg.thumb_long_side)
-    cur = np.asarray(thumb_img)
-    cur_grey = np.asarray(thumb_img.convert("L"))
-    shape = (cur.shape[0], cur.shape[1])
-    size = (frame.width, frame.height)
     acts = tuple(actions or ())
     no_action = not acts or _is_wait(acts)
-
-    prev = state.thumb
-    same_shape = prev is not None and prev.shape == cur.shape
-    if same_shape:
-        prev_pair = (prev, state.grey if state.grey is not None else _grey_of(prev))
-    learned_cells = state.learned_cells if same_shape else ()
-    history = state.noeffect_cells if same_shape else ()
-    static = _static_slices((*platform_masks(state.platform), *state.volatile_regions), shape)
-    mask = _Mask.build(static, learned_cells, shape, cfg.learn_cell_px)
-    crops = []
-    for a in acts:
-        if not isinstance(a, str):
-            crops += _crop_boxes(_points(a), shape, size, factor, cfg)
-
-    compared: _Compared | None = None
-    learned_now = False
-    if same_shape:
-        compared = _compare(prev_pair, (cur, cur_grey), mask, crops, factor, cfg)
-        new_cells, history = _learn(state, compared, no_action, shape, cfg)
-        if new_cells != learned_cells:
-            learned_now = True
-            learned_cells = new_cells
-            mask = _Mask.build(static, learned_cells, shape, cfg.learn_cell_px)
-            # Judge this frame under the mask it just taught, so a spinner's first tick
-            # already reads as "no effect".
-            compared = _compare(prev_pair, (cur, cur_grey), mask, crops, factor, cfg)
-    elif prev is not None:
-        logger.info("frame size changed (%s -> %s); screen treated as new", state.frame_size, size)
-        compared = _resized_compare(state, prev, (cur, cur_grey), mask, bool(crops))
+    size = (frame.width, frame.height)
+    j = _judge(state, frame, acts, no_action, cfg)
+    cur, cur_grey, mask, compared = j.rgb, j.grey, j.mask, j.compared
+    learned_cells, history, learned_now = j.learned_cells, j.history, j.learned_now
 
     prev_key = state.screen_key
-    key = _screen_key(cur, mask)
+    unchanged = compared is not None and compared.no_effect and prev_key is not None
     remap: dict[str, str] = {}
-    if compared is not None and compared.no_effect and prev_key is not None:
-        if learned_now:
-            # The screen is the same one under a wider mask: rename it everywhere.
-            remap = {prev_key: key}
-        else:
-            # Sub-threshold differences do not make a new screen; keep its identity.
-            key = prev_key
-    screens_before = tuple(remap.get(s, s) for s in state.trail_screens)
+    if unchanged and not learned_now:
+        key = prev_key  # sub-threshold differences do not make a new screen; keep its identity
+    else:
+        key = _screen_key(cur, mask)
+        if unchanged:
+            # The same screen under a wider mask: rename it everywhere.
+            remap = {prev_key: key}  # type: ignore[dict-item]
     visits = tuple(remap.get(s, s) for s in state.visits)
     run_screen = remap.get(state.run_screen, state.run_screen) if state.run_screen else None
     before_key = remap.get(prev_key, prev_key) if prev_key is not None else None
@@ -827,40 +911,18 @@ def update(
     relaxed_key, anchors = (
         _relaxed_key(acts, state.anchors, size, cfg) if acts else (None, state.anchors)
     )
-    changed = compared is None or not compared.no_effect
-
-    # R3 run: consecutive single, non-wait actions with one key that leave one screen unchanged.
-    run_key, run_len, counted = state.run_key, state.run_len, False
-    if compared is not None and compared.no_effect and len(acts) == 1 and not no_action:
-        counted = True
-        same = run_key == relaxed_key and run_screen == before_key
-        run_len = run_len + 1 if same else 1
-        run_key, run_screen = relaxed_key, before_key
-    elif compared is not None and compared.no_effect and no_action:
-        pass  # a wait or re-capture that changed nothing neither extends nor breaks the run
-    else:
-        run_key, run_screen, run_len = None, None, 0
-
-    # Screen-continuous path for cycles; no-effect steps are self-loops and do not move it.
-    trail_screens, trail_keys = screens_before, state.trail_keys
-    cycle_len, cycle_repeats = None, 0
-    counts = dict(state.cycle_counts)
-    if before_key is None:
-        trail_screens, trail_keys = (key,), ()
-    elif changed:
-        if not trail_screens or trail_screens[-1] != before_key:
-            trail_screens, trail_keys = (before_key,), ()
-        trail_keys = (*trail_keys, None if no_action else relaxed_key)[-cfg.max_cycle :]
-        trail_screens = (*trail_screens, key)[-(cfg.max_cycle + 1) :]
-        found = _find_cycle(trail_screens, trail_keys, cfg.max_cycle)
-        if found is not None:
-            length, signature = found
-            counts[signature] = counts.pop(signature, 0) + 1
-            # The first traversal is exploration; later ones are recurrence (R3 paper).
-            if counts[signature] >= 2:
-                cycle_len, cycle_repeats = length, counts[signature] - 1
-    cycle_items = tuple(counts.items())[-_MAX_CYCLE_SIGNATURES:]
-
+    run_key, run_screen, run_len, counted = _advance_run(
+        (state.run_key, run_screen, state.run_len), compared, acts, relaxed_key, before_key
+    )
+    trail_screens, trail_keys, cycle_items, cycle_len, cycle_repeats = _advance_trail(
+        state,
+        tuple(remap.get(s, s) for s in state.trail_screens),
+        before_key,
+        key,
+        None if no_action else relaxed_key,
+        compared is None or not compared.no_effect,
+        cfg,
+    )
     if not visits or visits[-1] != key:
         visits = (*visits, key)[-cfg.revisit_window :]
     revisits = visits[:-1].count(key)
@@ -870,7 +932,7 @@ def update(
         volatile_regions=state.volatile_regions,
         steps=state.steps + 1,
         frame_size=size,
-        factor=factor,
+        factor=j.factor,
         thumb=cur,
         grey=cur_grey,
         screen_key=key,
