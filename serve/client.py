@@ -728,6 +728,11 @@ class _SessionState:
         return reply.ok
 
 
+def _ready_flow(cfg: ClientConfig) -> Flow:
+    reply = yield _Call("GET", "/readyz", None, cfg.session_deadline_s)
+    return reply.ok
+
+
 def _diagnose_flow(cfg: ClientConfig, path: str) -> Flow:
     reply = yield _Call("POST", "/v1/diagnose", {"path": str(path)}, cfg.session_deadline_s)
     job_id = _as_dict(reply.body).get("job_id") if reply.ok else None
@@ -877,6 +882,10 @@ class CriticClient:
         session = Session(self, _SessionState(self.config, body))
         self._drive(session._state.create_flow(), lambda: None)
         return session
+
+    def ready(self) -> bool:
+        """Whether the gateway reports ready (``GET /readyz``); False on any failure."""
+        return bool(self._drive(_ready_flow(self.config), lambda: False))
 
     def diagnose(self, path: str) -> Job:
         """Start a diagnosis of a trace / OSWorld result folder / trajectories file."""
@@ -1073,6 +1082,10 @@ class AsyncCriticClient:
         await self._drive(session._state.create_flow(), lambda: None)
         return session
 
+    async def ready(self) -> bool:
+        """Whether the gateway reports ready; False on any failure."""
+        return bool(await self._drive(_ready_flow(self.config), lambda: False))
+
     async def diagnose(self, path: str) -> Job:
         """Start a diagnosis job."""
         return await self._drive(
@@ -1112,6 +1125,11 @@ class AsyncSession:
     def history(self) -> History:
         """The last history received."""
         return self._state.history
+
+    @property
+    def echo(self) -> dict[str, Any] | None:
+        """The last echo received."""
+        return self._state.echo
 
     @property
     def failures(self) -> dict[str, int]:

@@ -123,6 +123,8 @@ class FakeGateway:
                 return self.observe(sid, sess, body)
             if parts[3:] == ["critique"]:
                 return self.critique(sid, sess, body)
+        if path == "/readyz":
+            return httpx.Response(200, json={"ready": True, **VERSIONS})
         if path == "/v1/diagnose":
             job_id = f"job{len(self.jobs)}"
             self.jobs[job_id] = {"status": "done", "result": {"path": body["path"]}}
@@ -352,6 +354,14 @@ def test_rank_verdicts_orders_by_verdict_then_confidence():
         Verdict("good", confidence=0.8),
     ]
     assert rank_verdicts(vs) == [4, 2, 0, 3, 1]
+
+
+def test_ready():
+    gw = FakeGateway()
+    client = make_client(gw)
+    assert client.ready() is True
+    gw.faults = [("/readyz", 503), ("/readyz", 503)]
+    assert client.ready() is False
 
 
 def test_diagnose_and_job():
@@ -627,6 +637,7 @@ def test_async_client_same_flows():
             assert v.abstained and v.reason == "timeout"
             r = await s.critique(1, candidates=["a", "b"])
             assert isinstance(r, Ranking) and len(r.results) == 2
+            assert await client.ready() and s.echo["step_idx"] == 1
             job = await client.diagnose("x.jsonl")
             assert (await client.job(job.job_id)).status == "done"
             assert await s.close()
