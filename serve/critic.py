@@ -10,6 +10,7 @@ exception: a critic must not stall or crash an agent.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import time
@@ -155,7 +156,13 @@ class Critic:
                 if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
                     ref = part.image
                     clean = self.images.clean_frame(ref.path)
-                    content.append(ImagePart(draw_marks(clean, ref.marks, ref.size_class).image))
+                    # An unmarked frame is passed as the cached object itself (nobody draws on
+                    # it): the transport's payload cache then encodes each screen once, not once
+                    # per prompt it appears in (the "after" of one step is the next "before").
+                    marked = (
+                        draw_marks(clean, ref.marks, ref.size_class).image if ref.marks else clean
+                    )
+                    content.append(ImagePart(marked))
                 else:
                     content.append(part)
             out.append(ChatMessage(role=message.role, content=content))
@@ -187,7 +194,10 @@ class Critic:
         start = time.perf_counter()
         try:
             frames = await asyncio.to_thread(self.materialise, list(messages))
-            gen = await asyncio.wait_for(self.backend.generate(frames, sampling), deadline)
+            rhash = request_key(self.cfg.backend.model, messages, sampling)
+            gen = await asyncio.wait_for(
+                self.backend.generate(frames, sampling, request_hash=rhash), deadline
+            )
         except (asyncio.TimeoutError, TimeoutError):
             return self._degraded(call, "timeout", start)
         except BackendError as e:
@@ -235,6 +245,26 @@ class Critic:
             result.status, result.reason = "degraded", "truncated"
             self.metrics.degraded.labels(call, "truncated").inc()
         return result
+
+
+def request_key(model: str, messages: PromptMessages, sampling: Sampling) -> str:
+    """Content address of a critic request from image references, marks and text.
+
+    Screens are named by their stored pixel digest, so no frame is hashed again per request.
+    """
+    h = hashlib.sha256(
+        f"{model}|{sampling.temperature}|{sampling.top_p}|{sampling.max_tokens}".encode()
+    )
+    for message in messages:
+        h.update(f"|{message.role}|".encode())
+        for part in message.content:
+            if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
+                h.update(
+                    f"img:{part.image.path}:{part.image.marks}:{part.image.size_class}".encode()
+                )
+            else:
+                h.update(getattr(part, "text", "").encode())
+    return h.hexdigest()
 
 
 def _repair(text: str, tag: str) -> str | None:

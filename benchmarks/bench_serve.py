@@ -1,0 +1,334 @@
+"""Gateway benchmarks: request overhead, throughput under a slow backend, tiny-model latency.
+
+    .venv/bin/python benchmarks/bench_serve.py --runs 5            # all three parts
+    .venv/bin/python benchmarks/bench_serve.py --only overhead --runs 5
+    .venv/bin/python benchmarks/bench_serve.py --only throughput --size 1280x800
+
+(a) overhead: one critique on a 1920x1080 PNG through the FastAPI app in process (routing, JSON,
+    base64, decode, canonical frame, marker, prompt, the PNG encode of the transport, parsing,
+    session and trace writes), with a backend that only builds the OpenAI request body (so the
+    PNG encode vLLM needs is counted) and answers at once. Baseline in the same run: bare
+    ``canonical_frame`` + ``encode_png`` of the same screenshot. p50 and p99, and their ratio.
+(b) throughput: 32 concurrent sessions over a real uvicorn server on 127.0.0.1, the client in its
+    own process, each step an observe (inline PNG) and a critique (by image_ref), against a
+    backend adding 200 ms per call; achieved calls/s as a fraction of 32 x 2 / 0.4 s.
+(c) latency with the tiny random Qwen3-VL (in-process transformers backend, CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from PIL import Image, ImageDraw
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hivig.backends import Generation, Usage  # noqa: E402
+from hivig.backends.images import ImagePayloadCache  # noqa: E402
+from hivig.backends.openai_client import chat_request_body  # noqa: E402
+from hivig.config import FrameConfig, load_config  # noqa: E402
+from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png  # noqa: E402
+from serve.app import create_app  # noqa: E402
+from serve.config import ServeConfig  # noqa: E402
+
+GOOD = "<criticism>\nOverall Grading: Good\nExplanation: The click opens the menu.\n</criticism>"
+SUMMARY = (
+    "<summary>\nProgress Summary: The menu is open.\nLast Action Result: The click opened "
+    "the menu.\n</summary>"
+)
+CLICK = {"type": "left_click", "x": 960, "y": 540, "intent": "Open the menu"}
+
+
+class EncodingBackend:
+    """Builds the OpenAI request body (PNG-encodes every image) and answers after ``delay_s``."""
+
+    model_name = "bench"
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.cache = ImagePayloadCache()
+
+    async def generate(self, messages, sampling, *, request_hash=None):
+        chat_request_body("bench", messages, sampling, images=self.cache)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        kind = "critique" if "Current Proposed Step" in messages[-1].text() else "history"
+        text = GOOD if kind == "critique" else SUMMARY
+        return Generation(text, "ok", Usage(1, 1), "stop", "bench", sampling, "h", self.delay_s)
+
+
+def screenshot(width: int, height: int, seed: int) -> bytes:
+    """A busy synthetic desktop (text-like rows, windows) as PNG bytes; differs per seed."""
+    img = Image.new("RGB", (width, height), (236, 238, 242))
+    d = ImageDraw.Draw(img)
+    d.rectangle((0, 0, width, 40), fill=(30, 40, 60))
+    for row in range(60, height - 40, 22):
+        for col in range(40, width - 200, 180):
+            shade = (row * 7 + col * 3 + seed * 31) % 120
+            d.rectangle(
+                (col, row, col + 120 + (seed + row) % 50, row + 10), fill=(shade, shade, 90)
+            )
+    d.rectangle(
+        (width // 3, height // 3, width // 3 + 300, height // 3 + 200), fill=(255, 255, 255)
+    )
+    d.text((width // 3 + 20, height // 3 + 20), f"Dialog {seed}", fill=(0, 0, 0))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _cfg(state: Path, *extra: str) -> ServeConfig:
+    return load_config(
+        ServeConfig,
+        None,
+        [f"sessions.state_dir={state}", "warmup=false", "limits.max_queue=1024", *extra],
+    )
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) overhead
+
+
+async def _overhead_once(
+    iterations: int, shots: list[bytes], state: Path
+) -> dict[str, list[float]]:
+    app = create_app(_cfg(state), EncodingBackend())
+    frame = FrameConfig()
+    b64 = [base64.b64encode(s).decode() for s in shots]
+    out: dict[str, list[float]] = {
+        "baseline": [],
+        "session_critique": [],
+        "stateless_critique": [],
+        "observe": [],
+    }
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as c:
+            body = {"task": "Open the menu", "platform": "ubuntu", "screen": {"w": 1920, "h": 1080}}
+            sid = (await c.post("/v1/sessions", json=body)).json()["session_id"]
+            for k in range(iterations):
+                data = shots[k % len(shots)]
+                t = time.perf_counter()
+                encode_png(
+                    canonical_frame(data, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels),
+                    FAST_PNG_LEVEL,
+                )
+                out["baseline"].append(time.perf_counter() - t)
+                obs = {"step_idx": k, "screenshot": b64[k % len(b64)]}
+                if k:
+                    obs["prev_action"] = CLICK
+                obs_bytes = json.dumps(obs).encode()
+                t = time.perf_counter()
+                r = await c.post(f"/v1/sessions/{sid}/observe", content=obs_bytes)
+                out["observe"].append(time.perf_counter() - t)
+                assert r.status_code == 200, r.text
+                crit = json.dumps({"step_idx": k, "action": CLICK}).encode()
+                t = time.perf_counter()
+                r = await c.post(f"/v1/sessions/{sid}/critique", content=crit)
+                out["session_critique"].append(time.perf_counter() - t)
+                assert r.status_code == 200 and r.json()["verdict"] == "good", r.text
+                stateless = json.dumps(
+                    {**body, "screenshot": b64[(k + 1) % len(b64)], "action": CLICK}
+                ).encode()
+                t = time.perf_counter()
+                r = await c.post("/v1/critique", content=stateless)
+                out["stateless_critique"].append(time.perf_counter() - t)
+                assert r.status_code == 200, r.text
+    return out
+
+
+def bench_overhead(runs: int, iterations: int) -> dict:
+    shots = [screenshot(1920, 1080, seed) for seed in range(iterations + 1)]
+    per_run = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            per_run.append(asyncio.run(_overhead_once(iterations, shots, Path(tmp))))
+    result = {}
+    for key in per_run[0]:
+        p50 = statistics.median(_pct(r[key][1:], 0.5) for r in per_run)  # first call warms up
+        p99 = statistics.median(_pct(r[key][1:], 0.99) for r in per_run)
+        result[key] = {"p50_ms": round(p50 * 1000, 2), "p99_ms": round(p99 * 1000, 2)}
+    base = result["baseline"]
+    for key in ("session_critique", "stateless_critique", "observe"):
+        result[key]["p50_ratio"] = round(result[key]["p50_ms"] / base["p50_ms"], 3)
+        result[key]["p99_ratio"] = round(result[key]["p99_ms"] / base["p99_ms"], 3)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) throughput
+
+
+def _client_process(
+    url: str, sessions: int, steps: int, size: tuple[int, int], queue: mp.Queue
+) -> None:
+    shots = [base64.b64encode(screenshot(*size, seed)).decode() for seed in range(steps)]
+
+    async def episode(c: httpx.AsyncClient) -> int:
+        body = {
+            "task": "Open the menu",
+            "platform": "ubuntu",
+            "screen": {"w": size[0], "h": size[1]},
+        }
+        sid = (await c.post("/v1/sessions", json=body)).json()["session_id"]
+        errors = 0
+        for k in range(steps):
+            obs = {"step_idx": k, "screenshot": shots[k]}
+            if k:
+                obs["prev_action"] = {**CLICK, "x": size[0] // 2, "y": size[1] // 2}
+            r1 = await c.post(f"/v1/sessions/{sid}/observe", json=obs)
+            r2 = await c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": k, "action": CLICK})
+            errors += (r1.status_code != 200) + (r2.status_code != 200)
+        return errors
+
+    async def main() -> tuple[float, int]:
+        limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
+            t = time.perf_counter()
+            errors = await asyncio.gather(*(episode(c) for _ in range(sessions)))
+            return time.perf_counter() - t, sum(errors)
+
+    queue.put(asyncio.run(main()))
+
+
+def bench_throughput(
+    runs: int, sessions: int, steps: int, size: tuple[int, int], delay: float
+) -> dict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tests._serve import LiveServer
+
+    fractions, errors, cpu_s = [], 0, []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            app = create_app(
+                _cfg(Path(tmp), "critic.critique_deadline_s=30", "critic.observe_deadline_s=30"),
+                EncodingBackend(delay),
+            )
+            with LiveServer(app) as srv:
+                ctx = mp.get_context("spawn")
+                q: mp.Queue = ctx.Queue()
+                p = ctx.Process(target=_client_process, args=(srv.url, sessions, steps, size, q))
+                p.start()
+                cpu0 = time.process_time()
+                took, errs = q.get(timeout=600)
+                cpu_s.append(time.process_time() - cpu0)
+                p.join()
+        # The first observe of a session makes no model call (no step was executed yet).
+        ideal = (2 * steps - 1) * delay
+        fractions.append(ideal / took)
+        errors += errs
+    return {
+        "sessions": sessions,
+        "steps": steps,
+        "size": f"{size[0]}x{size[1]}",
+        "backend_delay_s": delay,
+        "fraction_of_ideal_median": round(statistics.median(fractions), 3),
+        "fractions": [round(f, 3) for f in fractions],
+        # Gateway process CPU per agent step (observe + critique), whatever the machine's load.
+        "gateway_cpu_ms_per_step": round(statistics.median(cpu_s) * 1000 / (sessions * steps), 1),
+        "errors": errors,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) tiny model
+
+
+def bench_tiny(runs: int) -> dict:
+    from hivig.testing import save_tiny_checkpoint
+
+    shot = base64.b64encode(screenshot(1920, 1080, 0)).decode()
+    latencies = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = save_tiny_checkpoint(Path(tmp) / "tiny")
+        cfg = _cfg(
+            Path(tmp) / "state",
+            f"model={ckpt}",
+            "critic.critique_max_tokens=64",
+            "critic.critique_deadline_s=120",
+        )
+        app = create_app(cfg)
+
+        async def main() -> None:
+            async with app.router.lifespan_context(app):
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(
+                    transport=transport, base_url="http://b", timeout=300
+                ) as c:
+                    body = {
+                        "task": "Open the menu",
+                        "platform": "ubuntu",
+                        "screen": {"w": 1920, "h": 1080},
+                    }
+                    sid = (await c.post("/v1/sessions", json=body)).json()["session_id"]
+                    await c.post(
+                        f"/v1/sessions/{sid}/observe", json={"step_idx": 0, "screenshot": shot}
+                    )
+                    for i in range(runs + 1):
+                        action = {**CLICK, "x": 900 + i}
+                        t = time.perf_counter()
+                        r = await c.post(
+                            f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": action}
+                        )
+                        latencies.append(time.perf_counter() - t)
+                        assert r.status_code == 200
+                        usage = r.json()["usage"]
+
+            main.usage = usage  # type: ignore[attr-defined]
+
+        asyncio.run(main())
+    lat = latencies[1:]
+    return {
+        "critique_p50_ms": round(statistics.median(lat) * 1000, 1),
+        "critique_max_ms": round(max(lat) * 1000, 1),
+        "usage_last": getattr(main, "usage", None),
+        "max_new_tokens": 64,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=30, help="critiques per overhead run")
+    parser.add_argument("--only", choices=("overhead", "throughput", "tiny"))
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--size", default="1920x1080", help="throughput screenshot size WxH")
+    parser.add_argument("--delay", type=float, default=0.2, help="backend latency per call, s")
+    args = parser.parse_args()
+    size = tuple(int(v) for v in args.size.split("x"))
+    out = {}
+    if args.only in (None, "overhead"):
+        out["overhead"] = bench_overhead(args.runs, args.iterations)
+        print(json.dumps({"overhead": out["overhead"]}, indent=1), flush=True)
+    if args.only in (None, "throughput"):
+        out["throughput"] = bench_throughput(
+            max(1, args.runs // 2), args.sessions, args.steps, size, args.delay
+        )
+        print(json.dumps({"throughput": out["throughput"]}, indent=1), flush=True)
+    if args.only in (None, "tiny"):
+        out["tiny"] = bench_tiny(args.runs)
+        print(json.dumps({"tiny": out["tiny"]}, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
