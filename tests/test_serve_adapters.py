@@ -162,6 +162,28 @@ def test_osworld_rejection_feeds_back_and_leaves_no_trace_in_the_agent():
     assert [p["ruling"] for p in guarded.log[0]["proposals"]] == ["rejected", "accepted"]
 
 
+def test_osworld_feedback_hook_instead_of_the_instruction():
+    gw = FakeGateway()
+    gw.judge = judge_raw({"[50, 50]"})
+    turns: list[str] = []
+
+    def script(instruction, obs, agent):
+        assert instruction == "Open it"  # untouched: the hook carries the feedback
+        return ("r", ["pyautogui.click(960, 540)" if turns else "pyautogui.click(96, 54)"])
+
+    agent = FakeOSWorldAgent(script)
+    guarded = GuardedOSWorldAgent(
+        agent,
+        make_client(gw),
+        screen=(1920, 1080),
+        feedback_hook=lambda a, text: turns.append(text),
+        config=GuardConfig(inject_history=False),
+    )
+    _, actions = guarded.predict("Open it", obs_of("A"))
+    assert actions == ["pyautogui.click(960, 540)"]
+    assert len(turns) == 1 and "Wrong Target" in turns[0]
+
+
 def test_osworld_execute_first_restores_that_proposals_memory():
     gw = FakeGateway()
     gw.judge = judge_raw({"left_click"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -86,6 +87,9 @@ def test_good_proposal_is_executed_and_history_is_injected():
     assert "1 steps done" in policy.contexts[1].history_text
     assert policy.contexts[1].history == ("go",)
     assert guard.log[1]["proposals"][0]["verdict"]["verdict"] == "good"
+    # The exchange is plain JSON for a harness log or a demo page.
+    logged = json.loads(json.dumps(guard.log))
+    assert logged[0]["outcome"] == "accepted" and logged[0]["executed"]["raw"] == "go"
 
 
 def test_bad_proposal_gets_feedback_and_is_reproposed():

@@ -116,6 +116,24 @@ def default_prompt(base: str, ctx: PolicyContext) -> str:
 
 
 PromptHook = Callable[[str, PolicyContext], str]
+FeedbackHook = Callable[[Any, str], None]
+
+
+def prompt_for(
+    agent: Any, base: str, ctx: PolicyContext, prompt_hook: PromptHook, hook: FeedbackHook | None
+) -> str:
+    """The instruction to call the agent with.
+
+    With a ``feedback_hook(agent, text)`` the guard's addendum goes to the agent through it
+    (e.g. an extra user turn) and the instruction stays as it is; otherwise ``prompt_hook``
+    builds the instruction.
+    """
+    if hook is None:
+        return prompt_hook(base, ctx)
+    addendum = ctx.prompt_addendum()
+    if addendum:
+        hook(agent, addendum)
+    return base
 
 
 class AgentMemory:

@@ -19,10 +19,12 @@ from serve.adapters._common import (
     MEMORY_ATTRS,
     NO_ACTION,
     EpisodeMemory,
+    FeedbackHook,
     PromptHook,
     action_payload,
     default_prompt,
     png_size,
+    prompt_for,
     rgb_png,
 )
 from serve.client import CriticClient
@@ -97,6 +99,7 @@ class GuardedAndroidWorldAgent:
         coord_space: How the agent's actions write coordinates (device pixels by default).
         config: Guard settings.
         prompt_hook: ``(goal, ctx) -> goal``: how history and feedback reach the agent.
+        feedback_hook: ``(agent, text) -> None``: hand them over another way instead.
         memory_attrs: The agent's memory attributes to snapshot (M3A/T3A keep ``history``).
         screenshot: ``env -> PNG bytes`` (default: ``env.get_state().pixels`` encoded).
     """
@@ -110,6 +113,7 @@ class GuardedAndroidWorldAgent:
         coord_space: str = "screen_px",
         config: GuardConfig | None = None,
         prompt_hook: PromptHook = default_prompt,
+        feedback_hook: FeedbackHook | None = None,
         memory_attrs: Iterable[str] = MEMORY_ATTRS,
         screenshot: Callable[[Any], bytes] = default_screenshot,
     ) -> None:
@@ -119,6 +123,7 @@ class GuardedAndroidWorldAgent:
         self.coord_space = coord_space
         self.config = config or GuardConfig()
         self.prompt_hook = prompt_hook
+        self.feedback_hook = feedback_hook
         self.memory = EpisodeMemory(agent, memory_attrs)
         self.screenshot = screenshot
         self.guard: CriticGuard | None = None
@@ -192,7 +197,8 @@ class GuardedAndroidWorldAgent:
                 self.memory.fresh()  # R3 reset: task and screen only
             self.agent.env = proxy
             try:
-                result = self.agent.step(self.prompt_hook(goal, ctx))
+                text = prompt_for(self.agent, goal, ctx, self.prompt_hook, self.feedback_hook)
+                result = self.agent.step(text)
             finally:
                 self.agent.env = env
             review = proxy.review

@@ -20,10 +20,12 @@ from serve.adapters._common import (
     DEFAULT_SCREEN,
     MEMORY_ATTRS,
     EpisodeMemory,
+    FeedbackHook,
     PromptHook,
     action_payload,
     default_prompt,
     png_size,
+    prompt_for,
     scalecua_intent,
 )
 from serve.client import CriticClient
@@ -55,6 +57,7 @@ class _PredictWrapper:
         frame: tuple[int, int] | None = None,
         config: GuardConfig | None = None,
         prompt_hook: PromptHook = default_prompt,
+        feedback_hook: FeedbackHook | None = None,
         memory_attrs: Iterable[str] = MEMORY_ATTRS,
     ) -> None:
         self.agent = agent
@@ -65,6 +68,7 @@ class _PredictWrapper:
         self.frame = frame
         self.config = config or GuardConfig()
         self.prompt_hook = prompt_hook
+        self.feedback_hook = feedback_hook
         self.memory = EpisodeMemory(agent, memory_attrs)
         self.guard: CriticGuard | None = None
         self.logs: list[list[dict[str, Any]]] = []
@@ -161,7 +165,8 @@ class _PredictWrapper:
                 self.memory.put(step_start)  # a rejected proposal leaves no trace
             if ctx.mode == "reroute":
                 self.memory.fresh()  # Reset: task and screen only
-            out = self.agent.predict(self.prompt_hook(instruction, ctx), obs, *args, **kwargs)
+            text = prompt_for(self.agent, instruction, ctx, self.prompt_hook, self.feedback_hook)
+            out = self.agent.predict(text, obs, *args, **kwargs)
             outputs.append(out)
             after.append(self.memory.take())
             return out
@@ -203,6 +208,8 @@ class GuardedOSWorldAgent(_PredictWrapper):
         config: Guard settings (K, on_exhausted, R3, recovery).
         prompt_hook: ``(instruction, ctx) -> instruction``: how history and feedback reach the
             agent (default: appended to the instruction).
+        feedback_hook: ``(agent, text) -> None``: hand history and feedback to the agent
+            another way (e.g. an extra user turn); the instruction then stays unchanged.
         memory_attrs: The agent's memory attributes to snapshot.
     """
 
