@@ -427,6 +427,7 @@ def test_sync_backend_and_async_entry_points(osworld_folder: Path):
         diagnose(osworld_folder, top_k=0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tiny_transformers_backend_falls_back(tmp_path: Path):
     from hivig.backends.transformers_backend import TransformersBackend
@@ -478,6 +479,58 @@ def test_cli(tmp_path: Path, osworld_folder: Path, capsys):
         "http://u:p@host:8000/v1",
         "critic",
     )
+
+
+def _scripted_reply(body: dict) -> str:
+    from hivig.scripted_server import request_text
+
+    if "history tracker" in request_text(body):
+        return (
+            "<think>compare</think><summary>\nProgress Summary: searched\n"
+            "Last Action Result: The click did not change the screen.\n</summary>"
+        )
+    return render_critique_target(
+        "The marker sits on blank space.", "Bad", "Grounding/Spatial Error", "Nothing is there."
+    )
+
+
+def test_cli_openai_backend(tmp_path: Path, osworld_folder: Path):
+    from hivig.scripted_server import ScriptedServer
+
+    out = tmp_path / "http"
+    with ScriptedServer(respond=_scripted_reply, model="critic") as server:
+        spec = f"openai:{server.base_url}@critic"
+        assert main([str(osworld_folder), "--out", str(out), "--backend", spec]) == 0
+        assert server.request_count == 6  # three critiques, three history requests
+    doc = json.loads((out / "diagnosis.json").read_text())
+    assert doc["method"] == "critic" and doc["root_cause_step"] == 3
+    assert doc["backend"]["model"] == "critic" and doc["backend"]["parsed"] == 3
+    assert doc["error"]["l2"] == "G1"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cli_transformers_checkpoint(tmp_path: Path, osworld_folder: Path):
+    from hivig.testing import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(tmp_path / "tiny")
+    out = tmp_path / "tf"
+    argv = [
+        str(osworld_folder),
+        "--out",
+        str(out),
+        "--backend",
+        f"transformers:{ckpt}",
+        "--top-k",
+        "1",
+        "--max-tokens",
+        "8",
+        "--no-history",
+    ]
+    assert main(argv) == 0
+    doc = json.loads((out / "diagnosis.json").read_text())
+    assert doc["backend"]["inspected"] == 1 and doc["backend"]["parsed"] == 0
+    assert doc["method"] == "cheap_signals" and doc["root_cause_step"] == 3
 
 
 def test_add_cli_subcommand(tmp_path: Path, osworld_folder: Path):

@@ -446,12 +446,8 @@ def _correction(step: RunStep | None, decision: _Decision, cand: Candidate | Non
         if decision.l2 in ("S4", "S5"):
             return "Re-run the step after checking the environment and the runner's limits."
         return f"Inspect step {step.step} by hand; the signals do not name a specific fix."
-    box = _marker_box(step)
-    at = (
-        f" at ({(box[0] + box[2]) // 2}, {(box[1] + box[3]) // 2}) on the 0-1000 grid"
-        if box
-        else ""
-    )
+    point = next((a.coordinate for a in step.actions or [] if hasattr(a, "coordinate")), None)
+    at = f" at ({point[0]}, {point[1]}) on the 0-1000 grid" if point else ""
     why = f" ({step.parse_error})" if step.parse_error else ""
     text = _CORRECTIONS[decision.dimension.key].format(at=at, why=why)
     if cand is not None and "recurrence_onset" in cand.names():

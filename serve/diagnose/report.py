@@ -25,8 +25,9 @@ body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;
 vertical-align:top;text-align:left;font-size:14px}th{background:#f3f3f3}
 pre{white-space:pre-wrap;margin:0;font-size:13px}.root{background:#fff3cd}
-.shots{display:flex;gap:1em;flex-wrap:wrap}.shots figure{margin:0}.shots img{max-width:640px;
-border:1px solid #999}.box{border:1px solid #ddd;padding:1em;margin:1em 0;border-radius:6px}
+.shots{display:flex;gap:1em}.shots figure{margin:0;flex:1 1 0;max-width:640px}
+.shots img{width:100%;border:1px solid #999}
+.box{border:1px solid #ddd;padding:1em;margin:1em 0;border-radius:6px}
 .muted{color:#777}
 """
 
