@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from hivig.actions.model import (
@@ -361,7 +361,7 @@ class BrowserEnv:
             px = self.to_px(point, space)
             info["point_px"] = px
             target = self.element_at(*px)
-            info["target"] = None if target is None else target.__dict__.copy()
+            info["target"] = None if target is None else asdict(target)
         error = self._execute(page, action, space)
         info["error"] = error
         self._settle()
