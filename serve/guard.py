@@ -590,8 +590,19 @@ class CriticGuard:
 
     def _text_of(self, proposal: Any, action: ActionInput | None) -> str:
         if self.describe is not None and proposal is not None:
-            return self.describe(proposal)
+            try:
+                return self.describe(proposal)
+            except Exception as exc:  # noqa: BLE001 - a converter bug must not stop the agent
+                log.warning("describe failed: %s", exc)
         return describe(action)
+
+    def _action_of(self, proposal: Any) -> ActionInput:
+        """The API action of a proposal; a converter error falls back to the raw text."""
+        try:
+            return self.to_action(proposal)
+        except Exception as exc:  # noqa: BLE001 - the proposal is still judged, as text
+            log.warning("to_action failed (%s); sending the proposal as raw text", exc)
+            return default_to_action(str(proposal))
 
     def _feedback(self, proposal: Any, action: ActionInput, verdict: Verdict) -> str:
         return self.config.feedback_template.format(
@@ -603,7 +614,7 @@ class CriticGuard:
     def review(self, proposal: Any) -> Review:
         """Rule on one proposal at the current step (critique, K, exhaustion, escalation)."""
         st = self._require_step()
-        action = self.to_action(proposal)
+        action = self._action_of(proposal)
         screen = (st.observation.screen_key if st.observation else None) or f"step{st.idx}"
         skip_critic = self._mode == "reroute" and not self.config.r3.critique_reroutes
         if self._mode == "normal" and self._rejections[screen] >= self.config.escalate_after:
@@ -761,7 +772,7 @@ class CriticGuard:
         while len(proposals) < ctx.n:
             proposals.append(self.policy(ctx))
         proposals = proposals[: ctx.n]
-        actions = [self.to_action(p) for p in proposals]
+        actions = [self._action_of(p) for p in proposals]
         ranked = self._session().critique(st.idx, candidates=actions)
         if isinstance(ranked, Ranking) and len(ranked.results) == len(actions):
             verdicts = list(ranked.results)

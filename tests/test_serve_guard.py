@@ -174,6 +174,25 @@ def test_critic_errors_fail_open():
     assert d.verdict.reason == "backend"
 
 
+def test_a_broken_action_converter_still_sends_the_proposal_as_text():
+    gw = FakeGateway()
+
+    def to_action(proposal):
+        raise ValueError("adapter bug")
+
+    guard = CriticGuard(
+        make_client(gw),
+        Scripted(lambda ctx: "go"),
+        task="t",
+        platform="ubuntu",
+        screen=(10, 10),
+        to_action=to_action,
+    )
+    d = guard.step(png("A"))
+    assert d.proposal == "go" and d.action == {"raw": "go", "format": "auto"}
+    assert gw.bodies("/critique")[0]["action"] == {"raw": "go", "format": "auto"}
+
+
 def test_gateway_down_the_whole_episode_still_runs():
     gw = FakeGateway()
     gw.faults = [("/", "connect")] * 1000
