@@ -25,6 +25,7 @@ from hivig.backends import InferenceBackend
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
 from hivig.media import ArrowMark
 from hivig.prompts import format_trajectory
+from hivig.recovery import StepRecord, choose_recovery
 from serve.actions import Frame, ResolvedAction, resolve
 from serve.config import ServeConfig
 from serve.critic import Critic, ModelResult, QueueGate
@@ -263,6 +264,11 @@ class Gateway:
         state.screens[str(k)] = shot.ref
         state.step_idx = k
         state.last_seen = now()
+        if executed is not None and signals.change is not None:
+            state.steps[-1]["changed"] = not signals.change["no_effect"]
+        recovery = choose_recovery(_step_records(state), task=state.task)
+        if recovery is not None:
+            self.metrics.recurrence.labels("recovery").inc()
         status = "degraded" if result is not None and result.status != "ok" else "ok"
         response = {
             "session_id": state.session_id,
@@ -273,7 +279,7 @@ class Gateway:
             "image_ref": shot.ref,
             "change": signals.change,
             "recurrence": signals.recurrence,
-            "recovery": None,
+            "recovery": recovery.to_dict() if recovery is not None else None,
             "echo": state.echo(),
             "timing_ms": {
                 "model": result.model_ms if result is not None else 0.0,
@@ -322,6 +328,7 @@ class Gateway:
                 "step_text": executed.step_text(space),
                 "image_ref": image_ref,
                 "last_action_result": state.last_result if not state.stale else None,
+                "progress_summary": state.progress,
                 "actions": actions,
             }
         )
@@ -717,6 +724,28 @@ def _request_key(body: dict[str, Any]) -> str:
     if body.get("screenshot"):
         keep["screenshot"] = hashlib.sha256(str(body["screenshot"]).encode()).hexdigest()
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _step_records(state: SessionState) -> list[StepRecord]:
+    """The executed steps as ReTrace records: the screen each step led to, and how it went."""
+    records = [StepRecord(0, state.screens.get("0", ""), progress_summary=None)]
+    for step in state.steps:
+        k = step["step_idx"] + 1
+        ref = state.screens.get(str(k))
+        if ref is None:
+            continue
+        records.append(
+            StepRecord(
+                k,
+                ref,
+                step.get("last_action_result"),
+                action_text=step.get("action_text"),
+                intent=step.get("intent"),
+                progress_summary=step.get("progress_summary"),
+                changed=step.get("changed"),
+            )
+        )
+    return [r for r in records if r.image_ref]
 
 
 def _detector_actions(executed: ResolvedAction | None) -> list[Any] | None:

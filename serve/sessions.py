@@ -81,21 +81,7 @@ class SessionState:
             "step_idx": self.step_idx,
             "summary": self.history_json(),
             "screens": dict(self.screens),
-            "steps": [
-                {
-                    k: s.get(k)
-                    for k in (
-                        "step_idx",
-                        "intent",
-                        "action_text",
-                        "step_text",
-                        "image_ref",
-                        "last_action_result",
-                        "actions",
-                    )
-                }
-                for s in self.steps
-            ],
+            "steps": [dict(s) for s in self.steps],
             "pointer": self.pointer,
         }
 

@@ -9,7 +9,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve.app import create_app
-from tests._serve import BAD, CLICK, ScriptedBackend, b64, screen, serve_config, session_body
+from tests._serve import (
+    BAD,
+    CLICK,
+    SUMMARY,
+    ScriptedBackend,
+    b64,
+    screen,
+    serve_config,
+    session_body,
+)
 
 
 def _client(tmp_path, backend=None, *overrides):
@@ -440,3 +449,21 @@ def test_idle_sessions_expire(tmp_path):
         sid = _start(c)
         time.sleep(0.1)
         assert _code(_observe(c, sid, 0)) == "unknown_session"
+
+
+def test_a_failed_step_that_changed_the_screen_proposes_recovery(tmp_path):
+    failed = SUMMARY.replace(
+        "Last Action Result: The click opened the settings page.",
+        "Last Action Result: The click failed: an unrelated error dialog opened instead.",
+    )
+    backend = ScriptedBackend(history_answers=[SUMMARY, failed])
+    with _client(tmp_path, backend) as c:
+        sid = _start(c)
+        first = _observe(c, sid, 0).json()
+        ok = _observe(c, sid, 1, prev=CLICK).json()
+        assert ok["recovery"] is None
+        wrong = _observe(c, sid, 2, prev=CLICK, screenshot=b64(screen(seed=2, dialog=True))).json()
+    rec = wrong["recovery"]
+    assert rec["target_step"] == 1 and rec["target_image_ref"] == ok["image_ref"]
+    assert rec["target_image_ref"] != first["image_ref"]
+    assert "settings page is open" in rec["brief"].lower()
