@@ -666,17 +666,22 @@ def _offline_transition(o: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _offline_history(o: dict[str, Any]) -> tuple[str, str | None]:
-    intent = o.get("intent") or "the last step"
+    # A masked step comes without its intent: the writer names it by its calls, never by
+    # words the sample's input does not show.
+    intent = f"'{o['intent']}'" if o.get("intent") else "the last step"
     done = list(o.get("done", []))
     progress = "; ".join(done[-6:]) if done else "No visible progress has been made yet."
+    subject = intent[0].upper() + intent[1:]
     if o.get("no_change"):
-        result = f"'{intent}' produced no visible change on the screen."
+        result = f"{subject} produced no visible change on the screen."
         verdict = "The screen did not change, so the step had no visible effect."
     else:
-        result = f"'{intent}' was carried out and the screen changed accordingly."
+        result = (
+            f"{intent[0].upper()}{intent[1:]} was carried out and the screen changed accordingly."
+        )
         verdict = "The screen changed after the step, so the interface responded."
     think = (
-        f"Comparing the two screenshots after '{intent}'. {verdict} "
+        f"Comparing the two screenshots after {intent}. {verdict} "
         f"Progress towards the goal '{o.get('task', '')}' is summarised below."
     )
     return render_history_target(think, progress, result), None

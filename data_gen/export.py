@@ -26,11 +26,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from data_gen.audit import AuditSettings, ShortcutAuditError, check_audit, shortcut_audit
 from data_gen.config import DataGenConfig
 from data_gen.executor import StageStats, atomic_write_text, dumps_jsonl, merge_counts, stable_int
 from data_gen.ingest import decode_check
-from data_gen.report import ImageSizes, dataset_stats, estimated_tokens, pick_cards, render_report
-from data_gen.steps._work import Work, messages_from_json, spec_to_record
+from data_gen.report import (
+    ImageSizes,
+    card_groups,
+    dataset_stats,
+    estimated_tokens,
+    pick_cards,
+    render_report,
+)
+from data_gen.steps._work import Work, messages_from_json, spec_to_record, step_text
 from hivig.media import ImageRef, mark_to_json
 from hivig.records import (
     SPLITS,
@@ -58,29 +66,55 @@ def collect_specs(works: list[Work]) -> list[dict[str, Any]]:
 DUPLICATE_BAD_STEP = "duplicate_bad_step"
 """Drop reason of a Bad sample whose screenshot and Bad step an earlier sample already has
 (instruction variants of one episode share screenshots, so they can produce the same pair)."""
+DUPLICATE_GOOD_STEP = "duplicate_good_step"
+"""The same for Good samples: a variant's Good step on the same screenshot is the same sample
+for the critic whatever the task wording, and keeping only one side of the repeats would tilt
+the Good:Bad ratio of the repeated screens."""
+MIX_RATIO = "mix_ratio"
+"""Drop reason of history samples beyond ``export.history_critique_ratio``."""
 
 
-def duplicate_bad_samples(works: list[Work]) -> dict[str, str]:
-    """``{sample id: id of the kept sample}`` for Bad samples repeating (screenshot, Bad step).
+def duplicate_samples(works: list[Work]) -> dict[str, tuple[str, str]]:
+    """``{sample id: (reason, id of the kept sample)}`` for critique samples repeating
+    (screenshot, verdict, proposed step), Good and Bad alike.
 
     The smallest sample id of each group is kept, so the choice does not depend on sharding.
     """
-    first: dict[tuple[str, str, str], str] = {}
-    dupes: dict[str, str] = {}
+    first: dict[tuple[str, ...], str] = {}
+    dupes: dict[str, tuple[str, str]] = {}
     rows = []
     for work in works:
+        traj = work.trajectory
         for k, unit in enumerate(work.units):
             bad = unit.get("bad")
+            shot = traj.steps[k].screenshot
             for spec in unit.get("critique") or []:
-                if bad is not None and spec["labels"]["verdict"] == "Bad":
-                    shot = work.trajectory.steps[k].screenshot
-                    rows.append((spec["id"], (shot, bad["intent"], bad["text"])))
+                if spec["labels"]["verdict"] == "Bad" and bad is not None:
+                    rows.append((spec["id"], (shot, "Bad", bad["intent"], bad["text"])))
+                elif spec["labels"]["verdict"] == "Good":
+                    step = (traj.steps[k].intent or "", step_text(traj, k, mask_intent=True))
+                    rows.append((spec["id"], (shot, "Good", *step)))
     for sid, key in sorted(rows):
         if key in first:
-            dupes[sid] = first[key]
+            reason = DUPLICATE_BAD_STEP if key[1] == "Bad" else DUPLICATE_GOOD_STEP
+            dupes[sid] = (reason, first[key])
         else:
             first[key] = sid
     return dupes
+
+
+def mix_surplus(specs: list[dict[str, Any]], ratio: float, seed: int) -> set[str]:
+    """History sample ids beyond ``ratio`` history samples per critique sample (hash order)."""
+    if ratio <= 0:
+        return set()
+    history = [s["id"] for s in specs if s["kind"] == "history"]
+    quota = round(ratio * sum(1 for s in specs if s["kind"] == "critique"))
+    ranked = sorted(history, key=lambda i: stable_int(seed, i, "mix"))
+    return set(ranked[quota:])
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=1) + "\n"
 
 
 class ExportError(RuntimeError):
@@ -116,10 +150,6 @@ def _undecodable(spec: dict[str, Any], check: ImageCheck) -> str | None:
             if "image" in part and (why := check.problem(part["image"])) is not None:
                 return f"{part['image']}: {why}"
     return None
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=1) + "\n"
 
 
 def _sharegpt(
@@ -168,33 +198,37 @@ def _cards(
     corpus: Path,
     tmp: Path,
     exported: dict[str, list[str]],
-) -> list[tuple[dict[str, Any], list[str]]]:
-    """Report cards with their images.
+) -> list[list[tuple[dict[str, Any], list[str]]]]:
+    """Report cards with their images, each Bad card grouped with the Good card of its step.
 
     A card whose sample is in the ShareGPT export links the frames written there (the same
     canonical frame with the same marks; rendering and encoding it again doubled the cost of
-    those images). Otherwise each distinct (screenshot, marks, size class) is rendered once.
+    those images). Otherwise each distinct (screenshot, marks, size class) is rendered once,
+    into ``report_images/``, which exists only when it holds something.
     """
     picked = pick_cards(specs, cfg.export.report_cards, lambda i: stable_int(cfg.seed, i, "card"))
     folder = tmp / "report_images"
-    folder.mkdir(parents=True, exist_ok=True)
     rendered: dict[str, str] = {}
     out = []
-    for spec in picked:
-        if spec["id"] in exported:
-            out.append((spec, list(exported[spec["id"]])))
-            continue
-        links = []
-        for message in messages_from_json(spec["messages"]):
-            for ref in message.images():
-                key = json.dumps(
-                    [ref.path, [mark_to_json(m) for m in ref.marks], ref.size_class],
-                    sort_keys=True,
-                )
-                if key not in rendered:
-                    rendered[key] = _render_card_image(ref, cfg, corpus, folder)
-                links.append(rendered[key])
-        out.append((spec, links))
+    for group in card_groups(picked, specs):
+        row = []
+        for spec in group:
+            if spec["id"] in exported:
+                row.append((spec, list(exported[spec["id"]])))
+                continue
+            links = []
+            for message in messages_from_json(spec["messages"]):
+                for ref in message.images():
+                    key = json.dumps(
+                        [ref.path, [mark_to_json(m) for m in ref.marks], ref.size_class],
+                        sort_keys=True,
+                    )
+                    if key not in rendered:
+                        folder.mkdir(parents=True, exist_ok=True)
+                        rendered[key] = _render_card_image(ref, cfg, corpus, folder)
+                    links.append(rendered[key])
+            row.append((spec, links))
+        out.append(row)
     return out
 
 
@@ -236,12 +270,19 @@ def export_dataset(
     stats = StageStats("export")
     sizes, f, limit = ImageSizes(corpus), cfg.frame, cfg.export.max_tokens
     specs, records, tokens = [], [], {}
-    dupes = duplicate_bad_samples(works)
+    dupes = duplicate_samples(works)
     decodes = ImageCheck(corpus)
+    unique = [s for s in collect_specs(works) if s["id"] not in dupes]
+    surplus = mix_surplus(unique, cfg.export.history_critique_ratio, cfg.seed)
     for spec in collect_specs(works):
         stats.seen()
         if spec["id"] in dupes:
-            stats.drop(spec["id"], DUPLICATE_BAD_STEP, f"same as {dupes[spec['id']]}")
+            reason, kept = dupes[spec["id"]]
+            stats.drop(spec["id"], reason, f"same as {kept}")
+            continue
+        if spec["id"] in surplus:
+            ratio = cfg.export.history_critique_ratio
+            stats.drop(spec["id"], MIX_RATIO, f"beyond export.history_critique_ratio={ratio}")
             continue
         broken = _undecodable(spec, decodes)
         if broken is not None:
@@ -268,6 +309,14 @@ def export_dataset(
     all_counters = {**counters, "export": merge_counts([stats.counts])}
     atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))
     result = dataset_stats(specs, all_counters, tokens, run)
+    e = cfg.export
+    settings = AuditSettings(e.audit_max_auc, tuple(e.audit_gated), e.audit_min_samples)
+    result["shortcut_audit"] = shortcut_audit(records, settings)
+    result["distribution_out_of_bounds"] = out_of_bounds(
+        result["dimension_target_vs_achieved"],
+        cfg.perturb.min_dimension_ratio,
+        cfg.perturb.max_dimension_ratio,
+    )
     atomic_write_text(tmp / "stats.json", _json(result))
     atomic_write_text(
         tmp / "report.html", render_report(result, _cards(specs, cfg, corpus, tmp, exported))
@@ -280,4 +329,27 @@ def export_dataset(
             f"the run produced no records (every sample was dropped; see {dest / 'stats.json'} "
             "and exclusions.jsonl for the reasons)"
         )
+    try:
+        check_audit(result["shortcut_audit"])
+    except ShortcutAuditError as err:
+        raise ExportError(f"{err}; the report is in {dest / 'report.html'}") from None
+    bounds = result["distribution_out_of_bounds"]
+    if bounds and cfg.perturb.unreachable_dimension == "error":
+        raise ExportError(
+            "the dimension distribution is off its target ("
+            + "; ".join(f"{d}: {r['achieved']:.3f} vs {r['target']:.3f}" for d, r in bounds.items())
+            + "); give those dimensions the weight the corpus can carry, or set "
+            "perturb.unreachable_dimension=warn to accept it"
+        )
     return result
+
+
+def out_of_bounds(
+    rows: dict[str, dict[str, float]], low: float, high: float
+) -> dict[str, dict[str, float]]:
+    """Dimensions whose achieved share is outside [low, high] times their positive target."""
+    return {
+        name: r
+        for name, r in rows.items()
+        if r["target"] > 0 and not low * r["target"] <= r["achieved"] <= high * r["target"] + 1e-9
+    }

@@ -127,23 +127,40 @@ def dataset_stats(
 # HTML
 
 _CSS = """
-body{font-family:sans-serif;margin:2em;max-width:1400px}
+body{font-family:sans-serif;margin:2em;max-width:1500px}
 table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
 th:first-child,td:first-child{text-align:left}
-.card{border:1px solid #999;border-radius:6px;margin:1.5em 0;padding:1em}
-.card img{max-width:640px;border:1px solid #ccc;margin-right:8px}
+nav ul{columns:2}
+.pair{display:flex;gap:12px;align-items:flex-start;margin:1.5em 0}
+.card{border:1px solid #999;border-radius:6px;padding:1em;flex:1;min-width:0}
+.card img{max-width:100%;border:1px solid #ccc;cursor:zoom-in}
 pre{white-space:pre-wrap;background:#f6f6f6;padding:8px;font-size:12px}
-.bad{color:#b00}.good{color:#070}
+.bad{color:#b00}.good{color:#070}.fail{color:#b00;font-weight:bold}
+"""
+
+_FILTER_JS = """
+function hivigFilter(){
+  var d=document.getElementById('fdim').value, p=document.getElementById('fplat').value;
+  document.querySelectorAll('.pair').forEach(function(e){
+    var ok=(!d||e.dataset.dims.split('|').indexOf(d)>=0)&&(!p||e.dataset.platform===p);
+    e.style.display=ok?'':'none';
+  });
+}
 """
 
 
 def _table(rows: list[list[Any]], header: list[str]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+        "<tr>" + "".join(f"<td>{html.escape(_show(c))}</td>" for c in row) + "</tr>" for row in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _show(value: Any) -> str:
+    """A table cell: a missing value is a dash, never the word None."""
+    return "–" if value is None else str(value)
 
 
 def _stage_tables(counters: dict[str, dict[str, int]]) -> str:
@@ -162,13 +179,25 @@ def _card(spec: dict[str, Any], image_links: list[str]) -> str:
         cls = "bad" if verdict == "Bad" else "good"
         dim = f" — {labels['error_dimension']}" if labels.get("error_dimension") else ""
         title = f"<span class='{cls}'>{verdict}{html.escape(dim)}</span>"
-    meta = (
-        f"{html.escape(spec['id'])} · {spec['platform']} · split {spec['split']} · "
-        f"intent masked: {labels['intent_masked']} · generator: {labels.get('generator')} · "
-        f"annotator: {html.escape(str(spec['provenance'].get('annotator_model')))} "
-        f"({spec['provenance'].get('annotator_kind')}) · prompt {spec['prompt_version']}"
+    prov = spec["provenance"]
+    facts = [
+        spec["id"],
+        spec["platform"],
+        f"split {spec['split']}",
+        f"intent masked: {'yes' if labels['intent_masked'] else 'no'}",
+    ]
+    if labels.get("generator"):
+        facts.append(f"generator: {labels['generator']}")
+    if prov.get("annotator_model"):
+        facts.append(f"annotator: {prov['annotator_model']} ({prov.get('annotator_kind')})")
+    facts.append(f"prompt {spec['prompt_version']}")
+    meta = " · ".join(html.escape(str(f)) for f in facts)
+    # A click opens the frame at full size (the card shows it scaled to the column).
+    imgs = "".join(
+        f"<a href='{html.escape(link)}' target='_blank'>"
+        f"<img src='{html.escape(link)}' alt='screenshot' loading='lazy'></a>"
+        for link in image_links
     )
-    imgs = "".join(f"<img src='{html.escape(link)}' alt='screenshot'>" for link in image_links)
     user = "".join(
         p.get("text", "[image]")
         for m in spec["messages"]
@@ -199,6 +228,31 @@ def pick_cards(
     return sorted(picked, key=lambda s: s["id"])
 
 
+def card_groups(
+    picked: list[dict[str, Any]], specs: list[dict[str, Any]]
+) -> list[list[dict[str, Any]]]:
+    """The picked cards grouped for display: each Bad card beside the Good card of its step
+    (the same screenshot; taken from ``specs`` when it was not picked itself)."""
+    good_of = {
+        (s["trajectory_id"], s["step_index"]): s
+        for s in specs
+        if s["kind"] == "critique" and s["labels"]["verdict"] == "Good"
+    }
+    shown: set[str] = set()
+    groups = []
+    for spec in picked:
+        if spec["id"] in shown:
+            continue
+        group = [spec]
+        if spec["kind"] == "critique" and spec["labels"]["verdict"] == "Bad":
+            good = good_of.get((spec["trajectory_id"], spec["step_index"]))
+            if good is not None:
+                group = [good, spec]
+        shown.update(s["id"] for s in group)
+        groups.append(group)
+    return groups
+
+
 def _target_vs_achieved(
     totals: dict[str, int], bad: int, run: dict[str, Any]
 ) -> dict[str, dict[str, float]]:
@@ -213,8 +267,73 @@ def _target_vs_achieved(
     }
 
 
-def render_report(stats: dict[str, Any], cards: list[tuple[dict[str, Any], list[str]]]) -> str:
-    """The whole ``report.html`` page."""
+def _audit_section(audit: dict[str, Any] | None) -> str:
+    if not audit:
+        return "<p>No audit.</p>"
+    st = audit["settings"]
+    rows = []
+    for family, row in audit["families"].items():
+        for probe in ("step", "history"):
+            r = row[probe]
+            gated = family in st["gated"]
+            rows.append(
+                [
+                    family,
+                    probe,
+                    r.get("auc"),
+                    r.get("bad"),
+                    r.get("good"),
+                    f"{row['mask_rate']['good']} / {row['mask_rate']['bad']}",
+                    "gated" if gated else "reported",
+                    ", ".join(r.get("top_bad", [])[:5]) or r.get("note", ""),
+                ]
+            )
+    verdict = (
+        f"<p class='fail'>FAILED: {html.escape(', '.join(audit['failed']))}</p>"
+        if audit["failed"]
+        else "<p>Passed.</p>"
+    )
+    return (
+        "<p>Text-only probes (logistic regression on word and character n-grams, "
+        f"cross-validated in {st['folds']} folds grouped by episode) try to tell Bad from the "
+        "Good samples of the same steps without the screenshot. AUC 0.5 = no shortcut; gated "
+        f"families fail the export above {st['max_auc']}.</p>"
+        + verdict
+        + _table(
+            rows,
+            [
+                "family",
+                "probe",
+                "AUC",
+                "Bad",
+                "Good",
+                "masked Good / Bad",
+                "",
+                "features leaning Bad",
+            ],
+        )
+    )
+
+
+_SECTIONS = (
+    ("overview", "Overview"),
+    ("splits", "Splits (by episode)"),
+    ("dimensions", "Bad samples: dimension × platform"),
+    ("audit", "Shortcut audit"),
+    ("tokens", "Token lengths"),
+    ("stages", "Stages: counts and drop reasons"),
+    ("cards", "Sample cards"),
+)
+
+
+def render_report(
+    stats: dict[str, Any], cards: list[tuple[dict[str, Any], list[str]]] | list[Any]
+) -> str:
+    """The whole ``report.html`` page.
+
+    ``cards`` are ``(spec, image links)`` pairs, or groups of them (a Bad card beside its Good
+    counterpart), as ``card_groups`` arranges them.
+    """
     dims = stats["dimension_by_platform"]
     platforms = sorted({p for row in dims.values() for p in row})
     dim_rows = [
@@ -241,22 +360,66 @@ def render_report(stats: dict[str, Any], cards: list[tuple[dict[str, Any], list[
         [s, *[c.get(k, 0) for k in ("history", "critique")]] for s, c in stats["by_split"].items()
     ]
     hist_rows = [[k, v] for k, v in stats["token_length_histogram"].items()]
+    groups = [c if isinstance(c, list) else [c] for c in cards]
+    toc = "".join(f"<li><a href='#{key}'>{html.escape(title)}</a></li>" for key, title in _SECTIONS)
+    dim_options = "".join(
+        f"<option value='{html.escape(name)}'>{html.escape(name)}</option>" for name in dims
+    )
+    plat_options = "".join(f"<option>{html.escape(p)}</option>" for p in platforms)
+    filters = (
+        "<p>Filter: <select id='fdim' onchange='hivigFilter()'><option value=''>every dimension"
+        f"</option><option value='Good'>Good</option><option value='history'>history</option>"
+        f"{dim_options}</select> <select id='fplat' onchange='hivigFilter()'>"
+        f"<option value=''>every platform</option>{plat_options}</select></p>"
+    )
     body = [
         "<h1>hivig data_gen report</h1>",
-        "<h2>Overview</h2>",
+        f"<nav><h2>Contents</h2><ul>{toc}</ul></nav>",
+        "<h2 id='overview'>Overview</h2>",
         _table(overview, ["", "value"]),
-        "<h2>Splits (by episode)</h2>",
+        "<h2 id='splits'>Splits (by episode)</h2>",
         _table(split_rows, ["split", "history", "critique"]),
-        "<h2>Bad samples: dimension × platform</h2>",
+        "<h2 id='dimensions'>Bad samples: dimension × platform</h2>",
         _table(dim_rows, ["dimension", *platforms, "total", "share", "target"]),
-        "<h2>Token lengths (estimated: text bytes/4 + canonical-frame image tokens)</h2>",
+        _bounds(stats.get("distribution_out_of_bounds")),
+        "<h2 id='audit'>Shortcut audit</h2>",
+        _audit_section(stats.get("shortcut_audit")),
+        "<h2 id='tokens'>Token lengths</h2>",
+        "<p>Estimated: text bytes / 4 + canonical-frame image tokens.</p>",
         _table(hist_rows, ["tokens", "samples"]),
-        "<h2>Stages: counts and drop reasons</h2>",
+        "<h2 id='stages'>Stages: counts and drop reasons</h2>",
         _stage_tables(stats["stages"]),
-        f"<h2>Sample cards ({len(cards)})</h2>",
-        *[_card(spec, links) for spec, links in cards],
+        f"<h2 id='cards'>Sample cards ({sum(len(g) for g in groups)})</h2>",
+        filters,
+        *[_pair(g) for g in groups],
     ]
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>hivig data_gen report</title>"
-        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+        f"<style>{_CSS}</style><script>{_FILTER_JS}</script></head>"
+        f"<body>{''.join(body)}</body></html>\n"
+    )
+
+
+def _bounds(rows: dict[str, dict[str, float]] | None) -> str:
+    if not rows:
+        return "<p>Every dimension is within its bounds of the target share.</p>"
+    items = ", ".join(
+        f"{html.escape(d)} ({100 * r['achieved']:.1f}% vs {100 * r['target']:.1f}%)"
+        for d, r in rows.items()
+    )
+    return f"<p class='fail'>Off target (outside the configured ratio bounds): {items}</p>"
+
+
+def _pair(group: list[tuple[dict[str, Any], list[str]]]) -> str:
+    dims = []
+    for spec, _ in group:
+        labels = spec["labels"]
+        dims.append(
+            "history" if spec["kind"] == "history" else labels.get("error_dimension") or "Good"
+        )
+    platform = group[0][0]["platform"]
+    cards = "".join(_card(spec, links) for spec, links in group)
+    return (
+        f"<div class='pair' data-dims='{html.escape('|'.join(dims))}' "
+        f"data-platform='{html.escape(platform)}'>{cards}</div>"
     )

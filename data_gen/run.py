@@ -125,6 +125,15 @@ def _unusable(traj: Trajectory) -> tuple[str, str] | None:
     return None
 
 
+def _unwanted(cfg: DataGenConfig, traj: Trajectory) -> tuple[str, str] | None:
+    """Why a usable trajectory is left out by the sampling config, or ``None``."""
+    if not cfg.keep_failed and traj.outcome != "success":
+        # HiViG synthesises from successful trajectories; failed ones teach the critic that
+        # a failing expert's steps are Good (set keep_failed=true to use them anyway).
+        return "not_successful", f"outcome {traj.outcome} (keep_failed=false)"
+    return None
+
+
 def load_work(cfg: DataGenConfig) -> tuple[list[Work], list[dict[str, Any]]]:
     """All usable trajectories as work items in id order, and the quarantined input lines.
 
@@ -137,8 +146,10 @@ def load_work(cfg: DataGenConfig) -> tuple[list[Work], list[dict[str, Any]]]:
         if isinstance(item, TrajectoryError):
             quarantine.append({"line": line, "reason": item.reason, "message": item.message})
             continue
-        problem = _unusable(item) or (
-            ("duplicate_id", "id already used") if item.id in trajs else None
+        problem = (
+            _unusable(item)
+            or (("duplicate_id", "id already used") if item.id in trajs else None)
+            or _unwanted(cfg, item)
         )
         if problem is not None:
             quarantine.append(
@@ -188,6 +199,8 @@ def build_plan(
         intent_mask_rate=cfg.rationale.intent_mask_rate,
         maskable={d.name: d.maskable for d in DIMENSIONS},
         unreachable=p.unreachable_dimension,
+        max_ratio=p.max_dimension_ratio,
+        good_bad_ratio=p.good_bad_ratio,
     )
 
 

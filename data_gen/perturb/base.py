@@ -33,6 +33,9 @@ class StepView:
             ``earlier_elements``); generators reuse this real wording instead of templates.
         earlier_calls: Calls of the earlier steps, oldest first.
         final_intent: Intent of the trajectory's last step when it ends the episode, else empty.
+        habit_boxes: Boxes that an element labelled like the expert's target has on other
+            screens of the corpus (where the control usually sits).
+        screenshot: The step's screenshot path (groups repeated steps of instruction variants).
         partial_screens: Whether the current or an earlier screen's element list is incomplete
             (annotator-grounded targets only), so absence from a screen cannot be verified.
     """
@@ -54,6 +57,8 @@ class StepView:
     earlier_calls: tuple[tuple[Call, ...], ...] = ()
     final_intent: str = ""
     partial_screens: bool = False
+    screenshot: str = ""
+    habit_boxes: tuple[tuple[int, int, int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (the annotator oracle)."""
@@ -92,6 +97,8 @@ class StepView:
             earlier_calls=tuple(tuple(c) for c in obj.get("earlier_calls", ())),
             final_intent=obj.get("final_intent", ""),
             partial_screens=obj.get("partial_screens", False),
+            screenshot=obj.get("screenshot", ""),
+            habit_boxes=tuple(tuple(b) for b in obj.get("habit_boxes", ())),  # type: ignore[misc]
         )
 
 

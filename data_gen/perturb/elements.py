@@ -134,6 +134,22 @@ class ElementIndex:
         """Whether the screenshot's element list is known to be incomplete."""
         return screenshot in self.partial
 
+    def boxes_elsewhere(self, label: str, screenshot: str) -> tuple[tuple[int, int, int, int], ...]:
+        """Boxes an element labelled ``label`` has on the *other* screens of the corpus, sorted.
+
+        Where the same control usually sits (a Save button, a search field): the layout habit
+        a hallucinating agent clicks instead of looking.
+        """
+        if not hasattr(self, "_by_label"):
+            index: dict[str, dict[tuple[int, int, int, int], set[str]]] = {}
+            for shot, els in self.by_path.items():
+                for e in els:
+                    if e.label and e.is_target:
+                        index.setdefault(e.label, {}).setdefault(e.box, set()).add(shot)
+            self._by_label = index
+        boxes = self._by_label.get(label, {})
+        return tuple(sorted(b for b, shots in boxes.items() if shots - {screenshot}))
+
     def get(self, screenshot: str) -> tuple[Element, ...]:
         """Elements of a screenshot (empty when unknown)."""
         return self.by_path.get(screenshot, ())

@@ -39,7 +39,8 @@ class GenParams:
     """Numeric knobs of the generators (from ``PerturbConfig``)."""
 
     near_miss_margin: int = 12
-    """Grid units outside the target box for a Grounding/Spatial near miss."""
+    """Least grid units outside the target box for a Grounding/Spatial near miss (the distance
+    is drawn from [margin, 1.5 x margin] per sample)."""
     scroll_shrink: float = 0.05
     """Magnitude factor for a miscalibrated scroll, swipe or drag."""
 
@@ -173,25 +174,15 @@ def action_formulation(view: StepView, rng: random.Random, p: GenParams) -> BadS
 _TERMINAL = ("terminate", "answer")
 
 
-def _earlier_intent_for(view: StepView, label: str) -> str:
-    """The wording of the latest earlier step whose click landed on an element named ``label``.
-
-    Bad steps reuse real expert wording rather than a template sentence, so the intent alone
-    never identifies the dimension.
-    """
-    steps = zip(view.earlier_intents, view.earlier_calls, view.earlier_elements, strict=False)
-    for intent, calls, screen in reversed(list(steps)):
-        hit = primary_point(list(calls))
-        if hit is None or not intent.strip():
-            continue
-        el = target_at(screen, *hit[1]["coordinate"])
-        if el is not None and el.label == label:
-            return intent
-    return ""
-
-
 def termination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     """Premature terminate, terminate instead of answer, or an action after completion.
+
+    Property (``properties.termination``): the Bad step ends the episode too early or in the
+    wrong form, or acts after a *successful* end; its intent is empty, so the plan shows the
+    pair (Good and Bad) as tool calls only. Any wording would lie: the step's own intent
+    (reporting an answer, clicking a field) contradicts a bare ``terminate`` (that contradiction
+    is Action-Operation Misalignment), the episode's closing words are future information, and
+    an earlier step's words are a copy the critic could spot in the history.
 
     A terminate after an answer is the correct ending, never an error; its Bad counterpart is a
     redundant action instead. Once the expert has answered, ending early is not an error either,
@@ -201,28 +192,26 @@ def termination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | N
     actions = [c.get("action") for c in view.calls]
     stop = {"action": "terminate", "status": "success"}
     if "answer" in actions:
-        if not view.intent.strip():
-            return None
         note = "ended with terminate where the task asks for an answer"
-        return _bad(view, dim, "terminate_instead_of_answer", [stop], view.intent, note)
+        return _bad(view, dim, "terminate_instead_of_answer", [stop], "", note)
     if "terminate" in actions:
-        present = {e.label for e in _targets(view.elements)}
-        options = sorted(
-            {(label, intent) for label in present if (intent := _earlier_intent_for(view, label))}
-        )
-        if not options:
+        # "After the goal was met" is only true where the expert ended with success.
+        if not any(
+            c.get("status") == "success" for c in view.calls if c.get("action") == "terminate"
+        ):
             return None
-        label, intent = rng.choice(options)
-        el = next(e for e in _targets(view.elements) if e.label == label)
+        present = [e for e in _targets(view.elements) if e.label]
+        if not present:
+            return None
+        el = rng.choice(present)
         name = "click" if view.space == "mobile_use" else "left_click"
-        call = {"action": name, "coordinate": list(el.centre)}
+        call = {"action": name, "coordinate": list(_inside_point(view.elements, el, rng))}
         note = f"a redundant click on '{el.label}' after the goal was met"
-        return _bad(view, dim, "action_after_completion", [call], intent, note)
-    if view.is_final or view.answered_before or not view.final_intent.strip():
+        return _bad(view, dim, "action_after_completion", [call], "", note)
+    if view.is_final or view.answered_before:
         return None
-    # The expert's own closing words, said too early.
     note = "terminated while the task was still unfinished"
-    return _bad(view, dim, "premature_terminate", [stop], view.final_intent, note)
+    return _bad(view, dim, "premature_terminate", [stop], "", note)
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,9 +222,10 @@ def timing(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     """Act before the interface is ready: where the expert waited, act at once.
 
     The Bad step is the action the expert took after the wait, with the expert's words for it.
-    Chaining the next step's click into this one is not built: its target is not on the current
-    screen yet, which is Visual Hallucination's definition, so the sample would fit two
-    dimensions.
+    Property (``properties.timing``): every point the Bad step acts on already shows, on the
+    current (loading) screen, the element the next screen has there. A next step whose target
+    is not on the current screen yet is Visual Hallucination's definition, not Timing's, so
+    such steps are left to the hallucination generator.
     """
     if not any(c.get("action") == "wait" for c in view.calls):
         return None
@@ -243,8 +233,17 @@ def timing(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     nxt = [c for c in view.next_calls if c.get("action") not in ("wait", "terminate")]
     if not nxt or not view.next_intent.strip():
         return None
+    if not all(_shown_already(view, point) for point in points_of(nxt)):
+        return None
     note = "acted while the interface was still loading instead of waiting"
     return _bad(view, TIMING, "act_instead_of_wait", nxt, view.next_intent, note)
+
+
+def _shown_already(view: StepView, point: tuple[int, int]) -> bool:
+    """Whether the element the next screen has at ``point`` is on the current screen there."""
+    later = target_at(view.next_elements, *point)
+    now = target_at(view.elements, *point)
+    return later is not None and now is not None and now.label == later.label
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,21 +251,20 @@ def timing(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
 
 
 def prerequisite(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
-    """Where the expert clicks a field before typing, type without the focus click."""
-    if primary_point(view.calls) is None:
+    """Where the expert's focus click comes before a typing step, type without it.
+
+    Property (``properties.prerequisite``): the current step is a point action (the focus
+    click), the next step types and has no point action of its own (had it one, skipping the
+    current click would neglect nothing), and the Bad step is that next step with its own
+    words, so intent and calls agree.
+    """
+    if primary_point(view.calls) is None or not view.next_intent.strip():
         return None
-    typed = [c for c in view.next_calls if c.get("action") == "type"]
-    if not typed:
+    nxt = list(view.next_calls)
+    if not any(c.get("action") == "type" for c in nxt) or points_of(nxt):
         return None
     note = "typed before the text field received focus"
-    return _bad(
-        view,
-        PREREQUISITE,
-        "type_without_focus",
-        typed,
-        view.next_intent or view.intent,
-        note,
-    )
+    return _bad(view, PREREQUISITE, "type_without_focus", nxt, view.next_intent, note)
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,14 +300,8 @@ def misalignment(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
         return None
     el = rng.choice(others)
     note = f"the intent is kept but the call targets '{el.label}' ({el.role})"
-    return _bad(
-        view,
-        MISALIGNMENT,
-        "other_element",
-        _moved(view, index, el.centre),
-        view.intent,
-        note,
-    )
+    point = _inside_point(view.elements, el, rng)
+    return _bad(view, MISALIGNMENT, "other_element", _moved(view, index, point), view.intent, note)
 
 
 def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
@@ -323,8 +315,12 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     if el is None:
         return None
     x1, y1, x2, y2 = el.box
-    m = p.near_miss_margin
-    cx, cy = el.centre
+    # At least the margin outside, up to half again: a fixed offset from a box that recurs
+    # across episodes would put the same numbers into every near miss of that screen.
+    m = p.near_miss_margin + rng.randint(0, p.near_miss_margin // 2)
+    # Along the edge the point scatters like an expert's click; across it, it is m outside.
+    cx = rng.randint(x1 + (x2 - x1) // 4, x2 - (x2 - x1) // 4)
+    cy = rng.randint(y1 + (y2 - y1) // 4, y2 - (y2 - y1) // 4)
     candidates = [(x1 - m, cy), (x2 + m, cy), (cx, y1 - m), (cx, y2 + m)]
     valid = [
         (px, py)
@@ -339,41 +335,86 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     return _bad(view, GROUNDING, "near_miss", _moved(view, index, point), view.intent, note)
 
 
+HABIT_DISTANCE = 60
+"""Least grid distance between a habit position and the real target's box: nearer, the point
+would read as a near miss (Grounding/Spatial Error) rather than a guessed position."""
+
+
 def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
-    """Act on an element from an earlier screen that is no longer on this one.
+    """Click where the target usually is, not where this screen shows it.
+
+    The expert's intent and calls stay; only the point moves, to where an element labelled
+    like the expert's target sits on other screens of the corpus (a position guessed from
+    layout habits, the taxonomy's second kind of hallucination). On this screen that point is
+    dead space, far from the real target. So the pair differs only in where it points: no
+    copied words (a ghost's intent from an earlier step would sit verbatim in the history),
+    no other form of step.
+
+    Property (``properties.hallucination``): the intent is the expert's, the point is in dead
+    space of a complete element list, at least ``HABIT_DISTANCE`` from the real target's box,
+    inside a box the target's label has elsewhere.
 
     Terminal steps get none: a click where the expert ended the task is Termination
-    Misjudgment's "action after completion". The intent is the wording of the earlier step that
-    clicked the ghost element, so only the screen tells that it is gone.
+    Misjudgment's "action after completion".
     """
     if view.partial_screens or any(c.get("action") in _TERMINAL for c in view.calls):
-        # A partial element list cannot show that the ghost is gone from this screen.
+        # A partial element list cannot show that the point is dead space on this screen.
         return None
-    present = {e.label for e in view.elements}
-    ghosts = sorted(
-        {
-            (e, intent)
-            for screen in view.earlier_elements
-            for e in _targets(screen)
-            if e.label
-            and e.label not in present
-            and target_at(view.elements, *e.centre) is None
-            and (intent := _earlier_intent_for(view, e.label))
-        },
-        key=lambda g: (g[0].box, g[0].label, g[1]),
-    )
-    if not ghosts:
-        return None
-    ghost, intent = rng.choice(ghosts)
     hit = primary_point(view.calls)
-    if hit is not None:
-        calls = _moved(view, hit[0], ghost.centre)
-        calls = [calls[hit[0]]]
-    else:
-        name = "click" if view.space == "mobile_use" else "left_click"
-        calls = [{"action": name, "coordinate": list(ghost.centre)}]
-    note = f"'{ghost.label}' was on an earlier screen and is not on this one"
-    return _bad(view, HALLUCINATION, "stale_target", calls, intent, note)
+    if hit is None or not view.elements:
+        return None
+    index, call = hit
+    real = target_at(view.elements, *call["coordinate"])
+    if real is None:
+        return None
+    options = []
+    for box in view.habit_boxes:
+        ghost = Element(real.label, real.role, box)
+        point = _inside_point((), ghost, rng)
+        if target_at(view.elements, *point) is None and _gap(real.box, point) >= HABIT_DISTANCE:
+            options.append(point)
+    if not options:
+        return None
+    point = rng.choice(sorted(options))
+    note = f"clicked where '{real.label}' usually is; on this screen nothing is there"
+    calls = _moved(view, index, point)
+    return _bad(view, HALLUCINATION, "habit_position", calls, view.intent, note)
+
+
+def _gap(box: tuple[int, int, int, int], point: tuple[int, int]) -> int:
+    """Grid distance from a point to a box (0 inside)."""
+    x1, y1, x2, y2 = box
+    dx = max(x1 - point[0], 0, point[0] - x2)
+    dy = max(y1 - point[1], 0, point[1] - y2)
+    return max(dx, dy)
+
+
+def points_of(calls: list[Call] | tuple[Call, ...]) -> list[tuple[int, int]]:
+    """Every grid point a list of calls acts on or moves to (clicks, moves, drags, swipes)."""
+    out = []
+    for c in calls:
+        for key in ("coordinate", "coordinate2"):
+            v = c.get(key)
+            if isinstance(v, list) and len(v) == 2:
+                out.append((int(v[0]), int(v[1])))
+    return out
+
+
+def _inside_point(
+    elements: tuple[Element, ...], el: Element, rng: random.Random
+) -> tuple[int, int]:
+    """A point in the inner half of ``el``'s box that still hits ``el`` (its centre otherwise).
+
+    Expert clicks scatter over their element; a Bad point always on the exact centre would let
+    the coordinates alone tell the samples apart on screens that recur across episodes.
+    """
+    x1, y1, x2, y2 = el.box
+    for _ in range(8):
+        x = rng.randint(x1 + (x2 - x1) // 4, x2 - (x2 - x1) // 4)
+        y = rng.randint(y1 + (y2 - y1) // 4, y2 - (y2 - y1) // 4)
+        if not elements or target_at(elements, x, y) == el:
+            return x, y
+    return el.centre
 
 
 _GENERATORS: dict[Dimension, Generator] = {

@@ -46,10 +46,41 @@ def _on_target(view: StepView) -> tuple[int, Call, Element] | None:
     return None if el is None else (index, call, el)
 
 
-def _moved(view: StepView, index: int, el: Element) -> list[Call]:
+def _moved(view: StepView, index: int, el: Element, rng: random.Random) -> list[Call]:
+    # Every call of the step stays (a click-then-type step types into the wrong field), so the
+    # drafted intent, which keeps the expert's wording, still agrees with the calls.
     calls = copy.deepcopy(list(view.calls))
-    calls[index]["coordinate"] = list(el.centre)
-    return [calls[index]]
+    calls[index]["coordinate"] = list(_inside(view, el, rng))
+    return calls
+
+
+def _inside(view: StepView, el: Element, rng: random.Random) -> tuple[int, int]:
+    # Scattered over the inner half of the box like an expert click, never the exact centre
+    # alone (recurring screens would make the centre's numbers a label).
+    x1, y1, x2, y2 = el.box
+    for _ in range(8):
+        x = rng.randint(x1 + (x2 - x1) // 4, x2 - (x2 - x1) // 4)
+        y = rng.randint(y1 + (y2 - y1) // 4, y2 - (y2 - y1) // 4)
+        if target_at(view.elements, x, y) == el:
+            return x, y
+    return el.centre
+
+
+def _verb(view: StepView) -> str:
+    return "Tap" if view.space == "mobile_use" else "Click"
+
+
+def _reworded(view: StepView, old: str, new: str) -> str:
+    """The expert's own intent with the target's label swapped, in the corpus' style.
+
+    Drafted intents must read like the corpus' (no added final period, no template phrase
+    naming the element's role): where the expert's wording names its target, only the label
+    changes; otherwise the plain "<verb> <label>" form the corpus uses.
+    """
+    intent = view.intent.strip()
+    if old and old in intent:
+        return intent.replace(old, new)
+    return f"{_verb(view)} {new}"
 
 
 def _clean_targets(view: StepView, exclude: Element) -> list[Element]:
@@ -74,7 +105,7 @@ def semantic_error(view: StepView, rng: random.Random) -> Draft | None:
     if not others:
         return None
     wrong = rng.choice(others)
-    intent = f"Click '{wrong.label}', which is the control this task calls for."
+    intent = _reworded(view, el.label, wrong.label)
     thought = (
         f"The screen shows a '{wrong.label}' {wrong.role}. Its label matches what the task "
         f"needs, so clicking it moves the task forward."
@@ -82,7 +113,7 @@ def semantic_error(view: StepView, rng: random.Random) -> Draft | None:
     note = (
         f"'{wrong.label}' ({wrong.role}) read as the control for the goal instead of '{el.label}'"
     )
-    return intent, _moved(view, index, wrong), thought, note
+    return intent, _moved(view, index, wrong, rng), thought, note
 
 
 def constraint_neglect(view: StepView, rng: random.Random) -> Draft | None:
@@ -95,13 +126,13 @@ def constraint_neglect(view: StepView, rng: random.Random) -> Draft | None:
     if not siblings:
         return None
     wrong = rng.choice(siblings)
-    intent = f"Select '{wrong.label}' from the {el.role} entries."
+    intent = _reworded(view, el.label, wrong.label)
     thought = (
         f"Several {el.role} entries are visible; '{wrong.label}' is one of them and fits the "
         f"request well enough, so I will select it."
     )
     note = f"chose '{wrong.label}' although the goal asks for '{el.label}'"
-    return intent, _moved(view, index, wrong), thought, note
+    return intent, _moved(view, index, wrong, rng), thought, note
 
 
 def observation_neglect(view: StepView, rng: random.Random) -> Draft | None:
@@ -110,15 +141,21 @@ def observation_neglect(view: StepView, rng: random.Random) -> Draft | None:
     if found is None:
         return None
     _, _, el = found
+    calls: list[Call]
     if view.space == "mobile_use":
         start, end = SEARCH_SWIPE
-        call: Call = {"action": "swipe", "coordinate": list(start), "coordinate2": list(end)}
+        calls = [{"action": "swipe", "coordinate": list(start), "coordinate2": list(end)}]
+        intent = "Swipe up to see more of the list"
     else:
-        call = {"action": "scroll", "pixels": -rng.choice(SEARCH_SCROLL_PIXELS)}
-    intent = f"Scroll down to look for '{el.label}'."
+        calls = [{"action": "scroll", "pixels": -rng.choice(SEARCH_SCROLL_PIXELS)}]
+        intent = "Scroll down the list"
+        if view.platform != "web":
+            # Desktop experts move the pointer over the list before the wheel turns (the wheel
+            # scrolls what is under the pointer); a bare scroll only in Bad samples is a label.
+            calls.insert(0, {"action": "mouse_move", "coordinate": list(_inside(view, el, rng))})
     thought = f"'{el.label}' is probably further down the page, so I need to scroll to find it."
     note = f"scrolled away although '{el.label}' was already visible"
-    return intent, [call], thought, note
+    return intent, calls, thought, note
 
 
 def suboptimal_path(view: StepView, rng: random.Random) -> Draft | None:
@@ -127,7 +164,7 @@ def suboptimal_path(view: StepView, rng: random.Random) -> Draft | None:
         text = call.get("text")
         if call.get("action") == "type" and isinstance(text, str) and len(text.strip()) >= 2:
             first = text.strip()[0]
-            intent = f"Type '{first}' first and continue one character at a time."
+            intent = f"Type {first}"
             thought = "Entering the text one character at a time keeps each change easy to check."
             note = f"typed {first!r} alone instead of the whole text {text!r}"
             return intent, [{"action": "type", "text": first}], thought, note
@@ -135,7 +172,7 @@ def suboptimal_path(view: StepView, rng: random.Random) -> Draft | None:
     if found is None or view.space == "mobile_use" or found[2].role not in _LIST_ROLES:
         return None
     el = found[2]
-    intent = f"Move the selection down one entry towards '{el.label}' with the arrow key."
+    intent = f"Press Down to move to {el.label}"
     thought = "The arrow key moves the selection one entry at a time until it reaches the item."
     note = f"pressed Down once instead of clicking '{el.label}' directly"
     return intent, [{"action": "key", "keys": ["down"]}], thought, note

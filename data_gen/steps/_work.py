@@ -23,6 +23,8 @@ from data_gen.annotator import Annotation, Annotator, AnnotatorRequest, Rejected
 from data_gen.config import DataGenConfig
 from data_gen.executor import Codec, StageStats, unit_float
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
+from data_gen.perturb.calls import primary_point
+from data_gen.perturb.elements import target_at
 from hivig.actions import marks_for_tool_calls, pointer_after, space_for_platform
 from hivig.media import (
     ChatMessage,
@@ -272,7 +274,19 @@ def step_view(traj: Trajectory, index: int, elements: ElementIndex) -> StepView:
         if is_terminal(calls_of(traj, len(steps) - 1))
         else "",
         partial_screens=any(elements.is_partial(steps[k].screenshot) for k in range(index + 1)),
+        screenshot=step.screenshot,
+        habit_boxes=_habit_boxes(traj, index, elements),
     )
+
+
+def _habit_boxes(traj: Trajectory, index: int, elements: ElementIndex) -> tuple:
+    """Where the expert's target usually sits on the corpus' other screens (see StepView)."""
+    hit = primary_point(calls_of(traj, index))
+    if hit is None:
+        return ()
+    shot = traj.steps[index].screenshot
+    el = target_at(elements.get(shot), *hit[1]["coordinate"])
+    return () if el is None or not el.label else elements.boxes_elsewhere(el.label, shot)
 
 
 def critique_candidate(traj: Trajectory, index: int) -> bool:

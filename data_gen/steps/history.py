@@ -24,8 +24,26 @@ from data_gen.steps._work import (
     sample_spec,
     step_text,
 )
+from data_gen.steps.rationale import echoes
 from hivig.contracts import ContractError, HistoryOutput, parse_history, render_history_target
 from hivig.prompts import build_history_annotation_messages, build_history_messages
+from hivig.trajectory import Trajectory
+
+
+def history_validator(hidden_intent: str | None):
+    """``validate_history`` plus the masked-intent check: a history sample whose input hid the
+    step's intent must not quote it in its target (any annotator, retried then dropped)."""
+
+    def validate(text: str, reasoning: str | None) -> tuple[HistoryOutput, str] | Rejected:
+        got = validate_history(text, reasoning)
+        if isinstance(got, Rejected):
+            return got
+        out, target = got
+        if echoes(target, hidden_intent):
+            return Rejected("echoes_masked_intent", "the summary quotes the masked intent")
+        return got
+
+    return validate
 
 
 def validate_history(text: str, reasoning: str | None) -> tuple[HistoryOutput, str] | Rejected:
@@ -45,6 +63,11 @@ def validate_history(text: str, reasoning: str | None) -> tuple[HistoryOutput, s
     if isinstance(target, Rejected):
         return target
     return parsed, target
+
+
+def action_names(traj: Trajectory, k: int) -> str:
+    """The step's action names joined, for a summary that may not quote the step's intent."""
+    return " + ".join(str(a.to_arguments()["action"]) for a in traj.steps[k].actions)
 
 
 class HistoryStep:
@@ -93,13 +116,24 @@ class HistoryStep:
         args = (traj.task, traj.platform, previous, image(traj, before), image(traj, after), text)
         intent = traj.steps[k].intent or ""
         no_change = d0 == d1
+        # A masked step's intent is not in the sample's input, so the target must not quote
+        # it: the progress records what the calls did instead.
         if intent and not no_change:
-            done.append(intent.rstrip("."))
-        oracle = {"task": traj.task, "intent": intent, "no_change": no_change, "done": list(done)}
+            done.append(
+                f"carried out the {action_names(traj, k)} step" if masked else intent.rstrip(".")
+            )
+        oracle = {
+            "task": traj.task,
+            "intent": None if masked else intent,
+            "no_change": no_change,
+            "done": list(done),
+        }
         request = AnnotatorRequest(
             self.name, list(build_history_annotation_messages(*args)), oracle
         )
-        result = await ctx.annotate_or_drop(stats, sid, request, validate_history)
+        result = await ctx.annotate_or_drop(
+            stats, sid, request, history_validator(intent if masked else None)
+        )
         if not result.ok:
             return None
         out, target = result.value

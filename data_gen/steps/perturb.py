@@ -11,7 +11,7 @@ step must differ from the expert's.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from data_gen.annotator import AnnotatorRequest, Rejected
@@ -19,6 +19,7 @@ from data_gen.executor import StageStats
 from data_gen.perturb import DRAFTERS, PROGRAMMATIC, BadStep, StepView, generator_rng
 from data_gen.perturb.calls import parse_calls, render_calls
 from data_gen.perturb.programmatic import ACTION_FORMULATION
+from data_gen.perturb.properties import violation
 from data_gen.steps._work import (
     Context,
     Work,
@@ -50,10 +51,18 @@ def split_proposed_step(step: str) -> tuple[str, str]:
 
 
 def perturbation_validator(
-    view: StepView, dimension: str
+    view: StepView, dimension: str | Sequence[str]
 ) -> Callable[[str, str | None], tuple[PerturbationOutput, str, str, Any] | Rejected]:
-    """Validator of annotator perturbations for one step and planned dimension."""
-    expected = lookup_dimension(dimension)
+    """Validator of annotator perturbations for one step and the offered dimension(s).
+
+    The answer's calls are re-rendered by the one canonical renderer (``render_calls``): the
+    critic must not be able to tell an annotator-written Bad step from a Good one by the
+    model's own JSON formatting (key order, spacing, float digits). Only an Action Formulation
+    Error keeps its raw text, because the malformed text is the error. The Bad step must also
+    pass its dimension's property check (``perturb.properties``).
+    """
+    offered = [dimension] if isinstance(dimension, str) else list(dimension)
+    expected = {lookup_dimension(d) for d in offered}
 
     def validate(
         text: str, reasoning: str | None
@@ -61,14 +70,16 @@ def perturbation_validator(
         parsed = parse_perturbation(text, reasoning)
         if isinstance(parsed, ContractError):
             return Rejected(parsed.reason, parsed.message)
-        if parsed.dimension != expected:
+        if parsed.dimension not in expected:
             return Rejected(
-                "dimension_mismatch", f"asked for {dimension}, got {parsed.dimension.name}"
+                "dimension_mismatch",
+                f"offered {', '.join(offered)}, got {parsed.dimension.name}",
             )
         intent, calls_text = split_proposed_step(parsed.rejected_proposed_step)
+        intent = " ".join(intent.split())
         calls = parse_calls(calls_text)
         if isinstance(calls, ActionError):
-            if expected is ACTION_FORMULATION:  # its Bad step is an unparseable call by design
+            if parsed.dimension is ACTION_FORMULATION:  # an unparseable call by design
                 return parsed, intent, calls_text, None
             return Rejected("bad_tool_call", str(calls))
         for call in calls:
@@ -76,9 +87,20 @@ def perturbation_validator(
                 return Rejected("wrong_action_space", f"{call.get('action')!r} not in {view.space}")
         if calls == list(view.calls):
             return Rejected("no_divergence", "the Bad step equals the expert step")
-        return parsed, intent, calls_text, calls
+        canonical = render_calls(calls, view.space)
+        bad = BadStep(
+            parsed.dimension.name, "annotator", "annotator", intent, canonical, tuple(calls)
+        )
+        why = violation(view, bad)
+        if why is not None:
+            return Rejected(PROPERTY_VIOLATED, f"{parsed.dimension.name}: {why}")
+        return parsed, intent, canonical, calls
 
     return validate
+
+
+PROPERTY_VIOLATED = "property_violated"
+"""Drop reason of a Bad step that is not true to its dimension (``perturb.properties``)."""
 
 
 class PerturbStep:
@@ -115,12 +137,16 @@ class PerturbStep:
             if bad is None:
                 stats.drop(sid, "generator_not_applicable", dimension)
                 return
+            why = violation(view, bad)
+            if why is not None:  # a generator bug; counted, never trained on
+                stats.drop(sid, PROPERTY_VIOLATED, f"{dimension}: {why}")
+                return
         else:
             bad = await self._annotated(work, k, view, dimension, rng, stats)
             if bad is None:
                 return
         work.units[k]["bad"] = bad.to_json()
-        stats.add(f"dim:{dimension}")
+        stats.add(f"dim:{bad.dimension}")
         stats.kept()
 
     async def _annotated(
@@ -140,23 +166,26 @@ class PerturbStep:
                 note=note,
                 bad_step_text=format_raw_step(intent, render_calls(calls, view.space)),
             )
-        dim = lookup_dimension(dimension)
-        assert dim is not None
+        # The annotator picks the most plausible error among the dimensions feasible here,
+        # offered by the target distribution's deficit (the plan's choice first).
+        plan = ctx.plan[sid]
+        offered = list(plan.candidates) or [dimension]
+        dims = [lookup_dimension(d) for d in offered]
         messages = build_perturbation_messages(
             *step_prompt_args(traj, k),
             traj.steps[k].think or "",
             step_text(traj, k),
-            [dim],
+            [d for d in dims if d is not None],
         )
         request = AnnotatorRequest(self.name, list(messages), oracle)
         result = await ctx.annotate_or_drop(
-            stats, sid, request, perturbation_validator(view, dimension)
+            stats, sid, request, perturbation_validator(view, offered)
         )
         if not result.ok:
             return None
         parsed, intent, calls_text, calls = result.value
         return BadStep(
-            dimension=dimension,
+            dimension=parsed.dimension.name,
             method="annotator",
             generator="annotator",
             intent=intent,

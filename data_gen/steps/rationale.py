@@ -10,6 +10,7 @@ expected verdict and dimension.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ from hivig.prompts import (
     build_rationale_good_messages,
     format_raw_step,
 )
-from hivig.taxonomy import Dimension, dimension_by_key, lookup_dimension
+from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key, lookup_dimension
 
 _UI_RULES_BY_KEY: dict[str, str] = {
     "grounding_spatial_error": "the point lands inside the clickable box of the element",
@@ -65,13 +66,49 @@ UI_RULES: dict[Dimension, str] = {
 by the taxonomy's dimensions (``dimension_by_key`` fails at import on a key it does not know)."""
 
 
+_COORDINATES = re.compile(r"[\[(]\s*\d{1,4}\s*,\s*\d{1,4}\s*[\])]|\b[xy]\s*=\s*\d")
+_DIMENSION_NAMES = re.compile(
+    "|".join(re.escape(d.name) for d in sorted(DIMENSIONS, key=lambda d: -len(d.name))),
+    re.IGNORECASE,
+)
+ECHO_MIN_CHARS = 12
+"""Shorter intents ("Click OK") are too generic to count as an echo when they reappear."""
+
+
+def echoes(text: str, hidden: str | None) -> bool:
+    """Whether ``text`` quotes an intent that was masked from the sample's input."""
+    if not hidden or len(hidden.strip()) < ECHO_MIN_CHARS:
+        return False
+    squash = " ".join(hidden.lower().rstrip(".").split())
+    return squash in " ".join(text.lower().split())
+
+
+def rationale_problem(parsed: CritiqueOutput, hidden_intent: str | None) -> Rejected | None:
+    """The checks every annotator's rationale must pass (retried, then dropped with a reason).
+
+    The explanation is what the policy reads, so it gives no coordinates (SPEC: describe, do
+    not dictate) and names no dimension (the verdict line does that); and no part of the
+    target may quote an intent that the sample's input masked (the critic would learn to
+    answer from what it was not shown).
+    """
+    if _COORDINATES.search(parsed.explanation):
+        return Rejected("explanation_coordinates", "the explanation gives coordinates")
+    found = _DIMENSION_NAMES.search(parsed.explanation)
+    if found is not None:
+        return Rejected("explanation_dimension", f"the explanation names {found.group()!r}")
+    if echoes(f"{parsed.think or ''}\n{parsed.explanation}", hidden_intent):
+        return Rejected("echoes_masked_intent", "the rationale quotes the masked intent")
+    return None
+
+
 def critique_validator(
-    verdict: str, dimension: str | None
+    verdict: str, dimension: str | None, hidden_intent: str | None = None
 ) -> Callable[[str, str | None], tuple[CritiqueOutput, str] | Rejected]:
     """Validator requiring the known verdict (and dimension), reasoning, and a renderable target.
 
     The answer becomes a training target, so reasoning is required (``missing_think``) and the
-    target must render (``unrenderable_target``); both are retried like any contract failure.
+    target must render (``unrenderable_target``); both are retried like any contract failure,
+    and so are the ``rationale_problem`` checks (``hidden_intent``: the masked intent, if any).
     """
 
     def validate(text: str, reasoning: str | None) -> tuple[CritiqueOutput, str] | Rejected:
@@ -83,6 +120,9 @@ def critique_validator(
         got = None if parsed.dimension is None else parsed.dimension.name
         if got != dimension:
             return Rejected("wrong_dimension", f"expected {dimension}, got {got}")
+        problem = rationale_problem(parsed, hidden_intent)
+        if problem is not None:
+            return problem
         target = render_or_reject(
             render_critique_target, parsed.think or "", verdict, dimension, parsed.explanation
         )
@@ -126,8 +166,14 @@ class RationaleStep:
         sid = sample_id(traj.id, k)
         stats.seen()
         plan = ctx.plan.get(sid)
+        if plan is not None and plan.repeat_of is not None:
+            stats.drop(f"{sid}:good", "repeated_step", f"same step as {plan.repeat_of}")
+            return
         if plan is None or not plan.critique:
             stats.drop(f"{sid}:good", "platform_balance", traj.platform)
+            return
+        if not plan.good:
+            stats.drop(f"{sid}:good", "good_bad_ratio", "beyond perturb.good_bad_ratio")
             return
         judge = unit.get("judge") or {}
         if judge.get("vetoes_good"):
@@ -159,6 +205,7 @@ class RationaleStep:
             args,
             ("Good", None, plan.good_masked, None),
             stats,
+            traj.steps[k].intent if plan.good_masked else None,
         )
 
     async def _bad(self, work: Work, k: int, stats: StageStats) -> None:
@@ -203,6 +250,7 @@ class RationaleStep:
             args,
             ("Bad", dim.name, masked, bad.generator),
             stats,
+            bad.intent if masked else None,
         )
 
     async def _annotate(
@@ -216,12 +264,13 @@ class RationaleStep:
         critic_args: tuple[Any, ...],
         label: tuple[str, str | None, bool, str | None],
         stats: StageStats,
+        hidden_intent: str | None = None,
     ) -> None:
         ctx = self.ctx
         verdict, dimension, masked, generator = label
         request = AnnotatorRequest(stage, list(messages), oracle)
         result = await ctx.annotate_or_drop(
-            stats, sid, request, critique_validator(verdict, dimension)
+            stats, sid, request, critique_validator(verdict, dimension, hidden_intent)
         )
         if not result.ok:
             return

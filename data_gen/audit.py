@@ -1,0 +1,278 @@
+"""The shortcut audit: can a text-only classifier tell Good from Bad without the screenshot?
+
+    python -m data_gen audit --data OUT                  # the records of a finished run
+    python -m data_gen audit --data OUT --max-auc 0.65   # exit 1 when a gated family fails
+
+For the visually grounded dimensions (Grounding/Spatial Error, Visual Hallucination,
+Action-Operation Misalignment) a Good and a Bad proposed step of the same screen should differ
+only in where they point, so nothing in the text alone may separate them. The audit trains
+text-only probes (logistic regression on word and character n-gram TF-IDF) on the critique
+samples of each dimension family, Bad samples against the Good samples *of the same steps*, with
+cross-validation grouped by episode (a probe never sees an episode it is scored on), and reports
+the out-of-fold ROC AUC and the features the probe leans on. An AUC near 0.5 means the text gives
+the label away no better than a coin; the export fails loudly when a gated family is above the
+configured threshold.
+
+Probes:
+
+- ``step``: the proposed step (``Action:`` line and tool calls) as the critic sees it;
+- ``history``: the trajectory text before it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hivig.logging import get_logger
+from hivig.records import SFTRecord, TextPart
+from hivig.taxonomy import DIMENSIONS, dimension_by_key
+
+log = get_logger(__name__)
+
+POINTING = tuple(
+    dimension_by_key(k).name
+    for k in ("grounding_spatial_error", "visual_hallucination", "action_operation_misalignment")
+)
+"""The visually grounded dimensions: Good and Bad differ only in where the step points."""
+
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "pointing": POINTING,
+    "visual_other": tuple(
+        d.name for d in DIMENSIONS if d.group == "visual_spatial" and d.name not in POINTING
+    ),
+    "cognitive": tuple(d.name for d in DIMENSIONS if d.group == "cognitive"),
+}
+"""Dimension families the audit scores separately. Only ``pointing`` must be text-blind by
+construction: the other families' errors are partly textual on purpose (a broken JSON call, a
+terminate where an answer is due), so their AUCs are reported, not gated, by default."""
+
+PROBES = ("step", "history")
+"""The texts a probe reads (see the module docstring)."""
+
+_STEP_MARK = "Current Proposed Step:\n"
+_HISTORY = re.compile(r"Trajectory:\n(.*?)\nCurrent Observation:", re.DOTALL)
+
+
+class ShortcutAuditError(RuntimeError):
+    """A gated family's text-only probe separates Good from Bad above the threshold."""
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """What the audit gates and how strictly.
+
+    Attributes:
+        max_auc: Highest acceptable out-of-fold AUC of a gated family's probes.
+        gated: Families whose AUC above ``max_auc`` fails the export.
+        min_samples: Families with fewer Bad samples are reported as too small, not scored.
+        folds: Grouped cross-validation folds (fewer when there are fewer episodes).
+        top_features: Features listed per direction.
+    """
+
+    max_auc: float = 0.7
+    gated: tuple[str, ...] = ("pointing",)
+    min_samples: int = 20
+    folds: int = 5
+    top_features: int = 6
+
+
+def _user_text(record: SFTRecord) -> str:
+    return "\n".join(p.text for p in record.user if isinstance(p, TextPart))
+
+
+def probe_text(record: SFTRecord, probe: str) -> str:
+    """The text a probe reads from a critique record (``step`` or ``history``)."""
+    text = _user_text(record)
+    if probe == "step":
+        _, _, step = text.rpartition(_STEP_MARK)
+        return step
+    m = _HISTORY.search(text)
+    return m.group(1) if m else ""
+
+
+def family_samples(
+    records: Iterable[SFTRecord], dimensions: Sequence[str]
+) -> list[tuple[SFTRecord, int]]:
+    """Bad samples of ``dimensions`` (label 1) and the Good samples of the same steps (0)."""
+    critiques = [r for r in records if r.kind == "critique"]
+    bad_steps = {
+        (r.trajectory_id, r.step_index)
+        for r in critiques
+        if r.labels.verdict == "Bad" and r.labels.error_dimension in dimensions
+    }
+    out = []
+    for r in critiques:
+        step = (r.trajectory_id, r.step_index)
+        if step not in bad_steps:
+            continue
+        if r.labels.verdict == "Bad" and r.labels.error_dimension in dimensions:
+            out.append((r, 1))
+        elif r.labels.verdict == "Good":
+            out.append((r, 0))
+    return out
+
+
+def _vectoriser() -> Any:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.pipeline import FeatureUnion
+
+    # Words catch copied wording and template phrases; characters catch formatting (key order,
+    # spacing, a trailing period, float digits) that words tokenise away.
+    return FeatureUnion(
+        [
+            (
+                "word",
+                TfidfVectorizer(analyzer="word", ngram_range=(1, 2), min_df=2, sublinear_tf=True),
+            ),
+            (
+                "char",
+                TfidfVectorizer(
+                    analyzer="char_wb", ngram_range=(2, 5), min_df=2, sublinear_tf=True
+                ),
+            ),
+        ]
+    )
+
+
+def probe_auc(
+    texts: Sequence[str], labels: Sequence[int], groups: Sequence[str], settings: AuditSettings
+) -> dict[str, Any]:
+    """Out-of-fold AUC of a text-only probe, with cross-validation grouped by episode."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import GroupKFold
+
+    y = np.asarray(labels)
+    n_groups = len(set(groups))
+    out: dict[str, Any] = {"n": len(y), "bad": int(y.sum()), "good": int(len(y) - y.sum())}
+    if n_groups < 2 or len(set(labels)) < 2 or not any(t.strip() for t in texts):
+        return {**out, "auc": None, "note": "one class, one episode or no text"}
+    scores = np.zeros(len(y))
+    for train, test in GroupKFold(n_splits=min(settings.folds, n_groups)).split(texts, y, groups):
+        if len(set(y[train])) < 2:
+            scores[test] = 0.5
+            continue
+        vec = _vectoriser()
+        try:
+            x_train = vec.fit_transform([texts[i] for i in train])
+        except ValueError:  # no n-gram reaches min_df in this fold: nothing to learn from
+            scores[test] = 0.5
+            continue
+        clf = LogisticRegression(C=1.0, max_iter=2000).fit(x_train, y[train])
+        scores[test] = clf.predict_proba(vec.transform([texts[i] for i in test]))[:, 1]
+    out["auc"] = round(float(roc_auc_score(y, scores)), 3)
+    out.update(_top_features(texts, y, settings.top_features))
+    return out
+
+
+def _top_features(texts: Sequence[str], y: Any, k: int) -> dict[str, list[str]]:
+    from sklearn.linear_model import LogisticRegression
+
+    vec = _vectoriser()
+    try:
+        x = vec.fit_transform(texts)
+    except ValueError:
+        return {"top_bad": [], "top_good": []}
+    coef = LogisticRegression(C=1.0, max_iter=2000).fit(x, y).coef_[0]
+    names = vec.get_feature_names_out()
+    order = coef.argsort()
+    return {
+        "top_bad": [repr(names[i].split("__", 1)[1]) for i in order[::-1][:k]],
+        "top_good": [repr(names[i].split("__", 1)[1]) for i in order[:k]],
+    }
+
+
+def mask_rates(samples: Sequence[tuple[SFTRecord, int]]) -> dict[str, float | None]:
+    """Share of intent-masked samples among the family's Good and Bad samples."""
+    out: dict[str, float | None] = {}
+    for name, label in (("good", 0), ("bad", 1)):
+        chosen = [r for r, y in samples if y == label]
+        out[name] = (
+            round(sum(r.labels.intent_masked for r in chosen) / len(chosen), 3) if chosen else None
+        )
+    return out
+
+
+def shortcut_audit(
+    records: Iterable[SFTRecord],
+    settings: AuditSettings | None = None,
+    families: Mapping[str, Sequence[str]] = FAMILIES,
+) -> dict[str, Any]:
+    """Text-only probes per dimension family and probe text; see the module docstring.
+
+    Returns:
+        ``{"settings": ..., "families": {family: {"dimensions", "mask_rate", probe: {auc, n,
+        bad, good, top_bad, top_good}}}, "failed": [family/probe ...]}``; ``auc`` is ``None``
+        where the family is too small to score.
+    """
+    settings = settings or AuditSettings()
+    records = list(records)
+    result: dict[str, Any] = {
+        "settings": {
+            "max_auc": settings.max_auc,
+            "gated": list(settings.gated),
+            "min_samples": settings.min_samples,
+            "folds": settings.folds,
+        },
+        "families": {},
+        "failed": [],
+    }
+    for family, dims in families.items():
+        samples = family_samples(records, dims)
+        bads = sum(y for _, y in samples)
+        row: dict[str, Any] = {"dimensions": list(dims), "mask_rate": mask_rates(samples)}
+        for probe in PROBES:
+            if bads < settings.min_samples:
+                row[probe] = {"n": len(samples), "bad": bads, "auc": None, "note": "too few"}
+                continue
+            texts = [probe_text(r, probe) for r, _ in samples]
+            row[probe] = probe_auc(
+                texts, [y for _, y in samples], [r.episode_key for r, _ in samples], settings
+            )
+            auc = row[probe]["auc"]
+            if family in settings.gated and auc is not None and auc > settings.max_auc:
+                result["failed"].append(f"{family}/{probe}")
+        result["families"][family] = row
+    return result
+
+
+def check_audit(audit: Mapping[str, Any]) -> None:
+    """Raise ``ShortcutAuditError`` naming every gated family/probe above the threshold."""
+    if not audit["failed"]:
+        return
+    max_auc = audit["settings"]["max_auc"]
+    parts = []
+    for name in audit["failed"]:
+        family, probe = name.split("/")
+        row = audit["families"][family][probe]
+        parts.append(f"{name} AUC {row['auc']} (leans on {', '.join(row.get('top_bad', [])[:3])})")
+    raise ShortcutAuditError(
+        f"shortcut audit failed: text alone separates Good from Bad above AUC {max_auc}: "
+        + "; ".join(parts)
+        + " (raise export.audit_max_auc to accept it, or fix the generator)"
+    )
+
+
+def audit_rows(audit: Mapping[str, Any]) -> list[tuple[str, str, Any, Any, Any, str]]:
+    """``(family, probe, auc, bad, good, top Bad features)`` rows for tables."""
+    rows = []
+    for family, row in audit["families"].items():
+        for probe in PROBES:
+            r = row[probe]
+            top = ", ".join(r.get("top_bad", [])[:4])
+            rows.append((family, probe, r.get("auc"), r.get("bad"), r.get("good"), top))
+    return rows
+
+
+def by_step(records: Iterable[SFTRecord]) -> dict[tuple[str, int], list[SFTRecord]]:
+    """Critique records grouped by (trajectory id, step index)."""
+    out: dict[tuple[str, int], list[SFTRecord]] = defaultdict(list)
+    for r in records:
+        if r.kind == "critique":
+            out[(r.trajectory_id, r.step_index)].append(r)
+    return out

@@ -1,0 +1,236 @@
+"""What makes a Bad sample true to its dimension, checked on every sample a generator emits.
+
+One check per dimension: ``check(view, bad)`` returns why the sample is *not* an instance of its
+dimension, or ``None``. The programmatic generators are built to satisfy their check (the tests
+run it on every sample of a generated corpus); the perturbation stage runs it on every Bad step,
+the annotator's included, and drops a failing one as ``property_violated`` with the reason.
+
+Checks that need element boxes pass when the screen has none listed (an endpoint annotator's
+perturbation on a corpus without boxes cannot be verified, only trusted); the programmatic
+generators never emit an element-based sample without boxes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from data_gen.perturb.base import BadStep, StepView
+from data_gen.perturb.calls import POINT_TARGETS, Call, primary_point
+from data_gen.perturb.elements import target_at
+from data_gen.perturb.programmatic import (
+    ACTION_FORMULATION,
+    GROUNDING,
+    HALLUCINATION,
+    MISALIGNMENT,
+    PARAMETER_VECTOR,
+    PREREQUISITE,
+    TERMINATION,
+    TIMING,
+    points_of,
+)
+from hivig.taxonomy import dimension_by_key
+
+Check = Callable[[StepView, BadStep], "str | None"]
+
+_ANSWER_WORDS = re.compile(r"\b(answer|report|tell|reply|respond)\b", re.IGNORECASE)
+_POINT_WORDS = re.compile(
+    r"^\s*(click|tap|double[- ]click|right[- ]click|select|choose|long[- ]press|press and hold)\b",
+    re.IGNORECASE,
+)
+_TYPE_WORDS = re.compile(r"\b(type|typing)\b", re.IGNORECASE)
+_WAIT_WORDS = re.compile(r"^\s*wait\b", re.IGNORECASE)
+_SCROLL_WORDS = re.compile(r"^\s*(scroll|swipe)\b", re.IGNORECASE)
+
+
+def intent_contradiction(intent: str, calls: Sequence[Call]) -> str | None:
+    """How a stated intent contradicts its tool calls, or ``None``.
+
+    By the paper's definition a contradiction between intent and call is Action-Operation
+    Misalignment, so no other dimension's sample may carry one: an intent to report an answer
+    with no ``answer`` call, to click with no point action, to type with no ``type``, to wait
+    with no ``wait``, to scroll with no scroll or swipe.
+    """
+    if not intent.strip():
+        return None
+    names = {str(c.get("action")) for c in calls}
+    if _ANSWER_WORDS.search(intent) and "answer" not in names:
+        return "the intent reports an answer but no call answers"
+    if _POINT_WORDS.search(intent) and not names & (POINT_TARGETS | {"open", "left_click_drag"}):
+        return "the intent clicks an element but no call points at one"
+    if _TYPE_WORDS.search(intent) and "type" not in names:
+        return "the intent types but no call types"
+    if _WAIT_WORDS.search(intent) and "wait" not in names:
+        return "the intent waits but no call waits"
+    if _SCROLL_WORDS.search(intent) and not names & {"scroll", "hscroll", "swipe"}:
+        return "the intent scrolls but no call scrolls"
+    return None
+
+
+def _calls(bad: BadStep) -> list[Call]:
+    return list(bad.calls or ())
+
+
+def _copied(view: StepView, bad: BadStep) -> str | None:
+    if bad.intent.strip() and bad.intent.strip() in {i.strip() for i in view.earlier_intents}:
+        return "the intent repeats an earlier step's words (the history would give it away)"
+    return None
+
+
+def _consistent(view: StepView, bad: BadStep) -> str | None:
+    return intent_contradiction(bad.intent, _calls(bad)) or _copied(view, bad)
+
+
+def parameter_vector(view: StepView, bad: BadStep) -> str | None:
+    """Same action kinds as the expert, only a scroll/swipe/drag vector changed."""
+    calls = _calls(bad)
+    if [c.get("action") for c in calls] != [c.get("action") for c in view.calls]:
+        return "the action kinds differ from the expert's"
+    vectors = {"scroll", "hscroll", "swipe", "left_click_drag", "mouse_move"}
+    if not any(c.get("action") in vectors for c in calls) or calls == list(view.calls):
+        return "no vector changed"
+    return None
+
+
+def action_formulation(view: StepView, bad: BadStep) -> str | None:
+    """The call text does not parse (that is the error), and the intent is the expert's."""
+    if bad.calls is not None:
+        return "the Bad call parses"
+    if bad.intent != view.intent:
+        return "the intent is not the expert's"
+    return None
+
+
+def termination(view: StepView, bad: BadStep) -> str | None:
+    """Ends too early or wrongly, or acts after a successful end; no borrowed wording."""
+    names = [c.get("action") for c in _calls(bad)]
+    expert = [c.get("action") for c in view.calls]
+    if bad.intent.strip():
+        return "a Termination Bad carries words (the future, a copy, or a contradiction)"
+    if bad.method == "action_after_completion":
+        ends = [c.get("status") for c in view.calls if c.get("action") == "terminate"]
+        if "success" not in ends:
+            return "a redundant action 'after the goal was met' on a step that did not succeed"
+        return None if names and names[0] in POINT_TARGETS else "no action after completion"
+    if names != ["terminate"]:
+        return "the Bad step is not a terminate"
+    if "answer" in expert:
+        return None
+    if view.is_final or view.answered_before:
+        return "terminating at the end, or after an answer, is not premature"
+    return None
+
+
+def timing(view: StepView, bad: BadStep) -> str | None:
+    """Acts where the expert waited, and only on what the loading screen already shows."""
+    if not any(c.get("action") == "wait" for c in view.calls):
+        return "the expert did not wait"
+    if any(c.get("action") == "wait" for c in _calls(bad)):
+        return "the Bad step waits too"
+    for point in points_of(_calls(bad)):
+        later, now = target_at(view.next_elements, *point), target_at(view.elements, *point)
+        if later is None or now is None or now.label != later.label:
+            return "its target is not on the current screen yet (Visual Hallucination)"
+    return _consistent(view, bad)
+
+
+def prerequisite(view: StepView, bad: BadStep) -> str | None:
+    """Types without the focus click the expert makes now; the next step has no own click."""
+    if primary_point(view.calls) is None:
+        return "the expert step is not a focus click"
+    if points_of(list(view.next_calls)):
+        return "the next step has its own focus click"
+    if "type" not in {c.get("action") for c in _calls(bad)} or points_of(_calls(bad)):
+        return "the Bad step does not type without focus"
+    return _consistent(view, bad)
+
+
+def _point_of(bad: BadStep) -> tuple[int, int] | None:
+    hit = primary_point(_calls(bad))
+    return None if hit is None else tuple(hit[1]["coordinate"])  # type: ignore[return-value]
+
+
+def misalignment(view: StepView, bad: BadStep) -> str | None:
+    """The expert's intent, the point on a different element than the expert's."""
+    if not bad.intent.strip() or bad.intent != view.intent:
+        return "the intent is not the expert's"
+    hit, point = primary_point(view.calls), _point_of(bad)
+    if hit is None or point is None:
+        return "no point action"
+    if view.elements:
+        here = target_at(view.elements, *hit[1]["coordinate"])
+        there = target_at(view.elements, *point)
+        if there is None or (here is not None and there.label == here.label):
+            return "the point is not on another element"
+    return None
+
+
+def grounding(view: StepView, bad: BadStep) -> str | None:
+    """The expert's intent, the point in dead space just outside the expert's element."""
+    hit, point = primary_point(view.calls), _point_of(bad)
+    if hit is None or point is None:
+        return "no point action"
+    if bad.intent != view.intent:
+        return "the intent is not the expert's"
+    if view.elements and target_at(view.elements, *point) is not None:
+        return "the point lands on an element, not next to it"
+    return None
+
+
+def hallucination(view: StepView, bad: BadStep) -> str | None:
+    """A point on nothing of this screen, where the target is not; no new or copied words."""
+    point = _point_of(bad)
+    if point is None:
+        return "no point action"
+    if bad.generator == "programmatic" and bad.intent != view.intent:
+        return "the intent is not the expert's"
+    if view.elements:
+        if target_at(view.elements, *point) is not None:
+            return "the point lands on an element of this screen"
+        hit = primary_point(view.calls)
+        real = None if hit is None else target_at(view.elements, *hit[1]["coordinate"])
+        if real is not None and real.contains(*point):
+            return "the point is on the real target"
+    return _consistent(view, bad) if bad.generator == "annotator" else None
+
+
+def _annotator_check(view: StepView, bad: BadStep) -> str | None:
+    """Semantic dimensions: a real, different step with consistent words."""
+    if bad.calls is None:
+        return "the Bad call does not parse"
+    if list(bad.calls) == list(view.calls):
+        return "the Bad step equals the expert's"
+    return _consistent(view, bad)
+
+
+def observation_neglect(view: StepView, bad: BadStep) -> str | None:
+    """Searches (scrolls or swipes) although the expert's target is already visible."""
+    names = {c.get("action") for c in _calls(bad)}
+    if not names & {"scroll", "hscroll", "swipe"}:
+        return "the Bad step does not search"
+    hit = primary_point(view.calls)
+    if hit is None or (view.elements and target_at(view.elements, *hit[1]["coordinate"]) is None):
+        return "the expert's target is not visible on this screen"
+    return _annotator_check(view, bad)
+
+
+CHECKS: dict[str, Check] = {
+    PARAMETER_VECTOR.name: parameter_vector,
+    ACTION_FORMULATION.name: action_formulation,
+    TERMINATION.name: termination,
+    TIMING.name: timing,
+    PREREQUISITE.name: prerequisite,
+    MISALIGNMENT.name: misalignment,
+    GROUNDING.name: grounding,
+    HALLUCINATION.name: hallucination,
+    dimension_by_key("semantic_error").name: _annotator_check,
+    dimension_by_key("constraint_neglect").name: _annotator_check,
+    dimension_by_key("suboptimal_path").name: _annotator_check,
+    dimension_by_key("observation_neglect").name: observation_neglect,
+}
+"""The property check of every dimension, by exact name."""
+
+
+def violation(view: StepView, bad: BadStep) -> str | None:
+    """Why ``bad`` is not true to its dimension, or ``None`` (see the module docstring)."""
+    return CHECKS[bad.dimension](view, bad)
