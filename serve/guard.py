@@ -84,15 +84,20 @@ class RecoveryConfig:
     Attributes:
         enabled: Run the recovery sub-loop when the gateway proposes a target.
         budget: Steps the policy gets to reach the target screen (r).
-        phash_max_distance: When the gateway gives no image_ref, frames within this perceptual
-            hash distance count as the same screen (0: exact fingerprint only).
-        keep_screens: Recent screenshots kept for the fingerprint comparison.
+        phash_max_distance: Frames within this perceptual-hash distance of the target count as
+            the target screen even when their image_ref differs (a clock, a cursor blink); 0
+            asks for the exact screen (image_ref, else the exact pixel fingerprint).
+        keep_screens: Recent screenshots kept for the frame comparison.
     """
 
     enabled: bool = True
     budget: int = 3
     phash_max_distance: int = 0
     keep_screens: int = 16
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.phash_max_distance < 0 or self.keep_screens < 1:
+            raise ValueError("recovery: budget >= 1, phash_max_distance >= 0, keep_screens >= 1")
 
 
 @dataclass(frozen=True)
@@ -540,14 +545,16 @@ class CriticGuard:
         return True
 
     def _same_screen(self, obs: Observation, screenshot: ImageInput, rec: _Recovering) -> bool:
-        if obs.image_ref is not None:
-            return obs.image_ref == rec.target_image_ref
+        """Whether the screen is the recovery target (ReTrace's arrival test, by fingerprint)."""
+        if obs.image_ref is not None and obs.image_ref == rec.target_image_ref:
+            return True
+        tolerance = self.config.recovery.phash_max_distance
+        if obs.image_ref is not None and tolerance == 0:
+            return False  # both exact: the gateway's references already decided
         target = self._screens.get(rec.target_step)
         if target is None:
             return False
-        if target == screenshot:
-            return True
-        return _frames_match(target, screenshot, self.config.recovery.phash_max_distance)
+        return target == screenshot or _frames_match(target, screenshot, tolerance)
 
     # -- proposing and reviewing --------------------------------------------------------
 
@@ -794,7 +801,7 @@ def _frames_match(a: ImageInput, b: ImageInput, max_distance: int) -> bool:
     if not isinstance(a, (bytes, bytearray)) or not isinstance(b, (bytes, bytearray)):
         return False
     try:
-        # Deferred: the image stack is only needed when the gateway gave no image_ref.
+        # Deferred: the image stack is only needed for frame comparisons.
         from hivig.vision import exact_fingerprint, hamming, load_image, perceptual_hash
 
         ia, ib = load_image(bytes(a)), load_image(bytes(b))

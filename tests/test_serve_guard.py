@@ -420,3 +420,54 @@ def test_recovery_disabled():
     guard.config = GuardConfig(recovery=RecoveryConfig(enabled=False))
     guard.run(env.execute, env.shot(), max_steps=4)
     assert guard.recoveries == [] and all(c.mode == "normal" for c in policy.contexts)
+
+
+def _real_screens() -> dict[str, bytes]:
+    from PIL import Image, ImageDraw
+
+    from hivig.vision import encode_png
+
+    def draw(clock: str, dialog: bool) -> bytes:
+        img = Image.new("RGB", (320, 200), (235, 235, 240))
+        d = ImageDraw.Draw(img)
+        d.rectangle((0, 0, 320, 18), fill=(40, 60, 120))
+        for row in range(5):
+            d.rectangle((20, 30 + row * 30, 300, 50 + row * 30), fill=(200, 200 + row * 10, 210))
+        if dialog:
+            d.rectangle((0, 20, 200, 200), fill=(30, 30, 30))
+        d.text((280, 4), clock, fill=(255, 255, 255))  # the clock changes between visits
+        return encode_png(img)
+
+    return {
+        "inbox": draw("10:01", False),
+        "mail": draw("10:02", True),
+        "inbox_later": draw("10:03", False),
+    }
+
+
+@pytest.mark.parametrize(("tolerance", "reached"), [(0, False), (4, True)])
+def test_recovery_tolerates_a_clock_with_a_phash_distance(tolerance, reached):
+    from hivig.vision import hamming, load_image, perceptual_hash
+
+    screens = _real_screens()
+    ph = {k: perceptual_hash(load_image(v)) for k, v in screens.items()}
+    # The premise: the clock moves the hash a little, the dialog a lot.
+    assert hamming(ph["inbox"], ph["inbox_later"]) <= 4 < hamming(ph["inbox"], ph["mail"])
+    gw = FakeGateway()
+    state = {"screen": "inbox"}
+    moves = {("inbox", "open"): "mail", ("mail", "back"): "inbox_later"}
+    gw.recovery_at[1] = {
+        "target_step": 0,
+        "target_image_ref": "sha256:" + "0" * 64,  # the bytes differ anyway (the clock)
+        "reason": "wrong mail",
+        "brief": "Back to the inbox.",
+    }
+
+    def execute(proposal):
+        state["screen"] = moves.get((state["screen"], proposal), state["screen"])
+        return screens[state["screen"]]
+
+    policy = Scripted(lambda ctx: "back" if ctx.mode == "recovery" else "open")
+    guard = guard_for(gw, policy, recovery=RecoveryConfig(budget=1, phash_max_distance=tolerance))
+    guard.run(execute, screens["inbox"], max_steps=3)
+    assert guard.recoveries == [{"target_step": 0, "reached": reached, "steps": 1}]
