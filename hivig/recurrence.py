@@ -126,7 +126,12 @@ def platform_masks(platform: str | None) -> tuple[GridBox, ...]:
 
 @dataclass
 class DetectorConfig:
-    """Thresholds of the detector (defaults: ``serving_design.md`` §12.4; tune on own data)."""
+    """Thresholds of the detector.
+
+    Defaults: R3's cycle bound (8 transitions) and no-wait, single-action trigger; ``k`` = 2 as in
+    GUI agents that give up after two unchanged repeats; dHash limits of the common 9×8
+    difference hash. All are starting points to tune on the project's own trajectories.
+    """
 
     k: int = 2
     """R3 trigger: consecutive no-effect executions of one single, non-wait action key."""

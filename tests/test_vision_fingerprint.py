@@ -64,7 +64,7 @@ def test_masked_clock_change_keeps_both_fingerprints():
 def test_real_change_is_detected_despite_masks():
     before, after = _desktop("12:01"), _desktop("12:02", dialog=True)
     assert exact_fingerprint(before, [CLOCK]) != exact_fingerprint(after, [CLOCK])
-    # Above the "unchanged" threshold of 2 of 64 bits (serving_design.md §12.4).
+    # Above the "unchanged" threshold of 2 of 64 bits (hivig.recurrence.DetectorConfig).
     assert hamming(perceptual_hash(before, [CLOCK]), perceptual_hash(after, [CLOCK])) > 2
 
 

@@ -1,4 +1,4 @@
-"""Screen fingerprints for recurrence detection (``serving_design.md`` §12.3).
+"""Screen fingerprints for recurrence detection (``hivig.recurrence``).
 
 Two views of a canonical frame: an exact hash of its pixels (the R3 paper's "identical screen"
 rule) and a perceptual difference hash that tolerates resampling noise. Both accept volatile-region
