@@ -267,7 +267,7 @@ def test_trajectories_file(tmp_path: Path):
     (corpus / "ep" / "1.png").write_bytes(a.read_bytes())  # the click did nothing
     (corpus / "ep" / "2.png").write_bytes(a.read_bytes())
     steps = [
-        Step(0, "ep/0.png", None, "Click Save", [LeftClick((900, 900))], "click(0.9, 0.9)"),
+        Step(0, "ep/0.png", "  \n ", "Click Save", [LeftClick((900, 900))], "click(0.9, 0.9)"),
         Step(1, "ep/1.png", "retry", "Type the name", [Type("Ada")], "write('Ada')"),
         Step(2, "ep/2.png", None, None, [Terminate("success")], "terminate('success')"),
     ]
@@ -317,6 +317,18 @@ def test_synthetic_cases_are_failures_with_the_injected_step():
     assert [s.code for s in again.steps] == [s.code for s in make_case(5).steps]
     with pytest.raises(ValueError):
         make_case(0, "nonsense")
+
+
+def test_backing_out_of_a_wrong_page_points_at_the_wrong_click(tmp_path: Path):
+    case = make_case(7)  # wrong tab, back, the same wrong tab again, back, again, FAIL
+    assert case.kind == "wrong_element" and case.root_step == 3
+    result = diagnose(write_osworld(case, tmp_path / "run"))
+    top = result.ranking[0]
+    assert top["step"] == 3
+    names = {s["name"] for s in top["signals"]}
+    assert {"later_reverted", "recurrence_onset"} <= names and "no_effect" not in names
+    # The click worked but led to a page the agent had to leave: a misread target.
+    assert result.error["hivig_dimension"] == "Semantic Error" and result.error["l2"] == "P5"
 
 
 def test_cheap_ranking_finds_most_injected_steps(tmp_path: Path):

@@ -140,9 +140,9 @@ class Inspector:
             factor=self.frame.factor,
         )
 
-    async def _generate(self, messages: list[ChatMessage]) -> tuple[str, str | None]:
+    async def _generate(self, messages: list[ChatMessage]) -> tuple[str, str | None, bool]:
         gen = await self.backend.generate(self._materialise(messages), self.sampling)
-        return gen.text, gen.reasoning
+        return gen.text, gen.reasoning, gen.finish_reason == "length"
 
     async def inspect(self, run: Run, step: RunStep) -> Inspection:
         """Critique one step (and describe its outcome when enabled); never raises on bad output.
@@ -163,13 +163,15 @@ class Inspector:
             messages = build_critique_messages(
                 task, run.platform, history_text(run, step), image, text
             )
-            out, reasoning = await self._generate(messages)
+            out, reasoning, truncated = await self._generate(messages)
         except BackendError as e:
             return Inspection(step.step, "backend_error", reason=f"{e.root_reason}: {e}"[:300])
         except (ImageError, PromptError) as e:
             return Inspection(step.step, "no_screenshot", reason=str(e)[:300])
         parsed = parse_critique(out, reasoning)
         result = _inspection(step.step, parsed, out)
+        if truncated and result.status != "ok":
+            result.reason = f"truncated at the token limit ({result.reason})"
         if self.use_history and step.after is not None:
             await self._outcome(run, step, text, result)
         return result
@@ -186,7 +188,7 @@ class Inspector:
             text,
         )
         try:
-            out, reasoning = await self._generate(messages)
+            out, reasoning, _ = await self._generate(messages)
         except BackendError as e:
             result.outcome_status = f"backend_error: {e.root_reason}"
             return

@@ -229,7 +229,7 @@ def _history_fields(obs: dict[str, Any] | None) -> tuple[str | None, str | None]
 
 
 def load_trace(path: Path) -> Run:
-    """Read a gateway session trace (``SERVE_API`` "Traces" section) into a run.
+    """Read a gateway session trace (one JSON event per line) into a run.
 
     Step ``k`` of the session (screen ``k`` observed, then an action executed) becomes run step
     ``k + 1``: its action is the ``prev_action`` of observe ``k + 1``, its screens the images of
@@ -637,7 +637,7 @@ def load_trajectories(
                 actions=list(s.actions) or None,
                 parse_error=None if s.actions else "empty: the step has no action",
                 intent=s.intent,
-                think=_cap(s.think),
+                think=_cap(_text(s.think)),
                 before=shots[k],
                 after=shots[k + 1] if k + 1 < len(shots) else None,
             )

@@ -1,6 +1,6 @@
 """``diagnose``: load a failed run, rank candidate steps cheaply, inspect the top k, decide.
 
-The pipeline (``serving_design`` §13.3, in the repository's docs):
+The pipeline:
 
 1. load the trace, OSWorld folder or trajectories file (``loaders``);
 2. rank steps by cheap signals (``signals``): recorded Bad verdicts, no-effect steps, recurrence

@@ -420,12 +420,17 @@ def guess_error(step: RunStep, candidate: Candidate) -> tuple[Dimension | None, 
         return lookup_dimension("Action Formulation Error"), None, "the action text is invalid"
     if "premature_done" in names or "answer_on_failure" in names:
         return lookup_dimension("Termination Misjudgment"), None, "the agent ended a failed task"
-    if names & {"no_effect", "recurrence_onset", "failed_last_action_result"}:
+    if names & {"no_effect", "failed_last_action_result"}:
         dim = _by_action(step)
         if dim is not None:
             return dim, None, "an action that should change the screen had no effect"
     if "later_reverted" in names:
+        # The action worked but led somewhere the agent had to back out of: a misread target.
         return lookup_dimension("Semantic Error"), None, "the step led to a screen later undone"
+    if "recurrence_onset" in names:
+        dim = _by_action(step)
+        if dim is not None:
+            return dim, None, "the same action on the same screen was repeated"
     if "execution_error" in names:
         return None, "S5", "the runner reported an execution error"
     return None, None, "no signal names a specific error"
