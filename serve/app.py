@@ -211,6 +211,15 @@ def _add_routes(app: FastAPI, cfg: ServeConfig) -> None:
         body = await _body(request, limit)
         return JSONResponse(await gw(request).upload(body), 201)
 
+    @app.post("/v1/diagnose", status_code=202)
+    async def diagnose(request: Request) -> JSONResponse:
+        body = await _body(request, limit)
+        return JSONResponse(gw(request).start_diagnosis(body), 202)
+
+    @app.get("/v1/jobs/{job_id}")
+    async def job(job_id: str, request: Request) -> JSONResponse:
+        return JSONResponse(gw(request).job(job_id))
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}

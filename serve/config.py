@@ -93,6 +93,23 @@ class SessionsConfig:
 
 
 @dataclass
+class DiagnoseConfig:
+    """``POST /v1/diagnose`` jobs."""
+
+    allowed_roots: list[str] = field(default_factory=list)
+    """Folders whose traces and result folders a job may read, besides ``sessions.state_dir``
+    (a request names a server path, so it is confined to these)."""
+    top_k: int = 3
+    """Candidate steps inspected with the critic."""
+    max_jobs: int = 4
+    """Diagnosis jobs running at once; more wait their turn."""
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.max_jobs < 1:
+            raise ConfigError("`diagnose.top_k` and `diagnose.max_jobs` must be >= 1")
+
+
+@dataclass
 class ServeConfig:
     """The gateway: where it listens, which critic it fronts, and its limits."""
 
@@ -111,6 +128,7 @@ class ServeConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
     warmup: bool = True
     """Run one history update and one verdict through the parser before ``/readyz`` is green."""
     graceful_timeout_s: float = 30.0

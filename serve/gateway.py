@@ -88,6 +88,9 @@ class Gateway:
         self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
         self.detector = Detector()
         self._locks: dict[str, asyncio.Lock] = {}
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self._job_tasks: set[asyncio.Task[None]] = set()
+        self._job_slots = asyncio.Semaphore(cfg.diagnose.max_jobs)
         self.metrics.sessions_open.set(self.store.count_open())
 
     def close(self) -> None:
@@ -530,6 +533,75 @@ class Gateway:
         response, _ = await self._critique(state, shot.ref, body, timer)
         response.pop("echo", None)
         return response
+
+    # -- diagnosis jobs ------------------------------------------------------------------------
+
+    def start_diagnosis(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/diagnose``: start a job on a session's trace or an allowed path."""
+        sid, path = body.get("session_id"), body.get("path")
+        if sid is not None:
+            if (
+                not isinstance(sid, str)
+                or not valid_session_id(sid)
+                or not self.traces.path(sid).is_file()
+            ):
+                raise ApiError(404, "unknown_session", f"no trace for session {sid!r}")
+            target = self.traces.path(sid)
+        elif isinstance(path, str) and path:
+            target = Path(path).resolve()
+            roots = [Path(self.cfg.sessions.state_dir), *map(Path, self.cfg.diagnose.allowed_roots)]
+            if not any(target.is_relative_to(r.resolve()) for r in roots):
+                raise ApiError(
+                    403,
+                    "forbidden_path",
+                    f"{path} is outside sessions.state_dir and diagnose.allowed_roots",
+                )
+            if not target.exists():
+                raise ApiError(404, "unknown_path", f"{path} does not exist")
+        else:
+            raise ApiError(422, "bad_request", "diagnose needs `session_id` or `path`")
+        job_id = uuid.uuid4().hex
+        out = Path(self.cfg.sessions.state_dir) / "diagnoses" / job_id
+        self.jobs[job_id] = {
+            "job_id": job_id,
+            "status": "pending",
+            "input": str(target),
+            "out": str(out),
+        }
+        task = asyncio.create_task(self._diagnose(job_id, target, out))
+        self._job_tasks.add(task)
+        task.add_done_callback(self._job_tasks.discard)
+        return {"job_id": job_id, "status": "pending", **self.versions()}
+
+    async def _diagnose(self, job_id: str, target: Path, out: Path) -> None:
+        from serve.diagnose import DiagnoseInputError, diagnose_async
+
+        job = self.jobs[job_id]
+        async with self._job_slots:
+            job["status"] = "running"
+            try:
+                result = await diagnose_async(
+                    target,
+                    backend=self.critic.backend,
+                    top_k=self.cfg.diagnose.top_k,
+                    out_dir=out,
+                    frame=self.cfg.frame,
+                )
+            except DiagnoseInputError as e:
+                job.update(status="failed", error=str(e))
+                return
+            except Exception as e:  # a failed job reports why; the gateway keeps serving
+                logger.exception("diagnosis job %s failed", job_id)
+                job.update(status="failed", error=f"{type(e).__name__}: {e}")
+                return
+            job.update(status="done", result=result.to_json(), html=str(out / "diagnosis.html"))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """``GET /v1/jobs/{id}``."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise ApiError(404, "unknown_job", f"no job {job_id!r}")
+        return {**job, **self.versions()}
 
     # -- warm-up -------------------------------------------------------------------------------
 

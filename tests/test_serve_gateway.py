@@ -467,3 +467,26 @@ def test_a_failed_step_that_changed_the_screen_proposes_recovery(tmp_path):
     assert rec["target_step"] == 1 and rec["target_image_ref"] == ok["image_ref"]
     assert rec["target_image_ref"] != first["image_ref"]
     assert "settings page is open" in rec["brief"].lower()
+
+
+def test_diagnose_job_on_a_session_trace(tmp_path):
+    with _client(tmp_path) as c:
+        sid = _start(c)
+        _observe(c, sid, 0)
+        for k in range(1, 4):  # a dead click repeated: the screen never changes
+            _observe(c, sid, k, prev=CLICK, screenshot=b64(screen(seed=0)))
+        r = c.post("/v1/diagnose", json={"session_id": sid})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
+        for _ in range(200):
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            if job["status"] in ("done", "failed"):
+                break
+            time.sleep(0.05)
+        assert job["status"] == "done", job
+        assert job["result"]["root_cause_step"] is not None
+        assert (tmp_path / "state" / "diagnoses" / job_id / "diagnosis.html").is_file()
+        r = c.post("/v1/diagnose", json={"path": "/etc"})
+        assert (r.status_code, _code(r)) == (403, "forbidden_path")
+        assert _code(c.post("/v1/diagnose", json={"session_id": "nope"})) == "unknown_session"
+        assert _code(c.get("/v1/jobs/nope")) == "unknown_job"
