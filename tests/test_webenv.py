@@ -7,6 +7,7 @@ screenshots. One browser serves the whole module.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import threading
@@ -67,8 +68,12 @@ def quiet(env):
     env.clock = True
 
 
+@functools.lru_cache(maxsize=32)
 def _rgb(png: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    """Decoded pixels (read-only; cached, since most screenshots are compared several times)."""
+    pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    pixels.flags.writeable = False
+    return pixels
 
 
 def _diff_mask(a: bytes, b: bytes) -> np.ndarray:
@@ -239,7 +244,7 @@ def test_pixel_coordinates_are_accepted(env):
 
 
 def _frame(png: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(png)).convert("RGB")
+    return Image.fromarray(_rgb(png))
 
 
 def _clock_region(env) -> list[list[int]]:
