@@ -751,7 +751,8 @@ def _find_cycle(
             return None
         pairs = [f"{s}|{k}" for s, k in zip(screens[-1 - length : -1], seg_keys, strict=True)]
         rotations = ["\n".join(pairs[i:] + pairs[:i]) for i in range(length)]
-        return length, min(rotations)
+        # Stored per session: a short digest of the canonical rotation keeps the state small.
+        return length, hashlib.sha256(min(rotations).encode()).hexdigest()[:16]
     return None
 
 
