@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -551,3 +552,18 @@ def test_signals_are_json_serialisable():
     assert isinstance(sigs[1].change["dhash_dist"], int)
     assert isinstance(sigs[1].change["masked_diff_frac"], float)
     assert not math.isnan(sigs[1].change["masked_diff_frac"])
+
+
+def test_update_stays_cheap_on_a_full_hd_frame():
+    # The budget is 5 ms per observe on one core (benchmarks/bench_detector.py measures it);
+    # this guard only catches gross regressions, such as per-pixel work at full resolution
+    # (tens of ms). Best CPU time of several observes, so a busy machine cannot fail it.
+    a, b = screen("list"), screen("detail")
+    state, _ = run([(a, None)])
+    best = math.inf
+    for i in range(15):
+        frame = b if i % 2 == 0 else a
+        t0 = time.process_time()
+        state, _ = update(state, frame, [LeftClick((120, 190))])
+        best = min(best, time.process_time() - t0)
+    assert best < 0.010
