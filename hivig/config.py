@@ -150,20 +150,62 @@ def load_config(schema: type[T], path: str | os.PathLike | None, overrides: list
         ConfigError: Unknown key, wrong type, or a failed cross-field rule.
     """
     try:
-        base = OmegaConf.structured(schema)
-        layers = [base]
-        if path is not None:
-            text = Path(path).read_text(encoding="utf-8")
-            loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
-            layers.append(loaded)
-        if overrides:
-            layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(*layers)
+        merged = OmegaConf.structured(schema)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid config defaults of {schema.__name__}: {e}") from e
+    if path is not None:
+        merged = _merge_file(merged, Path(path))
+    for override in overrides:
+        merged = _merge_override(merged, override)
+    try:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"invalid config ({path or 'defaults'}): {e}") from e
+        where = f"{path} with overrides {list(overrides)}" if overrides else str(path or "defaults")
+        raise ConfigError(f"invalid config ({where}): {_one_line(e)}") from e
+
+
+def _one_line(e: BaseException) -> str:
+    # OmegaConf messages carry "full_key: ... object_type=..." detail lines; the first line
+    # names the problem.
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _merge_file(base: Any, path: Path) -> Any:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise ConfigError(f"config file not found: {path}") from e
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read: {type(e).__name__}") from e
+    try:
+        # OmegaConf's own YAML loader (it reads 5e-6 as a float, which PyYAML does not).
+        loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "not valid YAML"
+        raise ConfigError(f"YAML syntax error in {path}{at}: {problem}") from e
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid config ({path}): {_one_line(e)}") from e
+    if not OmegaConf.is_dict(loaded):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not a list")
+    try:
+        return OmegaConf.merge(base, loaded)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid config ({path}): {_one_line(e)}") from e
+
+
+def _merge_override(base: Any, override: str) -> Any:
+    if "=" not in override or not override.split("=", 1)[0].strip():
+        raise ConfigError(f"override {override!r} is not KEY=VALUE (e.g. optim.lr=5e-6)")
+    try:
+        return OmegaConf.merge(base, OmegaConf.from_dotlist([override]))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid override {override!r}: {_one_line(e)}") from e
+    except Exception as e:  # noqa: BLE001  (yaml parse errors of the value)
+        raise ConfigError(f"invalid override {override!r}: {type(e).__name__}") from e
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

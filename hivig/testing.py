@@ -1,18 +1,30 @@
 """Offline test fixtures: a tiny random-weight Qwen3-VL, its processor and synthetic screenshots.
 
-Nothing is downloaded. The tokenizer is a byte-level BPE (the 256 byte symbols, no merges) with
-the Qwen special tokens; the model uses the validated tiny values of ``qwen3vl_training.md`` §4.2
-(about 288k parameters, forward + backward well under a second on CPU)::
+Nothing is downloaded. Two tokenizers:
 
-    processor = tiny_processor()
+- ``qwen_tokenizer()`` (the default of ``tiny_processor``): the real Qwen3-VL tokenizer, built
+  from the Qwen byte-level BPE ranks that the ``dashscope`` wheel ships
+  (``dashscope/resources/qwen.tiktoken``, 151,643 ranks, the same BPE as Qwen2/Qwen3) plus the
+  26 added tokens at ids 151643–151668 (``QWEN_ADDED_TOKENS``). Token ids, counts and budgets are
+  the production ones (``Hello`` = 9707, `` world`` = 1879, ``<|image_pad|>`` = 151655);
+- ``tiny_tokenizer()``: a byte-level BPE (the 256 byte symbols, no merges) with the Qwen control
+  tokens, for the few tests that need one token per byte.
+
+The model uses the tiny values of ``qwen3vl_training.md`` §4.2; with the real vocabulary its
+embedding and head are 151,669 × 64 each (about 19.7M parameters; forward + backward of a
+short sample still well under a second on CPU)::
+
+    processor = tiny_processor()                       # real Qwen tokenizer
     model = tiny_model(processor, seed=0)
     ckpt = save_tiny_checkpoint(tmp_path / "tiny")   # loadable with AutoModelForImageTextToText
 
-Token ids differ from the real Qwen ids; code must read them from the tokenizer.
+Code must still read token ids from the tokenizer: the byte-level fixture has other ids.
 """
 
 from __future__ import annotations
 
+import base64
+import importlib.resources
 import random
 from functools import lru_cache
 from pathlib import Path
@@ -55,6 +67,44 @@ THINK_TOKENS = ("<think>", "</think>")
 """Reasoning delimiters: added but not special, as in the real Qwen3 tokenizer (they survive
 ``skip_special_tokens``)."""
 
+QWEN_ADDED_TOKENS = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+"""The Qwen3-VL added tokens, ``(content, special)``, in id order from ``QWEN_FIRST_ADDED_ID``
+(as in the checkpoints' ``tokenizer_config.json``); only the control tokens are special, so tool
+and think tags survive ``skip_special_tokens``."""
+
+QWEN_FIRST_ADDED_ID = 151643
+"""Id of ``<|endoftext|>``: the BPE ranks occupy 0..151642."""
+
+QWEN_RANKS_RESOURCE = ("dashscope", "resources/qwen.tiktoken")
+"""(package, file) holding the Qwen BPE ranks: one ``base64(token) rank`` pair per line."""
+
 # Tiny Qwen3-VL (qwen3vl_training.md §4.1-4.2). More LLM layers (3) than DeepStack entries (2),
 # or the last projector's output lands after the final layer and gets no gradient; every
 # DeepStack index below the vision depth; out_hidden_size == text hidden size;
@@ -94,6 +144,98 @@ def _byte_vocab() -> tuple[tuple[str, int], ...]:
     return tuple((alphabet[b], b) for b in range(256))
 
 
+def _qwen_ranks_text() -> str:
+    package, name = QWEN_RANKS_RESOURCE
+    try:
+        path = importlib.resources.files(package).joinpath(name)
+        return path.read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        raise ModuleNotFoundError(
+            f"the real Qwen tokenizer fixture reads {package}/{name}: install the test extra "
+            f"(pip install -e '.[test]') or `pip install {package}`"
+        ) from e
+
+
+@lru_cache(maxsize=1)
+def _qwen_vocab_and_merges() -> tuple[dict[str, int], tuple[tuple[str, str], ...]]:
+    """Byte-level BPE vocabulary and merges equivalent to the tiktoken ranks.
+
+    tiktoken merges, at every step, the adjacent pair whose concatenation has the lowest rank.
+    A Hugging Face BPE gives the same result when every split ``(a, b)`` of a token ``t`` with
+    ``a`` and ``b`` in the vocabulary is a merge ranked by ``rank(t)`` (ties broken by the ranks
+    of ``a`` and ``b``): the pair chosen first is then always the one tiktoken chooses.
+    """
+    alphabet = bytes_to_unicode()
+    ranks: dict[bytes, int] = {}
+    for line in _qwen_ranks_text().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+
+    def symbols(b: bytes) -> str:
+        return "".join(alphabet[x] for x in b)
+
+    vocab = {symbols(b): rank for b, rank in ranks.items()}
+    merges: list[tuple[int, int, int, str, str]] = []
+    for token, rank in ranks.items():
+        for k in range(1, len(token)):
+            left, right = token[:k], token[k:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], symbols(left), symbols(right)))
+    merges.sort()
+    return vocab, tuple((m[3], m[4]) for m in merges)
+
+
+@lru_cache(maxsize=1)
+def _qwen_tokenizer_json() -> str:
+    vocab, merges = _qwen_vocab_and_merges()
+    # The wrapper contributes Qwen's pre-tokenizer split, NFC normaliser and byte-level decoder;
+    # the added tokens go onto the backend one by one so their ids follow QWEN_ADDED_TOKENS.
+    backend = Qwen2TokenizerFast(vocab=vocab, merges=list(merges), unk_token=None).backend_tokenizer
+    for content, special in QWEN_ADDED_TOKENS:
+        token = AddedToken(content, special=special, normalized=False)
+        if special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
+    return backend.to_str()
+
+
+def _add_qwen_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
+    # The ids exist already; this registers the special ones with the wrapper.
+    special = [t for t, is_special in QWEN_ADDED_TOKENS if is_special]
+    tokenizer.add_special_tokens({"additional_special_tokens": special[1:]})
+
+
+def qwen_tokenizer() -> PreTrainedTokenizerBase:
+    """The real Qwen3-VL tokenizer, built offline from the ``dashscope`` BPE ranks.
+
+    Ranks 0..151642 are the Qwen byte-level BPE; ``QWEN_ADDED_TOKENS`` follow at 151643..151668.
+    Pad is ``<|endoftext|>`` and EOS ``<|im_end|>``, as in Qwen3-VL. The vocabulary is built
+    once per process (about 2 s) and every call returns a fresh object.
+
+    Returns:
+        A ``Qwen2TokenizerFast`` with 151,669 entries.
+
+    Raises:
+        ModuleNotFoundError: ``dashscope`` (part of the test extra) is not installed.
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Qwen2TokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_qwen_tokenizer_json()),
+        unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    _add_qwen_tokens(tokenizer)
+    ids = tokenizer.convert_tokens_to_ids([t for t, _ in QWEN_ADDED_TOKENS])
+    expected = list(range(QWEN_FIRST_ADDED_ID, QWEN_FIRST_ADDED_ID + len(QWEN_ADDED_TOKENS)))
+    if ids != expected:
+        raise RuntimeError(f"Qwen added tokens at {ids}, expected {expected}")
+    return tokenizer
+
+
 def tiny_tokenizer() -> PreTrainedTokenizerBase:
     """A byte-level Qwen2 tokenizer with the Qwen special tokens (fresh object per call).
 
@@ -117,25 +259,37 @@ def tiny_tokenizer() -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+TOKENIZERS = ("qwen", "bytes")
+"""``tiny_processor`` tokenizers: the real Qwen one (default) or the byte-level one."""
+
+
 def tiny_processor(
     thinking: bool = False,
     min_pixels: int = TINY_MIN_PIXELS,
     max_pixels: int = TINY_MAX_PIXELS,
+    tokenizer: str = "qwen",
 ) -> Qwen3VLProcessor:
-    """A real ``Qwen3VLProcessor`` with the tiny tokenizer, an explicit budget and our template.
+    """A real ``Qwen3VLProcessor`` with an offline tokenizer, an explicit budget and our template.
 
     Args:
         thinking: Use the ``prefill_think`` chat template (generation prompt opens ``<think>``)
             instead of the default one.
         min_pixels: Lower bound on an image's area, in pixels.
         max_pixels: Upper bound on an image's area, in pixels.
+        tokenizer: ``"qwen"`` (``qwen_tokenizer``, real ids) or ``"bytes"``
+            (``tiny_tokenizer``, one token per byte).
 
     Returns:
         A fresh processor (callers may change it).
+
+    Raises:
+        ValueError: Unknown ``tokenizer``.
     """
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
     policy = "prefill_think" if thinking else "default"
     return assemble_processor(
-        tiny_tokenizer(),
+        qwen_tokenizer() if tokenizer == "qwen" else tiny_tokenizer(),
         min_pixels=min_pixels,
         max_pixels=max_pixels,
         chat_template=load_chat_template(policy),

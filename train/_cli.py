@@ -1,8 +1,12 @@
-"""Command line of the training stage: ``train`` (default) and ``merge-lora``.
+"""Command line of the training stage: ``train`` (default), ``merge-lora`` and ``evaluate``.
 
 python -m train --config configs/train/tiny_cpu.yaml data=DIR out=DIR [key=value ...]
 python -m train --config configs/train/qwen3vl_8b_full.yaml --dry-run
 python -m train merge-lora --adapter OUT/final --out OUT/merged [--base CKPT]
+python -m train evaluate ARGS...      # the offline critic benchmark (train.benchmark)
+
+Exit status: 0 done, 2 a user error (one line on stderr), 75 preempted after a checkpoint
+(rerun to resume), 1 anything else.
 """
 
 from __future__ import annotations
@@ -12,39 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from hivig.config import ConfigError, add_config_arguments, config_to_yaml, load_config
-from hivig.logging import configure_logging
-from train.config import TrainConfig
-
-
-def train_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m train",
-        description="Supervised fine-tuning of the Qwen3-VL critic.",
-        epilog="Other command: `python -m train merge-lora --adapter DIR --out DIR [--base CKPT]` "
-        "merges a LoRA run's adapters into its base model (see `python -m train merge-lora -h`).",
-    )
-    add_config_arguments(parser)
-    args = parser.parse_args(argv)
-    configure_logging()
-    try:
-        cfg = load_config(TrainConfig, args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        print(config_to_yaml(cfg), end="")
-        return 0
-    from train.sft import run
-
-    try:
-        result = run(cfg)
-    except ConfigError as e:  # settings refused once the launcher's are known (precision)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    where = result.final_dir or f"{cfg.out}/checkpoints (preempted)"
-    print(f"finished at step {result.state.step}: {where}")
-    return 0
+# Only the light signal module at import: the preemption handler must be in place before torch
+# and transformers take their seconds to import.
+from train.signals import PreemptionFlag
 
 
 def merge_main(argv: list[str]) -> int:
@@ -57,24 +31,40 @@ def merge_main(argv: list[str]) -> int:
     parser.add_argument("--base", default=None, help="base checkpoint (default: from the adapter)")
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args(argv)
-    configure_logging()
+    adapter_config = Path(args.adapter) / "adapter_config.json"
+    if args.base is None and not adapter_config.is_file():
+        print(f"error: --adapter: no adapter_config.json in {args.adapter}", file=sys.stderr)
+        return 2
+    from hivig.logging import configure_logging
     from train.merge import merge_lora
 
-    base = (
-        args.base
-        or json.loads((Path(args.adapter) / "adapter_config.json").read_text())[
-            "base_model_name_or_path"
-        ]
-    )
+    configure_logging()
+    base = args.base or json.loads(adapter_config.read_text())["base_model_name_or_path"]
     out = merge_lora(args.adapter, args.out, base=base, dtype=args.dtype)
     print(f"merged checkpoint in {out}")
     return 0
+
+
+def evaluate_main(argv: list[str]) -> int:
+    try:
+        from train.benchmark import main as benchmark_main
+    except ModuleNotFoundError as e:
+        if e.name != "train.benchmark":
+            raise
+        print("error: the critic benchmark (train.benchmark) is not installed", file=sys.stderr)
+        return 2
+    return int(benchmark_main(argv) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "merge-lora":
         return merge_main(argv[1:])
+    if argv and argv[0] == "evaluate":
+        return evaluate_main(argv[1:])
     if argv and argv[0] == "train":
         argv = argv[1:]
-    return train_main(argv)
+    signals = PreemptionFlag()
+    from train.sft import main as train_main
+
+    return train_main(argv, signals)

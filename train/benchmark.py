@@ -28,7 +28,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +42,7 @@ from hivig.config import BackendConfig, ConfigError, FrameConfig, write_run_desc
 from hivig.contracts import ContractError, parse_critique, parse_history
 from hivig.logging import configure_logging, get_logger
 from hivig.records import (
+    RecordError,
     SFTRecord,
     read_image_root,
     read_records,
@@ -180,8 +181,6 @@ def load_benchmark_records(
 
 
 def _read(path: Path) -> list[SFTRecord]:
-    from hivig.records import RecordError
-
     try:
         return read_records(path)
     except RecordError as e:
@@ -189,8 +188,6 @@ def _read(path: Path) -> list[SFTRecord]:
 
 
 def _image_root(override: str | os.PathLike[str], candidates: Sequence[Path]) -> Path:
-    from hivig.records import RecordError
-
     if override:
         return Path(override)
     for folder in candidates:
@@ -211,12 +208,12 @@ def select_records(records: Sequence[SFTRecord], limit: int) -> list[SFTRecord]:
     """
     if limit <= 0 or limit >= len(records):
         return list(records)
-    queues = {kind: [r for r in records if r.kind == kind] for kind in ("critique", "history")}
+    queues = {kind: deque(r for r in records if r.kind == kind) for kind in ("critique", "history")}
     chosen: list[SFTRecord] = []
     while len(chosen) < limit and any(queues.values()):
         for kind in ("critique", "history"):
             if queues[kind] and len(chosen) < limit:
-                chosen.append(queues[kind].pop(0))
+                chosen.append(queues[kind].popleft())
     return chosen
 
 

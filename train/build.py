@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,21 @@ from accelerate.utils import DistributedType, set_seed
 
 from hivig.config import ConfigError
 from hivig.distributed import rank_and_world
-from hivig.models.qwen_vl import enable_activation_checkpointing
+from hivig.logging import get_logger
+from hivig.models.qwen_vl import (
+    AttentionBackendError,
+    ModelPathError,
+    enable_activation_checkpointing,
+    resolve_attention,
+    resolve_model_path,
+)
 from hivig.records import read_image_root, records_dir
 from train.config import TrainConfig
 from train.data import Sample, TokenCounts, load_samples, mix_kinds, token_counts
 from train.encode import RecordEncoder
 from train.flops import FlopShape, shape_from_config
+
+log = get_logger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -61,21 +71,58 @@ def check_precision(cfg: TrainConfig, accelerator: Accelerator) -> None:
     )
 
 
-def build_model(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
-    """Processor and model (HF weights or the tiny random model), cache off, freezing or LoRA."""
+def resolve_inputs(cfg: TrainConfig) -> tuple[Path | None, str]:
+    """The checkpoint directory (``None`` for the tiny model) and the attention backend.
+
+    Runs before the Accelerator exists and before any GPU memory is touched: a misspelt model
+    id or a missing flash-attn fails here, not minutes into a job that holds 8 GPUs.
+
+    Raises:
+        ConfigError: The model cannot be found or the backend cannot run here.
+    """
+    try:
+        backend = resolve_attention(cfg.model.attn_implementation)
+        path = None if cfg.model.tiny else resolve_model_path(cfg.model.path)
+    except (AttentionBackendError, ModelPathError) as e:
+        raise ConfigError(str(e)) from e
+    log.info(
+        "model %s, attention backend %s (model.attn_implementation=%s)",
+        path or "tiny random Qwen3-VL",
+        backend,
+        cfg.model.attn_implementation,
+    )
+    return path, backend
+
+
+def build_model(
+    cfg: TrainConfig, path: Path | None = None, backend: str | None = None
+) -> tuple[torch.nn.Module, Any]:
+    """Processor and model (HF weights or the tiny random model), cache off, freezing or LoRA.
+
+    Args:
+        cfg: The run's config.
+        path: Checkpoint directory from ``resolve_inputs``; ``None`` with ``model.tiny``.
+        backend: Resolved attention backend; ``None`` resolves ``model.attn_implementation``.
+    """
     from hivig.models import qwen_vl
 
     m, frame = cfg.model, cfg.dataset.frame
     dtype = _DTYPES[m.dtype]
-    processor = qwen_vl.build_processor(
-        m.path or None, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels
-    )
-    if m.path:
-        model = qwen_vl.load_model(m.path, dtype=dtype, attn_implementation=m.attn_implementation)
-    else:
-        from hivig.testing import tiny_model
+    if backend is None:
+        path, backend = resolve_inputs(cfg)
+    if m.tiny:
+        # The tiny random model and its offline (real Qwen) tokenizer are test fixtures: only an
+        # explicit model.tiny=true reaches them.
+        from hivig.testing import tiny_model, tiny_processor
 
+        processor = tiny_processor(min_pixels=frame.min_pixels, max_pixels=frame.max_pixels)
         model = tiny_model(processor, seed=m.tiny_seed).to(dtype)
+        qwen_vl.set_attention(model, backend)
+    else:
+        processor = qwen_vl.build_processor(
+            path, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels
+        )
+        model = qwen_vl.load_model(path, dtype=dtype, attn_implementation=backend)
     # Packed rows need the cache off (a cache object disables the packed-position path).
     qwen_vl.set_use_cache(model, False)
     if cfg.lora.enabled:
@@ -89,7 +136,8 @@ def build_model(cfg: TrainConfig) -> tuple[torch.nn.Module, Any]:
             train_llm=m.train_llm,
         )
     if m.gradient_checkpointing:
-        enable_activation_checkpointing(model)
+        layers = enable_activation_checkpointing(model, m.checkpoint_layers)
+        log.info("activation checkpointing on %d LLM layers", len(layers))
     return model, processor
 
 
@@ -143,6 +191,9 @@ def configure_deepspeed(accelerator: Accelerator, cfg: TrainConfig, grad_accum: 
     ds["gradient_accumulation_steps"] = grad_accum
     ds["train_batch_size"] = grad_accum * world
     ds["gradient_clipping"] = cfg.optim.max_grad_norm
+    if cfg.optim.fp32_grad_accum:
+        # bf16 sums of many micro-step gradients lose low bits; fp32 buffers keep them.
+        ds.setdefault("data_types", {})["grad_accum_dtype"] = "fp32"
     accelerator.gradient_accumulation_steps = grad_accum
 
 
@@ -160,14 +211,28 @@ def flop_shape(cfg: TrainConfig, model: torch.nn.Module) -> FlopShape:
 
 
 def check_inputs(cfg: TrainConfig) -> None:
-    """Fail on missing inputs before any weights load."""
+    """Fail on missing inputs or an unwritable output before any weights load.
+
+    Raises:
+        ConfigError: One line naming the setting to fix.
+    """
     if not cfg.data:
-        raise ValueError("`data` is empty: pass data=DIR (a data_gen output directory)")
+        raise ConfigError("`data` is empty: pass data=DIR (a data_gen output directory)")
+    if not Path(cfg.data).is_dir():
+        raise ConfigError(f"`data`: {cfg.data} is not a directory (a data_gen output?)")
     split = records_dir(cfg.data) / cfg.dataset.train_split
     if not split.is_dir():
-        raise FileNotFoundError(f"`data`: no training split at {split} (a data_gen output?)")
-    if cfg.model.path and not Path(cfg.model.path).exists():
-        raise FileNotFoundError(f"`model.path`: {cfg.model.path} does not exist")
+        raise ConfigError(
+            f"`data`: no training split at {split}; pass the folder data_gen wrote (data_gen "
+            "run out=DIR) or set dataset.train_split"
+        )
+    _check_writable(Path(cfg.out))
+
+
+def _check_writable(out: Path) -> None:
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"`out`: cannot write to {out} (check the path and its permissions)")
 
 
 def image_root(cfg: TrainConfig) -> Path:
@@ -186,7 +251,7 @@ def build_data(
     samples = load_samples(cfg.data, d.train_split, d.max_samples)
     samples = mix_kinds(samples, d.history_fraction, cfg.loop.seed)
     if not samples:
-        raise ValueError(f"no training records under {records_dir(cfg.data) / d.train_split}")
+        raise ConfigError(f"`data`: no training records under {records_dir(cfg.data) / d.train_split}")
     eval_samples = load_samples(cfg.data, d.eval_split, d.max_samples)
     counts = token_counts(
         samples,

@@ -7,7 +7,9 @@ Layout under ``out/``::
     final/                     HF checkpoint (weights, processor, chat template, generation config)
 
 A checkpoint is written into ``step_N.tmp`` and renamed by rank 0 after a barrier, so a job killed
-mid-save never leaves a directory that ``resume=auto`` would pick up.
+mid-save never leaves a directory that ``resume=auto`` would pick up. ``manifest.json`` records
+the size of every file; a checkpoint whose files do not match it (truncated by a full disk or a
+killed copy) is skipped in favour of the previous one. A saved checkpoint is never rewritten.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hivig.config import write_run_description
+from hivig.config import ConfigError, config_to_dict, write_run_description
 from hivig.distributed import rank_and_world
 from hivig.logging import get_logger
+from train.signals import PreemptionFlag  # noqa: F401  (re-exported for the recipe)
 
 log = get_logger(__name__)
 
@@ -67,7 +70,7 @@ def check_resumable(saved: TrainerState, current: TrainerState, path: str | Path
     this raises instead of guessing.
 
     Raises:
-        ValueError: Naming every field that differs, with the saved and the current value.
+        ConfigError: Naming every field that differs, with the saved and the current value.
     """
     fields = ("world_size", "grad_accum", "plan_hash")
     diff = [
@@ -76,7 +79,7 @@ def check_resumable(saved: TrainerState, current: TrainerState, path: str | Path
         if getattr(saved, f) != getattr(current, f)
     ]
     if diff:
-        raise ValueError(
+        raise ConfigError(
             f"cannot resume from {path}: the data plan changed ({'; '.join(diff)}). Resume with "
             "the same data, packing settings, seed, number of processes and optim.grad_accum, "
             "or start a new run (loop.resume=never or another out=)"
@@ -104,15 +107,142 @@ def latest_checkpoint(out: str | Path) -> Path | None:
 
 
 def resolve_resume(resume: str, out: str | Path) -> Path | None:
-    """Map ``loop.resume`` (auto | never | path) to a checkpoint directory or ``None``."""
+    """Map ``loop.resume`` (auto | never | path) to the newest complete checkpoint or ``None``.
+
+    Raises:
+        ConfigError: An explicit path that is not a complete checkpoint.
+    """
+    return next(resume_candidates(resume, out), None)
+
+
+def resume_candidates(resume: str, out: str | Path) -> Iterator[Path]:
+    """Complete checkpoints to try, newest first (one for an explicit path, none for never).
+
+    Raises:
+        ConfigError: An explicit ``loop.resume`` path that is not a complete checkpoint.
+    """
     if resume == "never":
-        return None
-    if resume == "auto":
-        return latest_checkpoint(out)
-    path = Path(resume)
-    if not (path / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"`loop.resume`: {path} is not a checkpoint directory")
-    return path
+        return
+    if resume != "auto":
+        path = Path(resume)
+        if not (path / "trainer_state.json").is_file():
+            raise ConfigError(f"`loop.resume`: {path} is not a checkpoint directory")
+        problem = incomplete_reason(path)
+        if problem:
+            raise ConfigError(f"`loop.resume`: {path} is incomplete ({problem})")
+        yield path
+        return
+    root = Path(out) / "checkpoints"
+    if not root.is_dir():
+        return
+    found = sorted(
+        ((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))),
+        reverse=True,
+    )
+    for _, path in found:
+        problem = incomplete_reason(path)
+        if problem is None:
+            yield path
+        else:
+            log.warning("skipping checkpoint %s: %s; trying the previous one", path, problem)
+
+
+_MANIFEST = "manifest.json"
+
+
+def _write_manifest(directory: Path) -> None:
+    files = {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+    (directory / _MANIFEST).write_text(json.dumps(files, indent=1) + "\n")
+
+
+def incomplete_reason(path: str | Path) -> str | None:
+    """Why ``path`` is not a complete checkpoint (a missing or truncated file), or ``None``."""
+    path = Path(path)
+    manifest = path / _MANIFEST
+    if not manifest.is_file():
+        return "no manifest.json"
+    try:
+        files = json.loads(manifest.read_text())
+    except json.JSONDecodeError:
+        return "unreadable manifest.json"
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, {size} were written"
+    return None
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out |= _flatten(v, f"{prefix}{k}.")
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (missing counts as differing)."""
+    a, b = _flatten(saved), _flatten(current)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, object()) != b.get(k, object()))
+
+
+def check_resume_config(
+    path: str | Path,
+    cfg: Any,
+    *,
+    ignored: tuple[str, ...],
+    safe: tuple[str, ...],
+    allow_safe: bool,
+) -> list[str]:
+    """Refuse to resume a checkpoint whose run-defining config differs from this run's.
+
+    Args:
+        path: Checkpoint directory (holds the ``config.yaml`` it was trained with).
+        cfg: This run's config dataclass.
+        ignored: Keys that never matter (paths, workers, sinks).
+        safe: Keys that may change when ``allow_safe`` (run length, cadence).
+        allow_safe: ``loop.resume_allow_changes``.
+
+    Returns:
+        The changed safe keys that were allowed.
+
+    Raises:
+        ConfigError: Naming the changed keys with both values, and the way out.
+    """
+    import yaml
+
+    saved_file = Path(path) / "config.yaml"
+    if not saved_file.is_file():
+        raise ConfigError(f"cannot resume from {path}: it has no config.yaml")
+    saved = yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {}
+    current = config_to_dict(cfg)
+    changed = [k for k in config_changes(saved, current) if k not in ignored]
+    flat_saved, flat_now = _flatten(saved), _flatten(current)
+    unsafe = [k for k in changed if k not in safe]
+    allowed = [k for k in changed if k in safe]
+
+    def show(keys: list[str]) -> str:
+        return "; ".join(f"{k}: {flat_saved.get(k)!r} -> {flat_now.get(k)!r}" for k in keys)
+
+    if unsafe:
+        raise ConfigError(
+            f"cannot resume from {path}: the run-defining config changed ({show(unsafe)}). "
+            "Resume with the checkpoint's config, or start a new run (another out= or "
+            "loop.resume=never)"
+        )
+    if allowed and not allow_safe:
+        raise ConfigError(
+            f"cannot resume from {path}: config changed ({show(allowed)}); these keys may change "
+            "on resume with loop.resume_allow_changes=true"
+        )
+    return allowed
 
 
 def _rng_state() -> dict[str, Any]:
@@ -153,6 +283,11 @@ def save_checkpoint(
     rank, _ = rank_and_world()
     final = checkpoint_dir(out, state.step)
     tmp = final.with_name(final.name + ".tmp")
+    if incomplete_reason(final) is None:
+        # Written by an earlier run (a resume that stops at the step it resumed from): its
+        # weights and config.yaml describe that run and stay as they are.
+        log.info("checkpoint %s exists; not rewriting it", final)
+        return final
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -172,7 +307,8 @@ def save_checkpoint(
         write_run_description(tmp, cfg)
     barrier()
     if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
+        _write_manifest(tmp)
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of the same step
         tmp.rename(final)
         _prune(Path(out), keep_last)
         log.info("saved checkpoint %s", final)
@@ -180,10 +316,38 @@ def save_checkpoint(
     return final
 
 
+def truncate_log(path: str | Path, step: int) -> int:
+    """Drop rows with ``"step" > step`` from a JSONL log (replayed steps after a resume).
+
+    Returns:
+        Rows dropped (0 when the file does not exist).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a half-written last line of a killed run
+        if row_step <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
+    return len(lines) - len(kept)
+
+
 def _prune(out: Path, keep_last: int) -> None:
     root = out / "checkpoints"
     found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)))
-    for _, path in found[:-keep_last]:
+    complete = [(step, p) for step, p in found if incomplete_reason(p) is None]
+    # Only complete checkpoints count towards keep_last: a truncated newest one must not push
+    # out the last good one.
+    for _, path in complete[:-keep_last]:
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -235,36 +399,6 @@ def load_checkpoint(
         log.warning("no RNG state for rank %d in %s (world size changed?)", rank, path)
     log.info("resumed from %s at step %d", path, state.step)
     return state
-
-
-class PreemptionFlag:
-    """Set by SIGTERM/SIGUSR1; the loop checkpoints at the next step boundary and exits.
-
-    SLURM sends SIGUSR1 ahead of the time limit (``--signal=B:USR1@600``) and SIGTERM on
-    preemption. The handler only records the signal: saving happens in the loop, on all ranks
-    at the same step (``should_stop`` all-reduces the flag).
-    """
-
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)):
-        self.signum: int | None = None
-        self._previous = {s: signal.signal(s, self._handle) for s in signals}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.signum = signum
-
-    def should_stop(self) -> bool:
-        """True on every rank once any rank has received a signal."""
-        flag = torch.tensor([1 if self.signum is not None else 0])
-        if dist.is_available() and dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
-    def restore(self) -> None:
-        """Reinstall the previous handlers."""
-        for s, h in self._previous.items():
-            signal.signal(s, h)
 
 
 def requeue_slurm_job(enabled: bool) -> None:

@@ -13,11 +13,42 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hivig.config import ConfigError, FrameConfig
+from hivig.models._attention import ATTENTION_BACKENDS
 
 SCHEDULERS = ("cosine", "linear", "constant")
 PACK_STRATEGIES = ("best_fit", "first_fit")
 METRIC_SINKS = ("jsonl", "stdout", "tensorboard", "wandb", "null")
 DTYPES = ("float32", "bfloat16", "float16")
+
+RESUME_IGNORED_KEYS = (
+    "data",
+    "out",
+    "loop.resume",
+    "loop.resume_allow_changes",
+    "loop.progress_bar",
+    "loop.requeue_on_signal",
+    "loop.peak_tflops_override",
+    "dataset.num_workers",
+    "dataset.prefetch_factor",
+    "dataset.image_root",
+    "metrics.sinks",
+    "metrics.wandb_project",
+)
+"""Keys that never change what a run computes (paths may move between clusters, workers and
+sinks are plumbing); a resume ignores their differences."""
+
+RESUME_SAFE_KEYS = (
+    "loop.max_steps",
+    "loop.log_every_n_steps",
+    "loop.eval_every_n_steps",
+    "loop.eval_max_packs",
+    "loop.eval_generate_samples",
+    "loop.eval_max_new_tokens",
+    "loop.save_every_n_steps",
+    "loop.keep_last_checkpoints",
+)
+"""Keys a resume may change with ``loop.resume_allow_changes=true``: run length and cadence,
+not the data, model or optimisation."""
 
 
 @dataclass
@@ -25,15 +56,26 @@ class ModelConfig:
     """Which weights to start from and which parts of the model train."""
 
     path: str = ""
-    """Hugging Face checkpoint directory. Empty means the tiny random model (CPU tests only)."""
+    """Checkpoint directory or Hugging Face model id (``Qwen/Qwen3-VL-8B-Thinking``, the HiViG
+    paper's base; ``Qwen/Qwen3-VL-8B-Instruct`` also works). An id is read from the local HF
+    cache, downloaded when missing and online. Must be set unless ``tiny`` is true."""
+    tiny: bool = False
+    """Train the tiny random-weight Qwen3-VL with the offline Qwen tokenizer instead of a
+    checkpoint (CPU tests and the demo); ``path`` must then be empty."""
     tiny_seed: int = 0
-    """Weight seed of the tiny random model used when ``path`` is empty."""
+    """Weight seed of the tiny random model (``tiny`` only)."""
     dtype: str = "bfloat16"
     """Parameter dtype: float32, bfloat16 or float16. fp32 is for exact CPU tests."""
-    attn_implementation: str = "flash_attention_2"
-    """Attention kernel for both towers (``qwen3vl_training.md`` §13.5); ``sdpa`` on CPU."""
+    attn_implementation: str = "auto"
+    """Attention backend: ``auto`` (flash_attention_2 when flash-attn is installed on CUDA, else
+    ``flex`` on CUDA, ``sdpa`` on CPU), ``flash_attention_2`` (extra ``hivig[flash-attn]``),
+    ``flex`` (PyTorch flex attention with a per-sample block mask; no extra package), ``sdpa``
+    or ``eager`` (dense L×L mask per packed row). Checked before any weights load."""
     gradient_checkpointing: bool = True
     """Recompute LLM layer activations in backward (non-reentrant); the frozen ViT never is."""
+    checkpoint_layers: float = 1.0
+    """Which LLM layers recompute when ``gradient_checkpointing`` is on: a fraction in (0, 1]
+    (1.0 = all) or a layer count when > 1, spread evenly over the depth."""
     train_vit: bool = False
     """Train the vision blocks (patch_embed, pos_embed, blocks). HiViG: frozen."""
     train_merger: bool = True
@@ -125,6 +167,9 @@ class OptimConfig:
     """Samples per optimizer step across ranks and micro-steps. HiViG: 256."""
     grad_accum: int = 0
     """Packs per rank per optimizer step; 0 derives it from ``global_batch_samples``."""
+    fp32_grad_accum: bool = False
+    """Accumulate gradients across micro-steps in fp32 under DeepSpeed bf16 (``data_types.
+    grad_accum_dtype``): exact sums over many micro-steps, at 2x the gradient memory."""
 
 
 @dataclass
@@ -147,8 +192,9 @@ class TrainLoopConfig:
     """Held-out packs per evaluation, per rank."""
     eval_generate_samples: int = 0
     """Held-out critique samples scored by generation (verdict accuracy); 0 disables."""
-    eval_max_new_tokens: int = 512
-    """Generation budget per evaluated critique sample, in tokens."""
+    eval_max_new_tokens: int = 0
+    """Generation budget per evaluated critique sample, in tokens; 0 = the longest held-out
+    target plus 16 (the data decides, so no target is cut short)."""
     save_every_n_steps: int = 500
     """Optimizer steps between resumable checkpoints (0 = only on signal and at the end)."""
     keep_last_checkpoints: int = 2
@@ -156,7 +202,11 @@ class TrainLoopConfig:
     resume: str = "auto"
     """``auto`` (latest checkpoint in ``out``, if any), ``never``, or a checkpoint directory.
     A checkpoint resumes only under the same data plan (samples, packing, seed, number of
-    processes, accumulation); otherwise the run stops with the differing fields named."""
+    processes, accumulation) and the same run-defining config; otherwise the run stops with the
+    differing keys named. Falls back to the previous checkpoint when the newest is incomplete."""
+    resume_allow_changes: bool = False
+    """Allow resuming with changed run-length and cadence keys (``RESUME_SAFE_KEYS``: max_steps,
+    logging, evaluation and checkpoint cadence); other changes are always refused."""
     requeue_on_signal: bool = True
     """After a SIGUSR1 checkpoint inside SLURM, run ``scontrol requeue`` for this job."""
     peak_tflops_override: float = 0.0
@@ -224,6 +274,21 @@ def _validate(cfg: TrainConfig) -> None:
     hf = d.history_fraction
     _check(hf == -1.0 or 0.0 <= hf <= 1.0, "`dataset.history_fraction` must be -1 or in [0, 1]")
     _check(m.dtype in DTYPES, f"`model.dtype` must be one of {DTYPES}")
+    _check(
+        m.attn_implementation in ATTENTION_BACKENDS,
+        f"`model.attn_implementation` must be one of {ATTENTION_BACKENDS}",
+    )
+    _check(m.checkpoint_layers > 0, "`model.checkpoint_layers` must be > 0 (fraction or count)")
+    _check(
+        not (m.tiny and m.path),
+        "`model.tiny` is true and `model.path` is set: choose one (model.tiny=false to train "
+        f"{m.path})",
+    )
+    _check(
+        m.tiny or bool(m.path),
+        "`model.path` is empty: pass model.path=DIR or a Hugging Face id such as "
+        "Qwen/Qwen3-VL-8B-Thinking (or model.tiny=true for the tiny random test model)",
+    )
     _check(o.lr > 0, "`optim.lr` must be positive")
     _check(o.merger_lr >= 0 and o.vit_lr >= 0, "`optim.merger_lr`/`optim.vit_lr` must be >= 0")
     _check(o.weight_decay >= 0, "`optim.weight_decay` must be >= 0")
@@ -238,7 +303,8 @@ def _validate(cfg: TrainConfig) -> None:
     _check(lp.max_steps >= 0, "`loop.max_steps` must be >= 0")
     _check(lp.loss_chunk_tokens > 0, "`loop.loss_chunk_tokens` must be positive")
     _check(lp.log_every_n_steps > 0, "`loop.log_every_n_steps` must be positive")
-    for name in ("eval_every_n_steps", "save_every_n_steps", "eval_generate_samples"):
+    names = ("eval_every_n_steps", "save_every_n_steps", "eval_generate_samples")
+    for name in (*names, "eval_max_new_tokens"):
         _check(getattr(lp, name) >= 0, f"`loop.{name}` must be >= 0")
     _check(lp.eval_max_packs > 0, "`loop.eval_max_packs` must be positive")
     _check(lp.keep_last_checkpoints > 0, "`loop.keep_last_checkpoints` must be positive")

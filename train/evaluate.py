@@ -96,15 +96,27 @@ def verdict_accuracy(
 ) -> dict[str, float]:
     """Greedy-generate answers for up to ``limit`` critique samples and score the verdicts.
 
-    Runs on rank 0 only (other ranks return an empty dict): it is a small, optional check, not
-    a benchmark. Unparseable outputs count as wrong and are counted separately.
+    The samples are spread over the ranks (rank r takes every W-th one) and the counts summed,
+    so no rank waits near the process-group timeout while one generates alone. Unparseable
+    outputs count as wrong and are counted separately. Call on every rank (a collective).
+
+    Args:
+        model: The unwrapped model (replicated weights: not under ZeRO-3).
+        processor: The run's processor.
+        samples: Held-out samples.
+        encoder: The run's ``RecordEncoder``.
+        limit: Critique samples scored in total.
+        max_new_tokens: Generation budget; 0 = the longest chosen target plus a margin.
 
     Returns:
-        ``{"eval_verdict_accuracy", "eval_verdict_unparsed", "eval_verdict_n"}``.
+        ``{"eval_verdict_accuracy", "eval_verdict_unparsed", "eval_verdict_n",
+        "eval_max_new_tokens"}``.
     """
-    if rank_and_world()[0] != 0:
-        return {}
+    rank, world = rank_and_world()
     chosen = [s for s in samples if s.kind == "critique"][:limit]
+    if max_new_tokens <= 0:
+        max_new_tokens = generation_budget(processor, encoder, chosen)
+    chosen = chosen[rank::world]
     right = unparsed = scored = 0
     was_training = model.training
     model.eval()
@@ -131,8 +143,23 @@ def verdict_accuracy(
         elif str(parsed.verdict) == expected:
             right += 1
     model.train(was_training)
+    right, unparsed, scored = all_reduce_sum([right, unparsed, scored], device)
     return {
         "eval_verdict_accuracy": right / scored if scored else float("nan"),
         "eval_verdict_unparsed": float(unparsed),
         "eval_verdict_n": float(scored),
+        "eval_max_new_tokens": float(max_new_tokens),
     }
+
+
+GENERATION_MARGIN = 16
+"""Tokens allowed beyond the longest held-out target (a model may phrase slightly longer)."""
+
+
+def generation_budget(processor: Any, encoder: Any, samples: Sequence[Any]) -> int:
+    """Longest target of ``samples`` in tokens plus ``GENERATION_MARGIN`` (same on every rank)."""
+    longest = 0
+    for sample in samples:
+        _, target = encoder.prompt_and_target(sample.payload)
+        longest = max(longest, len(processor.tokenizer.encode(target, add_special_tokens=False)))
+    return longest + GENERATION_MARGIN

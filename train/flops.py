@@ -10,6 +10,8 @@ Conventions, stated because they change the number:
 - Multiplier per part: 3 (fwd + bwd incl. weight grads) when trained, 1 when frozen and not
   back-propagated through (the frozen ViT), 2 for the LLM linears under LoRA (fwd + input grads;
   adapters are negligible), i.e. 4 · N · S instead of 6 · N · S.
+- ``lm_head`` runs on the supervised positions only (the chunked loss gathers them first), so it
+  is charged per supervised token, not per token of the row.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class FlopShape:
     """The numbers of a Qwen3-VL model that its FLOP count depends on."""
 
     llm_matmul_params: int
-    """Non-embedding LLM matmul parameters plus ``lm_head`` (8B: 6.946e9 + 0.622e9)."""
+    """Non-embedding LLM matmul parameters, without ``lm_head`` (8B: 6.946e9)."""
     llm_layers: int
     """Decoder layers L."""
     llm_heads: int
@@ -41,6 +43,8 @@ class FlopShape:
     """Main merger matmul parameters (applied per merged token, i.e. per 4 patches)."""
     deepstack_params: int
     """All DeepStack mergers together, per merged token."""
+    head_params: int = 0
+    """``lm_head`` parameters, vocab × hidden (8B: 0.622e9); applied per supervised token."""
     llm_trained: bool = True
     """Full LLM weights train (6·N·S); False means LoRA or frozen-with-backprop (4·N·S)."""
     vit_trained: bool = False
@@ -68,7 +72,7 @@ def shape_from_config(config: Any, **trained: bool) -> FlopShape:
     q, kv = t.num_attention_heads * hd, t.num_key_value_heads * hd
     attn = t.hidden_size * q + 2 * t.hidden_size * kv + q * t.hidden_size
     mlp = 3 * t.hidden_size * t.intermediate_size  # SwiGLU: gate, up, down
-    llm = t.num_hidden_layers * (attn + mlp) + t.vocab_size * t.hidden_size
+    llm = t.num_hidden_layers * (attn + mlp)
     patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size**2
     vit_block = 4 * v.hidden_size**2 + 2 * v.hidden_size * v.intermediate_size
     vit = v.depth * vit_block + patch_dim * v.hidden_size
@@ -85,6 +89,7 @@ def shape_from_config(config: Any, **trained: bool) -> FlopShape:
         vit_hidden=v.hidden_size,
         merger_params=merger,
         deepstack_params=n_deepstack * merger,
+        head_params=t.vocab_size * t.hidden_size,
         **trained,
     )
 
@@ -94,6 +99,7 @@ def step_flops(
     seq_lens: Sequence[int],
     image_patches: Sequence[int] = (),
     *,
+    supervised_tokens: int | None = None,
     causal: bool = True,
 ) -> float:
     """Model FLOPs of one training pass over the given samples.
@@ -103,6 +109,8 @@ def step_flops(
         seq_lens: Length S of every sample (text + visual tokens), not of the packed row:
             attention never crosses sample boundaries.
         image_patches: ViT patches P of every image (before the 2x2 merge).
+        supervised_tokens: Positions that reach ``lm_head`` (labels != -100); ``None`` charges
+            the head on every token (a model that computes all logits).
         causal: Causal-exact attention count (True) or the non-causal convention.
 
     Returns:
@@ -115,7 +123,8 @@ def step_flops(
     k_llm = 6.0 if shape.llm_trained else 4.0
     attn_coeff = 6.0 if causal else 12.0
     k_vit = 3.0 if shape.vit_trained else 1.0
-    llm = k_llm * shape.llm_matmul_params * s1
+    head_tokens = s1 if supervised_tokens is None else float(supervised_tokens)
+    llm = k_llm * shape.llm_matmul_params * s1 + k_llm * shape.head_params * head_tokens
     llm_attn = attn_coeff * shape.llm_layers * shape.llm_heads * shape.llm_head_dim * s2
     vit = k_vit * 2.0 * shape.vit_params * p1
     vit_attn = k_vit * 4.0 * shape.vit_layers * shape.vit_hidden * p2

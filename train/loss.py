@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hivig.models.qwen_vl import packed_attention_inputs
+
 IGNORE_INDEX = -100
 
 
@@ -96,14 +98,17 @@ class CriticLoss(nn.Module):
 
     def hidden_states(self, batch: dict[str, Any]) -> torch.Tensor:
         """Last hidden states (1, L, D) of a packed row; no logits, no cache, no mask."""
-        inner = _base_model(self.model).model
+        base = _base_model(self.model)
+        inner = base.model
+        # Boundaries come from the restarts in position row 0 (§8.1): no dense mask, no cache.
+        # Under the flex backend the row gets its per-sample block mask instead.
+        packed = packed_attention_inputs(base, batch["position_ids"])
         out = inner(
             input_ids=batch["input_ids"],
             pixel_values=batch.get("pixel_values"),
             image_grid_thw=batch.get("image_grid_thw"),
             position_ids=batch["position_ids"],
-            # Boundaries come from the restarts in position row 0 (§8.1): no mask, no cache.
-            attention_mask=None,
+            attention_mask=packed.get("attention_mask"),
             use_cache=False,
         )
         hidden = out.last_hidden_state

@@ -202,12 +202,13 @@ def step_metrics(
     """
     seq_lens = [n for b in micro for n in b.meta.seq_lens]
     patches = [p for b in micro for p in b.meta.image_patches]
+    supervised = sum(b.meta.supervised for b in micro)
     local = [
         float(loss_sum),
         float(sum(seq_lens)),
         float(len(seq_lens)),
-        step_flops(flop_shape, seq_lens, patches, causal=True),
-        step_flops(flop_shape, seq_lens, patches, causal=False),
+        step_flops(flop_shape, seq_lens, patches, supervised_tokens=supervised, causal=True),
+        step_flops(flop_shape, seq_lens, patches, supervised_tokens=supervised, causal=False),
         wait,
     ]
     loss, tokens, samples, fl_c, fl_nc, waits = all_reduce_sum(local, device)

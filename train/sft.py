@@ -1,6 +1,6 @@
 """Supervised fine-tuning of the Qwen3-VL critic: build → train → save, on accelerate + DeepSpeed.
 
-CPU (tiny random model, about a minute)::
+CPU (tiny random model with the real Qwen tokenizer, a few seconds per step)::
 
     python -m train --config configs/train/tiny_cpu.yaml data=runs/gen out=runs/tiny
     python -m train.sft --config configs/train/tiny_cpu.yaml data=runs/gen out=runs/tiny
@@ -21,6 +21,7 @@ count of the optimizer step (§10.2), chunked cross-entropy (§14).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import signal
@@ -35,13 +36,20 @@ import torch
 from accelerate import Accelerator
 from torch.optim.lr_scheduler import LambdaLR
 
-from hivig.config import config_to_dict, write_run_description
+from hivig.config import (
+    ConfigError,
+    add_config_arguments,
+    config_to_dict,
+    config_to_yaml,
+    load_config,
+    write_run_description,
+)
 from hivig.distributed import rank_and_world
-from hivig.logging import get_logger
+from hivig.logging import configure_logging, get_logger
 from train import build
 from train import checkpoint as ckpt
 from train.collate import PackedBatch
-from train.config import TrainConfig
+from train.config import RESUME_IGNORED_KEYS, RESUME_SAFE_KEYS, TrainConfig
 from train.data import (
     EpochPlan,
     Sample,
@@ -59,6 +67,7 @@ from train.flops import FlopShape, device_peak_tflops
 from train.loss import CriticLoss, normalise
 from train.metrics import MetricLogger, build_metric_logger, step_metrics
 from train.schedule import build_scheduler
+from train.signals import EXIT_PREEMPTED, PreemptionFlag
 
 log = get_logger(__name__)
 
@@ -112,14 +121,27 @@ class TrainResult:
 def setup(cfg: TrainConfig) -> Components:
     """Build accelerator, model, data, optimizer, scheduler; restore a checkpoint if asked."""
     build.check_inputs(cfg)
-    if cfg.model.path:
+    # Before the Accelerator and any weights: a wrong model id, a missing attention package or
+    # a resume into a changed config fails here with one line.
+    path, backend = build.resolve_inputs(cfg)
+    candidates = list(ckpt.resume_candidates(cfg.loop.resume, cfg.out))
+    if candidates:
+        ckpt.check_resume_config(
+            candidates[0],
+            cfg,
+            ignored=RESUME_IGNORED_KEYS,
+            safe=RESUME_SAFE_KEYS,
+            allow_safe=cfg.loop.resume_allow_changes,
+        )
+    if not cfg.model.tiny:
         accelerator = build.build_accelerator(cfg)
         build.check_precision(cfg, accelerator)
-        model, processor = build.build_model(cfg)  # under ZeRO-3: partitioned while loading
+        # Under ZeRO-3: partitioned while loading.
+        model, processor = build.build_model(cfg, path, backend)
     else:
         # The tiny random model is built before the Accelerator: under ZeRO-3 accelerate makes
         # transformers partition modules at construction, which the random init cannot handle.
-        model, processor = build.build_model(cfg)
+        model, processor = build.build_model(cfg, path, backend)
         accelerator = build.build_accelerator(cfg)
         build.check_precision(cfg, accelerator)
     rank, world = rank_and_world()
@@ -130,7 +152,10 @@ def setup(cfg: TrainConfig) -> Components:
     optimizer = build.build_optimizer(cfg, model)
     is_main = rank == 0
     if is_main:
-        write_run_description(cfg.out, cfg)
+        # A resumed run keeps the description of the run that wrote the checkpoints (its config
+        # was just checked against this one); a fresh run writes its own.
+        if not candidates:
+            write_run_description(cfg.out, cfg)
         quarantine.write(Path(cfg.out) / "quarantine.jsonl")
     log.info(
         "data: %d samples, plan %s, %d micro-steps/rank/step, %d steps",
@@ -182,12 +207,33 @@ def setup(cfg: TrainConfig) -> Components:
             world_size=world, grad_accum=grad_accum, plan_hash=plan_fingerprint(plan0)
         ),
     )
-    resume_from = ckpt.resolve_resume(cfg.loop.resume, cfg.out)
-    if resume_from is not None:
-        comps.state = ckpt.load_checkpoint(
-            resume_from, accelerator, loss_module, optimizer, scheduler, current=comps.state
-        )
+    if candidates:
+        _resume(comps, candidates)
     return comps
+
+
+def _resume(c: Components, candidates: list[Path]) -> None:
+    """Restore the newest checkpoint that loads, and drop log rows of steps that will replay."""
+    for k, path in enumerate(candidates):
+        try:
+            c.state = ckpt.load_checkpoint(
+                path, c.accelerator, c.model, c.optimizer, c.scheduler, current=c.state
+            )
+            break
+        except (OSError, EOFError, RuntimeError) as e:
+            # A file that passed the size check but does not deserialise: try the previous one.
+            if k + 1 == len(candidates):
+                raise
+            log.warning("cannot load %s (%s); trying %s", path, e, candidates[k + 1])
+    # The checkpoint of this step exists: stopping right away must not rewrite it.
+    c.saved_step = c.state.step
+    rank, _ = rank_and_world()
+    out = Path(c.cfg.out)
+    dropped = ckpt.truncate_log(out / "ledger" / f"rank_{rank}.jsonl", c.state.step)
+    if rank == 0:
+        dropped += ckpt.truncate_log(out / "metrics.jsonl", c.state.step)
+    if dropped:
+        log.info("dropped %d log rows after step %d (they replay now)", dropped, c.state.step)
 
 
 def _peak(cfg: TrainConfig) -> float | None:
@@ -201,7 +247,7 @@ def _plan_run(cfg: TrainConfig, lengths: list[int], world: int) -> tuple[EpochPl
     """Epoch-0 plan, micro-steps per rank per step and the run's total optimizer steps."""
     plan0 = _plan(cfg, lengths, epoch=0, grad_accum=1)
     if not plan0.counts["packs"]:
-        raise ValueError(
+        raise ConfigError(
             f"every one of the {len(lengths)} training samples is longer than "
             f"`dataset.token_budget`={cfg.dataset.token_budget} tokens (dropped as too_long); "
             "raise the budget"
@@ -212,7 +258,7 @@ def _plan_run(cfg: TrainConfig, lengths: list[int], world: int) -> tuple[EpochPl
     )
     plan0 = _plan(cfg, lengths, epoch=0, grad_accum=grad_accum)
     if not plan0.steps:
-        raise ValueError(
+        raise ConfigError(
             f"no full optimizer step: {plan0.counts['packs']} packs < {world} ranks × "
             f"{grad_accum} micro-steps (token_budget {cfg.dataset.token_budget})"
         )
@@ -285,9 +331,10 @@ def train(
     total = c.total_steps
     bar = _progress(cfg, total, state.step, rank)
     ledger = _open_ledger(cfg, rank)
-    preempted = False
+    # A signal during set-up (minutes for 8B) is honoured before the first step.
+    preempted = signals.should_stop()
     model.train()
-    while state.step < total and state.epoch < cfg.loop.epochs:
+    while not preempted and state.step < total and state.epoch < cfg.loop.epochs:
         plan = c.plan0
         if state.epoch > 0:
             plan = _plan(cfg, c.lengths, epoch=state.epoch, grad_accum=c.grad_accum)
@@ -307,6 +354,8 @@ def train(
                 ledger.flush()
             if state.step % cfg.loop.log_every_n_steps == 0:
                 c.metrics.log(row, state.step)
+                if rank == 0:
+                    _print_progress(row, state.step, total, bar)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['loss']:.4f}")
@@ -331,7 +380,8 @@ def train(
     if ledger is not None:
         ledger.close()
     if preempted:
-        _save(c)
+        if state.step > 0:
+            _save(c)
         # SLURM requeues a preempted (SIGTERM) job itself; a time-limit warning needs asking.
         ckpt.requeue_slurm_job(cfg.loop.requeue_on_signal and signals.signum != signal.SIGTERM)
         c.metrics.close()
@@ -400,6 +450,28 @@ def _optimizer_step(
         elapsed=elapsed,
     )
     return row, micro
+
+
+def progress_line(row: dict[str, float | None], step: int, total: int) -> str:
+    """One human-readable line per logged step: loss, lr, grad norm, throughput, MFU, memory."""
+    parts = [f"step {step}/{total}", f"loss {row['loss']:.4f}", f"lr {row['lr']:.3g}"]
+    if row.get("grad_norm") is not None and math.isfinite(row["grad_norm"]):
+        parts.append(f"grad_norm {row['grad_norm']:.3g}")
+    parts.append(f"{row['tokens_per_s_per_device']:.0f} tok/s/device")
+    parts.append(f"{row['step_time_s']:.2f} s/step")
+    if row.get("mfu") is not None:
+        parts.append(f"MFU {100 * row['mfu']:.1f}%")
+    if row.get("peak_mem_gib") is not None:
+        parts.append(f"peak {row['peak_mem_gib']:.1f} GiB")
+    return " | ".join(parts)
+
+
+def _print_progress(row: dict[str, float | None], step: int, total: int, bar: Any) -> None:
+    line = progress_line(row, step, total)
+    if bar is not None:
+        bar.write(line)  # above the bar, which keeps its own line
+    else:
+        _emit(line)
 
 
 def _open_ledger(cfg: TrainConfig, rank: int) -> TextIO | None:
@@ -483,11 +555,17 @@ def _save(c: Components) -> None:
     )
 
 
-def run(cfg: TrainConfig) -> TrainResult:
-    """Build everything and train: the whole recipe for one config."""
-    # Installed first: a SIGUSR1/SIGTERM during the minutes of set-up then stops the run at its
-    # first step boundary (with a checkpoint) instead of killing the process.
-    signals = ckpt.PreemptionFlag()
+def run(cfg: TrainConfig, signals: PreemptionFlag | None = None) -> TrainResult:
+    """Build everything and train: the whole recipe for one config.
+
+    Args:
+        cfg: The resolved config.
+        signals: The preemption flag the entry point installed at process start; installed
+            here when ``None`` (library use).
+    """
+    # Installed before the set-up: a SIGUSR1/SIGTERM during its minutes then stops the run at
+    # its first step boundary instead of killing the process.
+    signals = signals or PreemptionFlag()
     try:
         components = setup(cfg)
     except BaseException:
@@ -496,7 +574,51 @@ def run(cfg: TrainConfig) -> TrainResult:
     return train(components, signals=signals)
 
 
-if __name__ == "__main__":
-    from train._cli import main
+def _emit(text: str, err: bool = False) -> None:
+    # The entry point talks to the person at the terminal (library code logs instead).
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
 
-    sys.exit(main(["train", *sys.argv[1:]]))
+
+def main(argv: list[str] | None = None, signals: PreemptionFlag | None = None) -> int:
+    """``python -m train.sft --config FILE [key=value ...]``: 0 done, 2 user error, 75 preempted."""
+    signals = signals or PreemptionFlag()
+    parser = argparse.ArgumentParser(
+        prog="python -m train",
+        description="Supervised fine-tuning of the Qwen3-VL critic.",
+        epilog="Other commands: `python -m train merge-lora --adapter DIR --out DIR` merges "
+        "LoRA adapters; `python -m train evaluate ...` runs the offline critic benchmark.",
+    )
+    add_config_arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    configure_logging()
+    if args.config is None:
+        _emit(
+            "error: pass --config FILE.yaml (configs/train/tiny_cpu.yaml on CPU, "
+            "configs/train/qwen3vl_8b_full.yaml for the 8B recipe; -h for help)",
+            err=True,
+        )
+        return 2
+    try:
+        cfg = load_config(TrainConfig, args.config, args.overrides)
+        if args.dry_run:
+            sys.stdout.write(config_to_yaml(cfg))
+            return 0
+        result = run(cfg, signals)
+    except ConfigError as e:
+        _emit(f"error: {e}", err=True)
+        return 2
+    if result.preempted:
+        _emit(
+            f"preempted at step {result.state.step}: checkpoint in {cfg.out}/checkpoints; "
+            f"rerun the same command to resume (exit {EXIT_PREEMPTED})"
+        )
+        return EXIT_PREEMPTED
+    _emit(f"finished at step {result.state.step}: {result.final_dir}")
+    _emit(f"metrics: {Path(cfg.out) / 'metrics.jsonl'} (one JSON row per logged step)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

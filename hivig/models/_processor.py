@@ -140,15 +140,16 @@ def build_processor(
     max_pixels: int,
     chat_template: str | None = None,
 ) -> Qwen3VLProcessor:
-    """Load (or assemble offline) a Qwen3-VL processor with a budget that cannot silently change.
+    """Load a checkpoint's Qwen3-VL processor with a budget that cannot silently change.
 
     The budget is written to ``size`` (and to ``min_pixels``/``max_pixels`` where the class still
     reads them), then checked with a probe image, so neither an ignored ``from_pretrained``
     argument nor a fallback image-processor class can change the visual-token count.
 
     Args:
-        path_or_none: Checkpoint directory (or hub id); ``None`` assembles the offline tiny
-            processor of ``hivig.testing`` (tests and CPU demos).
+        path_or_none: Checkpoint directory (``resolve_model_path`` turns a hub id into one).
+            ``None`` is refused: offline processors come from ``assemble_processor`` (the test
+            fixtures in ``hivig.testing`` build them), never from a library default.
         min_pixels: Lower bound on an image's area, in pixels.
         max_pixels: Upper bound on an image's area, in pixels (1,048,576 ≈ 1,024 tokens).
         chat_template: Template text to install. ``None`` keeps the checkpoint's template when it
@@ -161,13 +162,9 @@ def build_processor(
         ValueError: Not a Qwen3-VL processor, a bad budget, or the budget did not take.
     """
     if path_or_none is None:
-        from hivig.testing import tiny_tokenizer
-
-        return assemble_processor(
-            tiny_tokenizer(),
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-            chat_template=chat_template,
+        raise ValueError(
+            "build_processor needs a checkpoint; offline processors are assembled with "
+            "assemble_processor (hivig.testing.tiny_processor for tests and the demo)"
         )
     processor = AutoProcessor.from_pretrained(str(path_or_none))
     if not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):

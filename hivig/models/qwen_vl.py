@@ -50,10 +50,24 @@ from transformers import (
 
 from hivig.logging import get_logger
 from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.models._attention import (
+    ATTENTION_BACKENDS,
+    FLEX_BLOCK_SIZE,
+    AttentionBackendError,
+    attention_backend_of,
+    flash_attn_available,
+    packed_attention_inputs,
+    packed_block_mask,
+    resolve_attention,
+    sample_lengths,
+    set_attention,
+    transformers_implementation,
+)
 from hivig.models._errors import EncodeError
 from hivig.models._freezing import (
     MODULE_GROUPS,
     apply_freezing,
+    checkpointed_layers,
     enable_activation_checkpointing,
     module_groups,
     parameter_groups,
@@ -77,7 +91,21 @@ from hivig.models._processor import (
 )
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "CHAT_TEMPLATE_VERSION",
+    "FLEX_BLOCK_SIZE",
+    "AttentionBackendError",
+    "ModelPathError",
+    "attention_backend_of",
+    "checkpointed_layers",
+    "flash_attn_available",
+    "packed_attention_inputs",
+    "packed_block_mask",
+    "resolve_attention",
+    "resolve_model_path",
+    "sample_lengths",
+    "set_attention",
+    "transformers_implementation",
     "IGNORE_INDEX",
     "MODULE_GROUPS",
     "THINK_POLICIES",
@@ -121,6 +149,59 @@ _MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
 # Model loading
 
 
+class ModelPathError(ValueError):
+    """``model.path`` names neither a local checkpoint nor a reachable Hugging Face model."""
+
+
+def _looks_like_repo_id(path: str) -> bool:
+    parts = path.split("/")
+    return len(parts) == 2 and all(parts) and not path.startswith((".", "~"))
+
+
+def resolve_model_path(path: str | Path, *, revision: str | None = None) -> Path:
+    """A local checkpoint directory for a directory or a Hugging Face model id.
+
+    A hub id (``Qwen/Qwen3-VL-8B-Thinking``) is looked up in the local Hugging Face cache first
+    (``HF_HOME``/``HF_HUB_CACHE``) and downloaded only when it is missing there and the hub is
+    reachable (``HF_HUB_OFFLINE`` unset).
+
+    Args:
+        path: Directory holding ``config.json``, or ``org/name``.
+        revision: Hub branch, tag or commit (``None`` = the default branch).
+
+    Returns:
+        The checkpoint directory.
+
+    Raises:
+        ModelPathError: Neither a checkpoint directory nor a model the cache or hub holds.
+    """
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelPathError(f"`model.path`: {local} has no config.json (not a checkpoint)")
+        return local
+    text = str(path)
+    if not _looks_like_repo_id(text):
+        raise ModelPathError(
+            f"`model.path`: {text} is neither a directory nor a Hugging Face id (org/name)"
+        )
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(text, revision=revision, local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass
+    try:
+        return Path(snapshot_download(text, revision=revision))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
+        raise ModelPathError(
+            f"`model.path`: {text} is not in the local Hugging Face cache and could not be "
+            f"downloaded ({type(e).__name__}); download it first (huggingface-cli download "
+            f"{text}) or pass a local directory"
+        ) from e
+
+
 def load_model(
     path: str | Path,
     *,
@@ -131,9 +212,11 @@ def load_model(
     """Load a Qwen3-VL checkpoint, choosing the class from ``config.model_type``.
 
     Args:
-        path: Checkpoint directory (or hub id).
+        path: Checkpoint directory (``resolve_model_path`` turns a hub id into one).
         dtype: Parameter dtype, e.g. ``torch.bfloat16``.
-        attn_implementation: ``"flash_attention_2"``, ``"sdpa"`` or ``"eager"``.
+        attn_implementation: A resolved backend (``resolve_attention``): ``"flash_attention_2"``,
+            ``"flex"`` (text tower on the packed flex path, vision tower on SDPA), ``"sdpa"``
+            or ``"eager"``.
         use_cache: KV cache in forward; ``False`` for training (a cache object disables packed
             sequence detection, ``qwen3vl_training.md`` §8.2), ``True`` for generation.
 
@@ -150,7 +233,9 @@ def load_model(
             f"unsupported model_type {config.model_type!r} in {path}; expected one of "
             f"{sorted(_MODEL_CLASSES)}"
         )
-    model = cls.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
+    model = cls.from_pretrained(
+        str(path), dtype=dtype, attn_implementation=transformers_implementation(attn_implementation)
+    )
     set_use_cache(model, use_cache)
     return model
 
