@@ -20,6 +20,7 @@ from hivig.actions import (
     ActionError,
     action_from_arguments,
     marks_for_tool_calls,
+    parse_agent_output,
     parse_androidworld,
     parse_osworld,
     parse_scalecua,
@@ -157,7 +158,23 @@ def resolve(obj: Any, platform: str, frame: Frame, default_format: str = "auto")
     if intent is None and fmt == "qwen":
         found = _INTENT_LINE.search(raw.split("<tool_call>", 1)[0])
         intent = found.group(1) if found else None
-    return _finish(intent, _parse_text(raw, fmt, platform, frame, space), raw, space)
+    parsed = _parse_text(raw, fmt, platform, frame, space)
+    if isinstance(parsed, ActionError) and parsed.reason != OUT_OF_RANGE:
+        # What real agents emit (module prefixes, a doubled brace, prose around the call) goes
+        # through the shared tolerant front door, as the runner adapters do; text that stays
+        # unreadable is judged as it was written.
+        repaired = parse_agent_output(
+            raw,
+            fmt,
+            platform=platform,
+            width=frame.width,
+            height=frame.height,
+            coord_space=frame.space,
+            frame=(frame.width, frame.height),
+        )
+        if not isinstance(repaired, ActionError):
+            parsed = repaired
+    return _finish(intent, parsed, raw, space)
 
 
 def detect_format(raw: str) -> str:
