@@ -8,7 +8,8 @@ reports:
 
 * hit@1: the reported root-cause step is the injected step;
 * hit@3: the injected step is among the three best-ranked candidates;
-* dim@1: the reported critic dimension is the injected one, when hit@1;
+* dim@1: share of all cases where hit@1 holds and the reported critic dimension is the injected
+  one;
 * the same figures for a baseline that blames the last steps (last step for @1, last three
   for @3), measured on the same cases;
 * the median diagnosis time per case.

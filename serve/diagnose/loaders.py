@@ -620,8 +620,10 @@ def load_trajectories(
         )
     root = Path(images_root) if images_root is not None else path.parent
     space = space_for_platform(chosen.platform)
-    shots = [root / s.screenshot for s in chosen.steps]
-    shots = [p if p.is_file() else None for p in shots]
+    base = root.resolve()
+    # A path that leaves the corpus root (``..``) is never read.
+    shots = [(root / s.screenshot).resolve() for s in chosen.steps]
+    shots = [p if p.is_relative_to(base) and p.is_file() else None for p in shots]
     if any(p is None for p in shots):
         notes.append(
             f"{sum(p is None for p in shots)} screenshot(s) not found under {root} "
