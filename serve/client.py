@@ -585,7 +585,7 @@ class _SessionState:
 
     # -- flows --------------------------------------------------------------------------
 
-    def create_flow(self) -> Flow:
+    def create_flow(self, count: bool = True) -> Flow:
         """Create (or re-create, with the known id and echo) the gateway session."""
         body = dict(self.create_body)
         if self.session_id is not None:
@@ -596,7 +596,7 @@ class _SessionState:
         sid = _as_dict(reply.body).get("session_id") if reply.ok else None
         if not isinstance(sid, str) or not sid:
             return reply if not reply.ok else _Reply(reply.status, None, "bad_response")
-        if self.session_id is not None:
+        if self.session_id is not None and count:
             self.recreated += 1
             log.info("critic session %s re-created from its echo", sid)
         self.session_id = sid
@@ -716,6 +716,30 @@ class _SessionState:
         self._note(reply.body)
         parsed = parse_ranking(reply.body, n) if candidates else parse_verdict(reply.body)
         return parsed if parsed is not None else fail("bad_response")
+
+    def reseed_flow(self, echo: dict[str, Any]) -> Flow:
+        """Replace the gateway's history of this session with an earlier ``echo``.
+
+        The gateway keeps an open session as it is when asked to create it again, so the
+        session is closed first and then re-created under the same id, seeded with ``echo``.
+        """
+        if self.closed or self.session_id is None or not isinstance(echo, dict):
+            return False
+        reply = yield _Call(
+            "DELETE", f"/v1/sessions/{self.session_id}", None, self.cfg.session_deadline_s
+        )
+        if not reply.ok and reply.code != "unknown_session":
+            return False
+        self.echo = echo
+        failed = yield from self.create_flow(count=False)
+        if failed is not None:
+            return False
+        step = echo.get("step_idx")
+        self.latest_step = step if isinstance(step, int) else None
+        self.last_observe = None  # the replayable screen is the next observe's
+        if isinstance(_as_dict(echo.get("summary")).get("progress_summary"), str):
+            self.history = _history(echo["summary"], self.history)
+        return True
 
     def close_flow(self) -> Flow:
         if self.closed or self.session_id is None:
@@ -981,6 +1005,11 @@ class Session:
             st.critique_flow(step_idx, action, candidates, png, extra), fallback
         )
 
+    def reseed(self, echo: dict[str, Any]) -> bool:
+        """Replace the gateway's history with an earlier ``echo`` (R3 Restore); True on
+        success. The next observe continues from ``echo["step_idx"] + 1``."""
+        return bool(self._client._drive(self._state.reseed_flow(echo), lambda: False))
+
     def close(self) -> bool:
         """Close the gateway session; True when the gateway confirmed."""
         return bool(self._client._drive(self._state.close_flow(), lambda: False))
@@ -1171,6 +1200,10 @@ class AsyncSession:
         return await self._client._drive(
             st.critique_flow(step_idx, action, candidates, png, extra), fallback
         )
+
+    async def reseed(self, echo: dict[str, Any]) -> bool:
+        """See ``Session.reseed``."""
+        return bool(await self._client._drive(self._state.reseed_flow(echo), lambda: False))
 
     async def close(self) -> bool:
         """See ``Session.close``."""

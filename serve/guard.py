@@ -10,7 +10,9 @@ Two loop-level rescues run on top (serving design §12.5):
 * **R3** (Reset, Reroute, Restore) when the gateway's recurrence detector fires (the same
   screen–action pair repeated without effect): the policy proposes from a fresh context (task and
   current screen only), each proposal is executed and the first that changes the screen is kept;
-  the policy's history afterwards is the history before the loop plus the kept step.
+  the policy's history afterwards is the history before the loop plus the kept step, and the
+  gateway's macro history is rebuilt the same way (the session re-seeded with the echo from
+  before the loop, the kept step observed again), so neither shows a trace of the loop.
 * **ReTrace recovery** when the gateway proposes a recovery target (an earlier intact screen): a
   bounded sub-loop gives the policy the gateway's brief until the target screen is back.
 
@@ -49,6 +51,9 @@ log = logging.getLogger(__name__)
 OnExhausted = Literal["execute_last", "execute_first", "stop"]
 Mode = Literal["normal", "reroute", "recovery"]
 
+ECHOES_KEPT = 32
+"""Recent echoes kept (the one from before a loop re-seeds the gateway on Restore)."""
+
 RESTORED_RESULTS_KEPT = 8
 """After a Restore the policy sees the pre-loop history plus at most this many later results."""
 
@@ -69,12 +74,21 @@ class R3Config:
             no proposal changes the screen.
         critique_reroutes: Critique reroute proposals; a ``bad`` one is not executed (it still
             uses one of the N).
+        rebuild_gateway_history: On Restore, also rebuild the gateway's macro history: the
+            session is re-seeded with the echo from before the loop and the accepted step is
+            observed again, so later summaries and critique prompts hold no trace of the loop.
+            When that fails, only the policy's history is restored.
     """
 
     enabled: bool = True
     reroute_attempts: int = 3
     on_failure: Literal["terminate", "continue"] = "terminate"
     critique_reroutes: bool = True
+    rebuild_gateway_history: bool = True
+
+    def __post_init__(self) -> None:
+        if self.reroute_attempts < 1 or self.on_failure not in ("terminate", "continue"):
+            raise ValueError("r3: reroute_attempts >= 1, on_failure terminate or continue")
 
 
 @dataclass(frozen=True)
@@ -268,6 +282,8 @@ class _Step:
     idx: int
     screenshot: ImageInput | None
     observation: Observation | None
+    gw: int = 0
+    """The gateway's step index (differs from ``idx`` after a rebuilt Restore)."""
     attempts: list[tuple[Any, ActionInput, Verdict | None]] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
@@ -281,8 +297,10 @@ class _Reroute:
     saved_text: str
     trigger_step: int
     loop_start: int
+    saved_echo: dict[str, Any] | None = None
     attempts: int = 0
     executed: list[str] = field(default_factory=list)
+    executed_actions: list[ActionInput] = field(default_factory=list)
 
 
 @dataclass
@@ -358,6 +376,9 @@ class CriticGuard:
         self._text_base: str | None = None
         self._since_restore: list[str] = []
         self._screens: dict[int, ImageInput] = {}
+        self._echoes: dict[int, dict[str, Any]] = {}
+        self._gw_next = 0
+        self._guard_of: dict[int, int] = {}
         self._rejections: Counter[str] = Counter()
         self._next_idx = 0
         self._pending: ActionInput | None = None
@@ -397,10 +418,13 @@ class CriticGuard:
 
     def observe(self, screenshot: ImageInput) -> Observation:
         """Begin the next step: send the screen (and the action executed before it)."""
-        idx = self._next_idx
+        idx, gw = self._next_idx, self._gw_next
         prev = self._pending if idx > 0 else None
-        obs = self._session().observe(idx, screenshot, prev)
+        obs = self._session().observe(gw, screenshot, prev)
         self._keep_screen(idx, screenshot)
+        self._guard_of[gw] = idx
+        if isinstance(obs.body.get("echo"), dict):
+            self._echoes[idx] = obs.body["echo"]
         self._texts[idx] = obs.history.text()
         if self._text_base is not None and obs.ok and obs.history.last_action_result:
             # After a Restore the policy sees the restored history plus each new result.
@@ -420,7 +444,9 @@ class CriticGuard:
             },
             "proposals": [],
         }
-        self._step = _Step(idx, screenshot, obs, record=record)
+        if gw != idx:
+            record["gateway_step"] = gw
+        self._step = _Step(idx, screenshot, obs, gw=gw, record=record)
         self.log.append(record)
         if not obs.ok:
             self.events[f"observe_{obs.reason}"] += 1
@@ -432,6 +458,8 @@ class CriticGuard:
         self._screens[idx] = screenshot
         for old in [k for k in self._screens if k <= idx - self.config.recovery.keep_screens]:
             del self._screens[old]
+        for old in [k for k in self._echoes if k <= idx - ECHOES_KEPT]:
+            del self._echoes[old]
 
     def _after_observe(self, obs: Observation, screenshot: ImageInput, record: dict) -> None:
         """Mode transitions driven by the new observation (R3 and recovery)."""
@@ -470,7 +498,9 @@ class CriticGuard:
             saved_text = "\n".join([self._text_base, *kept]).strip()
         trigger = self._step.idx if self._step else 0
         saved = self.history[: len(self.history) - run]
-        self._reroute = _Reroute(saved, saved_text, trigger, loop_start=first)
+        self._reroute = _Reroute(
+            saved, saved_text, trigger, loop_start=first, saved_echo=self._echoes.get(first)
+        )
         self._mode = "reroute"
         key = obs.recurrence.get("action_key")
         record["r3"] = {"event": "trigger", "loop_steps": run, "action_key": key}
@@ -494,14 +524,48 @@ class CriticGuard:
     def _restore(self, rr: _Reroute, obs: Observation, record: dict) -> None:
         accepted = rr.executed[-1]
         self.history = [*rr.saved_history, accepted]
-        result = obs.history.last_action_result
-        self._text_base = rr.saved_text
-        self._since_restore = [f"Result of the last action: {result}"] if result else []
         self._mode, self._reroute = "normal", None
-        event = {"event": "restored", **self._reroute_facts(rr)}
+        rebuilt = self._rebuild_gateway_history(rr, record)
+        if rebuilt is None:
+            # The policy still gets the restored history; the gateway's keeps the loop.
+            result = obs.history.last_action_result
+            self._text_base = rr.saved_text
+            self._since_restore = [f"Result of the last action: {result}"] if result else []
+        else:
+            self._text_base, self._since_restore = None, []
+        event = {"event": "restored", **self._reroute_facts(rr), "gateway_rebuilt": bool(rebuilt)}
         record["r3"] = event
         self.r3_events.append({**event, "accepted": accepted})
         self.events["r3_rerouted"] += 1
+
+    def _rebuild_gateway_history(self, rr: _Reroute, record: dict) -> Observation | None:
+        """Re-seed the session with the pre-loop echo and observe the accepted step again.
+
+        Returns the new observation, or ``None`` when it is off or any call failed.
+        """
+        st, echo = self._step, rr.saved_echo
+        if not self.config.r3.rebuild_gateway_history or st is None or echo is None:
+            return None
+        start = echo.get("step_idx")
+        if not isinstance(start, int) or self.session is None or not rr.executed_actions:
+            return None
+        if not self.session.reseed(echo):
+            self.events["r3_rebuild_failed"] += 1
+            return None
+        gw = start + 1
+        obs = self.session.observe(gw, st.screenshot, rr.executed_actions[-1])
+        if not obs.ok:
+            self.events["r3_rebuild_failed"] += 1
+            return None
+        # From here on the gateway numbers steps without the loop.
+        st.gw, st.observation = gw, obs
+        self._guard_of[gw] = st.idx
+        self._texts[st.idx] = obs.history.text()
+        if isinstance(obs.body.get("echo"), dict):
+            self._echoes[st.idx] = obs.body["echo"]
+        record["gateway_step"] = gw
+        record["observe"]["history"] = obs.history.text()
+        return obs
 
     def _reroute_failed(self, rr: _Reroute, record: dict) -> None:
         self.history = list(rr.saved_history)
@@ -517,7 +581,7 @@ class CriticGuard:
             self._terminate = True
 
     @staticmethod
-    def _reroute_facts(rr: _Reroute) -> dict[str, int]:
+    def _reroute_facts(rr: _Reroute) -> dict[str, Any]:
         return {
             "attempts": rr.attempts,
             "trigger_step": rr.trigger_step,
@@ -551,7 +615,7 @@ class CriticGuard:
         tolerance = self.config.recovery.phash_max_distance
         if obs.image_ref is not None and tolerance == 0:
             return False  # both exact: the gateway's references already decided
-        target = self._screens.get(rec.target_step)
+        target = self._screens.get(self._guard_of.get(rec.target_step, rec.target_step))
         if target is None:
             return False
         return target == screenshot or _frames_match(target, screenshot, tolerance)
@@ -632,7 +696,7 @@ class CriticGuard:
             )
             st.attempts.append((proposal, action, None))
             return self._log_review(st, Review(True, proposal, action, None, "escalated"))
-        verdict = None if skip_critic else self._critique(st.idx, action)
+        verdict = None if skip_critic else self._critique(st.gw, action)
         st.attempts.append((proposal, action, verdict))
         if verdict is None or not verdict.is_bad:
             fail_open = verdict is not None and verdict.abstained
@@ -694,13 +758,14 @@ class CriticGuard:
         st.record["executed"] = review.action
         if self._mode == "reroute" and self._reroute is not None:
             self._reroute.executed.append(text)
+            self._reroute.executed_actions.append(review.action)  # type: ignore[arg-type]
             self._reroute.attempts += 1
         elif self._mode == "recovery" and self._recovery is not None:
             self._recovery.steps += 1
             self.history.append(text)
         else:
             self.history.append(text)
-        self._next_idx = st.idx + 1
+        self._next_idx, self._gw_next = st.idx + 1, st.gw + 1
         self._step = None
         return Decision(
             st.idx, review.proposal, review.action, review.verdict, review.outcome, record=st.record
@@ -780,7 +845,7 @@ class CriticGuard:
             proposals.append(self.policy(ctx))
         proposals = proposals[: ctx.n]
         actions = [self._action_of(p) for p in proposals]
-        ranked = self._session().critique(st.idx, candidates=actions)
+        ranked = self._session().critique(st.gw, candidates=actions)
         if isinstance(ranked, Ranking) and len(ranked.results) == len(actions):
             verdicts = list(ranked.results)
         else:

@@ -138,6 +138,11 @@ class FakeGateway:
     def create(self, body: dict[str, Any]) -> httpx.Response:
         self.created += 1
         sid = body.get("session_id") or f"s{self.created}"
+        existing = self.sessions.get(sid)
+        if existing is not None and not existing["closed"]:
+            # Like the gateway: an open session is kept as it is.
+            reply = {"session_id": sid, "created": False, "echo": existing["echo"], **VERSIONS}
+            return httpx.Response(201, json=reply)
         echo = body.get("echo") or {
             "task": body["task"],
             "platform": body["platform"],
@@ -146,12 +151,13 @@ class FakeGateway:
             "summary": {"progress_summary": "", "version": 0},
             "step_idx": None,
             "steps": [],
+            "screens": {},
         }
         self.sessions[sid] = {
             "create": body,
             "echo": echo,
             "latest": echo.get("step_idx"),
-            "last_ref": None,
+            "last_ref": echo.get("screens", {}).get(str(echo.get("step_idx"))),
             "stored": {},
             "images": {},
             "run": 0,
@@ -218,7 +224,14 @@ class FakeGateway:
                     "last_action_result": history["last_action_result"],
                 }
             )
-        sess["echo"] = {**sess["echo"], "summary": history, "step_idx": k, "steps": steps}
+        screens = {**sess["echo"].get("screens", {}), str(k): ref}
+        sess["echo"] = {
+            **sess["echo"],
+            "summary": history,
+            "step_idx": k,
+            "steps": steps,
+            "screens": screens,
+        }
         sess["last_ref"] = ref
         reply = {
             "session_id": sid,
@@ -548,6 +561,31 @@ def test_critique_replays_the_screen_when_the_gateway_lacks_it():
     replay = gw.bodies("/observe")[-1]
     assert replay["step_idx"] == 0 and replay["force"] is True
     assert base64.b64decode(replay["screenshot"]) == png("a")
+
+
+def test_reseed_replaces_the_gateway_history_with_an_earlier_echo():
+    gw = FakeGateway()
+    s = make_client(gw).start("t", "ubuntu", (100, 100))
+    s.observe(0, png("a"))
+    early = s.observe(1, png("b"), "click a").body["echo"]
+    s.observe(2, png("b"), "dead click")
+    s.observe(3, png("b"), "dead click")
+    assert s.reseed(early) is True
+    assert [m for m, p, _ in gw.requests[-2:]] == ["DELETE", "POST"]
+    assert gw.creates()[-1]["echo"]["step_idx"] == 1 and s.session_id == "s1"
+    obs = s.observe(2, png("c"), "open menu")  # continues from the echo's step, no conflict
+    assert obs.ok and "force" not in gw.bodies("/observe")[-1]
+    assert [st["intent"] for st in obs.body["echo"]["steps"]] == ["click a", "open menu"]
+    assert s.recreated == 0  # a reseed is not a lost session
+
+
+def test_reseed_fails_open():
+    gw = FakeGateway()
+    s = make_client(gw).start("t", "ubuntu", (100, 100))
+    echo = s.observe(0, png("a")).body["echo"]
+    gw.faults = [("/v1/sessions/s1", 500)]
+    assert s.reseed(echo) is False
+    assert s.reseed("not an echo") is False
 
 
 def test_gateway_down_at_start_then_back():

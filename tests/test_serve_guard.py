@@ -8,6 +8,7 @@ import hashlib
 import json
 from typing import Any
 
+import httpx
 import pytest
 from test_serve_client import FakeGateway, make_client, png
 
@@ -263,9 +264,9 @@ def test_r3_triggers_reroutes_and_restores_without_a_trace_of_the_loop():
     env = Env("A", dict(R3_ENV))
     policy = dead_spot_policy()
     guard = guard_for(gw, policy)
-    decisions = guard.run(env.execute, env.shot(), max_steps=6)
+    decisions = guard.run(env.execute, env.shot(), max_steps=7)
     # go, dead, dead -> trigger at step 3; reroute: dead (no effect), menu (changes) -> restore.
-    assert env.executed == ["go", "dead", "dead", "dead", "menu", "next"]
+    assert env.executed[:6] == ["go", "dead", "dead", "dead", "menu", "next"]
     assert guard.log[3]["r3"]["event"] == "trigger" and guard.log[3]["r3"]["loop_steps"] == 2
     assert [c.mode for c in policy.contexts[3:5]] == ["reroute", "reroute"]
     # Reset: the reroute proposals were made from the task and screen only.
@@ -274,14 +275,61 @@ def test_r3_triggers_reroutes_and_restores_without_a_trace_of_the_loop():
     # Restore: the history before the loop plus the accepted step, no dead clicks.
     assert policy.contexts[5].history == ("go", "menu")
     assert "dead" not in " ".join(policy.contexts[5].history)
-    assert guard.history == ["go", "menu", "next"]
+    assert guard.history[:3] == ["go", "menu", "next"]
     assert guard.r3_events == [
-        {"event": "restored", "attempts": 2, "trigger_step": 3, "loop_start": 1, "accepted": "menu"}
+        {
+            "event": "restored",
+            "attempts": 2,
+            "trigger_step": 3,
+            "loop_start": 1,
+            "gateway_rebuilt": True,
+            "accepted": "menu",
+        }
     ]
-    # The restored macro history is the one seen before the loop, plus the accepted step's result.
+    # The gateway's history was rebuilt too: re-seeded before the loop, the accepted step
+    # observed again, and the steps after it numbered without the loop.
+    sess = gw.sessions["s1"]
+    assert [st["intent"] for st in sess["echo"]["steps"]] == ["go", "menu", "next"]
+    assert guard.log[5]["gateway_step"] == 2 and guard.log[6]["gateway_step"] == 3
+    assert policy.contexts[5].history_text == (
+        "Progress so far: 2 steps done\nResult of the last action: ok"
+    )
+    assert gw.bodies("/critique")[-1]["step_idx"] == 3  # critiques follow the new numbering
+    assert not decisions[-1].stop
+
+
+def test_r3_restore_without_the_gateway_rebuild_restores_the_policy_text():
+    gw = FakeGateway(r3_k=2)
+    env = Env("A", dict(R3_ENV))
+    policy = dead_spot_policy()
+    guard = guard_for(gw, policy, r3=R3Config(rebuild_gateway_history=False))
+    guard.run(env.execute, env.shot(), max_steps=6)
+    assert guard.r3_events[0]["gateway_rebuilt"] is False
+    assert policy.contexts[5].history == ("go", "menu")
+    # The text seen before the loop, plus the accepted step's result; no loop results.
     text = policy.contexts[5].history_text
     assert text.startswith(guard._texts[1]) and "nothing changed" not in text
-    assert not decisions[-1].stop
+    # The gateway kept its own history (loop included) and its numbering.
+    assert "gateway_step" not in guard.log[5]
+
+
+def test_r3_rebuild_failure_falls_back_to_the_policy_text():
+    gw = FakeGateway(r3_k=2)
+    env = Env("A", dict(R3_ENV))
+    policy = dead_spot_policy()
+    guard = guard_for(gw, policy)
+    inner = gw.route
+
+    def no_delete(method, path, body):
+        if method == "DELETE":
+            return httpx.Response(500, json={"error": {"code": "internal", "message": "x"}})
+        return inner(method, path, body)
+
+    gw.route = no_delete
+    decisions = guard.run(env.execute, env.shot(), max_steps=6)
+    assert guard.r3_events[0]["gateway_rebuilt"] is False
+    assert guard.events["r3_rebuild_failed"] == 1
+    assert policy.contexts[5].history == ("go", "menu") and not decisions[-1].stop
 
 
 def test_r3_trigger_needs_k_repeats():
