@@ -163,6 +163,9 @@ class Gateway:
         echo = body.get("echo")
         if echo is not None:
             seed_from_echo(state, echo)
+        if existing is not None:
+            # Re-created under its old id: answers filed for the closed timeline are void.
+            self.store.forget(sid)
         self.store.save(state)
         self.traces.write(
             sid,
@@ -346,9 +349,11 @@ class Gateway:
         """``POST /v1/sessions/{sid}/critique``: verdict(s) on the proposed step(s)."""
         timer = Timer(time.perf_counter())
         k = _step_idx(body)
-        key = _request_key(body)
         async with self._lock(sid):
             state = self._open_session(sid)
+            # The key names the screen too: a session re-seeded from an earlier echo (an R3
+            # Restore) reaches step k again on another screen, and must not get the old answer.
+            key = _request_key(body, state.screens.get(str(k)))
             stored = self.store.response(sid, "critique", k, key)
             if stored is not None:
                 return stored
@@ -790,9 +795,10 @@ def _proposals(body: dict[str, Any], limit: int) -> list[Any]:
     return [body["action"]]
 
 
-def _request_key(body: dict[str, Any]) -> str:
+def _request_key(body: dict[str, Any], screen: str | None) -> str:
     """Idempotency key of a critique: what is judged, on which screen."""
     keep = {k: body.get(k) for k in ("action", "candidates", "image_ref", "return_thinking")}
+    keep["screen"] = screen
     if body.get("screenshot"):
         keep["screenshot"] = hashlib.sha256(str(body["screenshot"]).encode()).hexdigest()
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:32]

@@ -126,6 +126,10 @@ class SessionStore(Protocol):
         """Close sessions last seen before ``idle_before`` (epoch seconds); their ids."""
         ...
 
+    def forget(self, session_id: str) -> None:
+        """Drop a session's stored responses (it is being re-created)."""
+        ...
+
     def count_open(self) -> int:
         """Open sessions."""
         ...
@@ -172,6 +176,11 @@ class MemoryStore:
                 self.save(state)
                 gone.append(sid)
         return gone
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._responses if k[0] == session_id]:
+                del self._responses[key]
 
     def count_open(self) -> int:
         with self._lock:
@@ -263,6 +272,10 @@ class SQLiteStore:
                 self.save(state)
                 gone.append(sid)
         return gone
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM responses WHERE session_id = ?", (session_id,))
 
     def count_open(self) -> int:
         with self._lock:

@@ -490,3 +490,19 @@ def test_diagnose_job_on_a_session_trace(tmp_path):
         assert (r.status_code, _code(r)) == (403, "forbidden_path")
         assert _code(c.post("/v1/diagnose", json={"session_id": "nope"})) == "unknown_session"
         assert _code(c.get("/v1/jobs/nope")) == "unknown_job"
+
+
+def test_reseeding_a_session_from_an_earlier_echo_voids_its_later_answers(tmp_path):
+    backend = ScriptedBackend()
+    with _client(tmp_path, backend) as c:
+        sid = _start(c)
+        echo0 = _observe(c, sid, 0).json()["echo"]
+        _observe(c, sid, 1, prev=CLICK)
+        c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 1, "action": CLICK})
+        c.delete(f"/v1/sessions/{sid}")
+        r = c.post("/v1/sessions", json=session_body(session_id=sid, echo=echo0))
+        assert r.json()["echo"]["step_idx"] == 0
+        again = _observe(c, sid, 1, prev=CLICK, screenshot=b64(screen(seed=7, dialog=True))).json()
+        assert again["echo"]["steps"][-1]["step_idx"] == 0 and len(again["echo"]["steps"]) == 1
+        c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 1, "action": CLICK})
+    assert [k for k, _ in backend.calls] == ["history", "critique", "history", "critique"]
