@@ -89,6 +89,18 @@ class ClientConfig:
     breaker_open_s: float = 60.0
     resend_smaller: bool = True
 
+    def __post_init__(self) -> None:
+        limits = (
+            self.connect_timeout_s,
+            self.observe_deadline_s,
+            self.critique_deadline_s,
+            self.session_deadline_s,
+        )
+        if min(limits) <= 0 or self.retries < 0 or self.retry_jitter_s < 0:
+            raise ValueError("client: timeouts and deadlines > 0, retries and jitter >= 0")
+        if self.breaker_failures < 1 or self.breaker_open_s < 0:
+            raise ValueError("client: breaker_failures >= 1, breaker_open_s >= 0")
+
 
 # ---------------------------------------------------------------------------------------------
 # Results

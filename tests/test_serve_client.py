@@ -377,6 +377,13 @@ def test_ready():
     assert client.ready() is False
 
 
+def test_client_config_is_validated():
+    with pytest.raises(ValueError):
+        ClientConfig(critique_deadline_s=0)
+    with pytest.raises(ValueError):
+        ClientConfig(breaker_failures=0)
+
+
 def test_diagnose_and_job():
     gw = FakeGateway()
     client = make_client(gw)

@@ -230,11 +230,21 @@ def test_reset_starts_a_new_session():
     assert gw.sessions["s1"]["closed"] and guard.log[0]["step_idx"] == 0
 
 
-def test_config_is_validated():
+def test_config_is_validated_and_loads_from_overrides():
+    from hivig.config import ConfigError, load_config
+
     with pytest.raises(ValueError):
         GuardConfig(on_exhausted="panic")
     with pytest.raises(ValueError):
         GuardConfig(max_reproposals=-1)
+    with pytest.raises(ValueError):
+        R3Config(reroute_attempts=0)
+    with pytest.raises(ValueError):
+        RecoveryConfig(budget=0)
+    cfg = load_config(GuardConfig, None, ["r3.on_failure=continue", "recovery.budget=5"])
+    assert cfg.r3.on_failure == "continue" and cfg.recovery.budget == 5
+    with pytest.raises(ConfigError):
+        load_config(GuardConfig, None, ["on_exhausted=panic"])
 
 
 # ---------------------------------------------------------------------------------------------
