@@ -649,6 +649,8 @@ class _SessionState:
     def observe_flow(self, step_idx: int, image: ImageInput, prev: Any) -> Flow:
         if self.closed:
             return self.stale(step_idx, "closed")
+        if image is None or (isinstance(image, (bytes, str)) and not image):
+            return self.stale(step_idx, "no_image")  # nothing to judge; the agent goes on
         body = self._observe_body(step_idx, image, prev)
         self.last_observe = body  # kept even if this call fails: a later critique replays it
         if self.session_id is None:
@@ -665,6 +667,10 @@ class _SessionState:
         self.history = obs.history
         self.latest_step = step_idx
         return obs
+
+    def _replayable(self, step_idx: int) -> bool:
+        """Whether the last observe sent is the one of ``step_idx`` (so it can be replayed)."""
+        return bool(self.last_observe) and self.last_observe.get("step_idx") == step_idx
 
     def _inline(self) -> dict[str, Any]:
         """The last observed screen as an inline image field (empty if it was a reference)."""
@@ -715,7 +721,7 @@ class _SessionState:
                     return fail(failed.reason)
             elif code == "unknown_image_ref" and "image_ref" in body and self._inline():
                 body = {k: v for k, v in body.items() if k != "image_ref"} | self._inline()
-            elif code in ("step_conflict", "unknown_image_ref") and self.last_observe:
+            elif code in ("step_conflict", "unknown_image_ref") and self._replayable(step_idx):
                 # The gateway lacks the screen being judged: replay its observe.
                 replay = yield from self._send_observe({**self.last_observe, "force": True})
                 if not replay.ok:

@@ -655,6 +655,17 @@ def test_unexpected_exception_inside_the_client_fails_open(monkeypatch):
     assert obs.status == "stale" and obs.reason == "client_error"
 
 
+def test_missing_screenshot_fails_open_without_a_request():
+    gw = FakeGateway()
+    s = make_client(gw).start("t", "ubuntu", (100, 100))
+    sent = len(gw.requests)
+    assert s.observe(0, None).reason == "no_image"
+    assert len(gw.requests) == sent
+    v = s.critique(0, "click")  # the gateway never saw step 0, and there is nothing to replay
+    assert v.abstained and v.reason == "step_conflict"
+    assert not gw.bodies("/observe")
+
+
 def test_closed_session_abstains():
     gw = FakeGateway()
     s = make_client(gw).start("t", "ubuntu", (100, 100))
