@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 
 from hivig.actions import in_space, marks_for_actions, pointer_after, space_for_platform
 from hivig.backends import BackendError, InferenceBackend, Sampling
@@ -173,18 +174,20 @@ class Inspector:
         if truncated and result.status != "ok":
             result.reason = f"truncated at the token limit ({result.reason})"
         if self.use_history and step.after is not None:
-            await self._outcome(run, step, text, result)
+            await self._outcome(run, step, (step.before, step.after), text, result)
         return result
 
-    async def _outcome(self, run: Run, step: RunStep, text: str, result: Inspection) -> None:
+    async def _outcome(
+        self, run: Run, step: RunStep, shots: tuple[Path, Path], text: str, result: Inspection
+    ) -> None:
         earlier = [s for s in run.steps if s.step < step.step]
         previous = earlier[-1].progress_summary if earlier else None
         messages = build_history_messages(
             run.task or NO_TASK,
             run.platform,
             previous or INITIAL_SUMMARY,
-            ImageRef(str(step.before.resolve())),  # type: ignore[union-attr]
-            ImageRef(str(step.after.resolve())),  # type: ignore[union-attr]
+            ImageRef(str(shots[0].resolve())),
+            ImageRef(str(shots[1].resolve())),
             text,
         )
         try:

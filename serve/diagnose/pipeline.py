@@ -475,6 +475,8 @@ def _summary(
         outcome = "a screenshot is unreadable; the change is unknown"
     elif change.no_effect:
         outcome = "the screen did not visibly change"
+    elif change.diff_frac < 0:  # recorded by the gateway without a pixel share
+        outcome = "the screen changed"
     else:
         outcome = f"the screen changed ({100 * change.diff_frac:.1f} % of pixels)"
     if cand is not None:

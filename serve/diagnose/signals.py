@@ -46,7 +46,7 @@ from hivig.actions import (
 )
 from hivig.taxonomy import Dimension, lookup_dimension
 from serve.diagnose.run import Run, RunStep
-from serve.diagnose.screens import Change, Screens, compare
+from serve.diagnose.screens import Change, Fingerprint, Screens, compare
 
 WEIGHTS: dict[str, float] = {
     "bad_verdict": 3.0,
@@ -254,7 +254,7 @@ def _no_effect_signals(
         streak = True
 
 
-def _near(a, b) -> bool:  # noqa: ANN001 - Fingerprint | None
+def _near(a: Fingerprint | None, b: Fingerprint | None) -> bool:
     return a is not None and b is not None and compare(a, b).no_effect
 
 
