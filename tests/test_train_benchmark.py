@@ -562,3 +562,19 @@ def test_backend_names_stay_apart():
         "oracle#1",
         "oracle#2",
     ]
+
+
+def test_train_evaluate_dispatches_here(generated, tmp_path, capsys):
+    from train._cli import main as train_main
+
+    out = tmp_path / "via_train"
+    argv = ["evaluate", "--data", str(generated), "--backend", "oracle", "--out", str(out)]
+    assert train_main([*argv, "--limit", "3"]) == 0
+    assert _metrics(out)["backends"]["oracle"]["n"] == 3
+    assert (
+        train_main(
+            ["evaluate", "--data", str(tmp_path / "nope"), "--backend", "oracle", "--out", str(out)]
+        )
+        == 2
+    )
+    assert capsys.readouterr().err.strip().startswith("error: --data")
