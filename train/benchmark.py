@@ -891,7 +891,7 @@ def build_predictor(
         backend_cfg = BackendConfig(kind="transformers", model=spec.target)
         try:
             backend = build_backend(backend_cfg, frame=frame, device=cfg.device or None)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: e.g. an absent --device
             raise BenchmarkError(f"--backend {spec.label}: cannot load {spec.target}: {e}") from e
     else:
         backend_cfg = BackendConfig(
