@@ -15,6 +15,7 @@ from hivig.backends import BackendHTTPError, Generation, Sampling, Usage
 from hivig.config import load_config
 from hivig.media import ChatMessage
 from serve.config import ServeConfig
+from serve.server import BackgroundServer
 
 GOOD = (
     "<criticism>\nOverall Grading: Good\nExplanation: The click opens the menu that the task "
@@ -136,47 +137,5 @@ def session_body(**extra: Any) -> dict[str, Any]:
 CLICK = {"type": "left_click", "x": 80, "y": 60, "intent": "Click the settings button"}
 
 
-class LiveServer:
-    """A real uvicorn server on 127.0.0.1 in a thread, stopped on exit (graceful)."""
-
-    def __init__(self, app: Any, port: int = 0, graceful_s: float = 10.0) -> None:
-        import socket
-        import threading
-
-        import uvicorn
-
-        if port == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            timeout_graceful_shutdown=int(graceful_s),
-            lifespan="on",
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        import time
-
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        """Ask for a graceful shutdown and wait for it."""
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+class LiveServer(BackgroundServer):
+    """A real uvicorn server on 127.0.0.1 for tests (``serve.server.BackgroundServer``)."""
