@@ -608,12 +608,14 @@ def _compare(
         nothing = np.zeros(mask.px.shape, dtype=bool)
         return _Compared(True, 0, False if crops else None, 0.0, True, nothing)
     keep = ~mask.px
-    identical = bool(np.array_equal(mask.zeroed(prev_rgb), mask.zeroed(cur_rgb)))
     # |a - b| on uint8 without widening: max - min never wraps.
     delta = np.maximum(prev_g, cur_g) - np.minimum(prev_g, cur_g)
     changed = (delta > cfg.pixel_delta) & keep
+    n_changed = int(np.count_nonzero(changed))
     kept = int(np.count_nonzero(keep))
-    frac = float(np.count_nonzero(changed)) / kept if kept else 0.0
+    frac = n_changed / kept if kept else 0.0
+    # A visibly changed unmasked pixel settles it; otherwise compare the masked colours exactly.
+    identical = n_changed == 0 and bool(np.array_equal(mask.zeroed(prev_rgb), mask.zeroed(cur_rgb)))
     prev_g, cur_g = mask.zeroed(prev_g), mask.zeroed(cur_g)
     dist = hamming(dhash_array(prev_g), dhash_array(cur_g))
     region: bool | None = None
@@ -693,6 +695,21 @@ class Signals:
     action_key_exact: str | None = None
     cycle_repeats: int = 0
     mask_learned: bool = False
+
+
+def _clean_actions(actions: Sequence[Action | str] | None) -> tuple[Action | str, ...]:
+    """The actions as a tuple; ``None`` entries dropped, anything untyped kept as its text."""
+    out: list[Action | str] = []
+    for a in actions or ():
+        if a is None:
+            continue
+        if isinstance(a, str) or isinstance(getattr(a, "action", None), str):
+            out.append(a)
+        else:
+            # Not a typed action (e.g. a parse error object): compare it by its text, like raw.
+            logger.debug("untyped action %r compared as text", type(a).__name__)
+            out.append(str(a))
+    return tuple(out)
 
 
 def _is_wait(actions: Sequence[Action | str]) -> bool:
@@ -892,7 +909,7 @@ def update(
         ``(new_state, signals)``.
     """
     cfg = config or DetectorConfig()
-    acts = tuple(actions or ())
+    acts = _clean_actions(actions)
     no_action = not acts or _is_wait(acts)
     size = (frame.width, frame.height)
     j = _judge(state, frame, acts, no_action, cfg)

@@ -448,6 +448,12 @@ def test_action_keys():
     assert two == 'left_click()@1,2; type("a")'
 
 
+def test_none_entries_and_untyped_objects_do_not_crash():
+    _, sigs = run([(screen(), None), (screen(), [None]), (screen(), [ValueError("bad")])])
+    assert sigs[1].recurrence["action_key"] is None  # nothing executed
+    assert sigs[2].recurrence["action_key"] == 'raw("bad")'
+
+
 def test_raw_action_text_counts_like_a_typed_action():
     raw = "pyautogui.click(1344, 324)"
     _, sigs = run([(screen(), None), (screen(), [raw]), (screen(), [raw.upper()])])
