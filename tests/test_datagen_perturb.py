@@ -92,12 +92,14 @@ def test_termination_variants():
     gen = PROGRAMMATIC["Termination Misjudgment"]
     early = gen(view([CLICK_OK], final_intent="The file is saved"), rng(), P)
     assert early.method == "premature_terminate" and early.calls[0]["action"] == "terminate"
-    # The expert's own closing words, not a template sentence.
-    assert early.intent == "The file is saved"
+    # No words: the episode's closing words would be future information in the input.
+    assert early.intent == ""
     answer = gen(view([{"action": "answer", "text": "42"}], is_final=True), rng(), P)
-    assert answer.method == "terminate_instead_of_answer" and answer.intent == "Click OK to confirm"
+    # No words either: an intent to report the answer with a bare terminate would contradict
+    # its call, which is Action-Operation Misalignment.
+    assert answer.method == "terminate_instead_of_answer" and answer.intent == ""
     # Terminate after an answer is the correct ending: its Bad is a redundant action, never
-    # another terminate, worded like the earlier step that clicked the same element.
+    # another terminate, and it copies no earlier step's words.
     done = gen(
         view(
             [STOP],
@@ -111,7 +113,10 @@ def test_termination_variants():
         P,
     )
     assert done.method == "action_after_completion" and done.calls[0]["action"] != "terminate"
-    assert done.intent == "Press OK"
+    assert done.intent == ""
+    # "After the goal was met" is false where the expert gave up: no such sample then.
+    failed = {"action": "terminate", "status": "failure"}
+    assert gen(view([failed], is_final=True), rng(), P) is None
 
 
 def test_no_premature_terminate_after_the_expert_answered():
@@ -124,12 +129,20 @@ def test_no_premature_terminate_after_the_expert_answered():
 
 
 def test_timing_acts_instead_of_the_expert_wait():
-    nxt = ({"action": "left_click", "coordinate": [100, 200]},)
-    bad = PROGRAMMATIC["Timing and Latency Neglect"](
-        view([{"action": "wait", "time": 2.0}], next_calls=nxt, next_intent="Click Next"), rng(), P
-    )
+    # The next step clicks the Name field, which the loading screen already shows there.
+    nxt = ({"action": "left_click", "coordinate": [250, 120]},)
+    wait = [{"action": "wait", "time": 2.0}]
+    gen = PROGRAMMATIC["Timing and Latency Neglect"]
+    v = view(wait, next_calls=nxt, next_intent="Click Name", next_elements=(NAME,))
+    bad = gen(v, rng(), P)
     assert bad.method == "act_instead_of_wait"
-    assert bad.calls == nxt and bad.intent == "Click Next"
+    assert bad.calls == nxt and bad.intent == "Click Name"
+    # Negative control: where the next step's target is not on the loading screen yet, moving
+    # it onto this screen would be Visual Hallucination, so Timing declines.
+    menu_item = Element("Save As...", "menuitem", (20, 200, 200, 240))
+    nxt2 = ({"action": "left_click", "coordinate": [100, 220]},)
+    v2 = view(wait, next_calls=nxt2, next_intent="Choose Save As", next_elements=(menu_item,))
+    assert gen(v2, rng(), P) is None
 
 
 def test_timing_never_targets_an_element_not_on_screen():
@@ -144,11 +157,19 @@ def test_timing_never_targets_an_element_not_on_screen():
 
 def test_prerequisite_types_without_focus():
     typed = ({"action": "type", "text": "report"},)
-    bad = PROGRAMMATIC["Procedural Prerequisite Neglect"](
-        view([{"action": "left_click", "coordinate": [200, 120]}], next_calls=typed), rng(), P
+    gen = PROGRAMMATIC["Procedural Prerequisite Neglect"]
+    click = [{"action": "left_click", "coordinate": [200, 120]}]
+    bad = gen(view(click, next_calls=typed, next_intent="Type report"), rng(), P)
+    assert bad.calls == typed and bad.intent == "Type report"
+    assert gen(view([CLICK_OK]), rng(), P) is None
+    # A next step with its own focus click neglects nothing when this click is skipped.
+    own = ({"action": "left_click", "coordinate": [200, 120]}, *typed)
+    assert (
+        gen(view(click, next_calls=own, next_intent="Click Name and type report"), rng(), P) is None
     )
-    assert bad.calls == typed
-    assert PROGRAMMATIC["Procedural Prerequisite Neglect"](view([CLICK_OK]), rng(), P) is None
+    # Without the next step's own words the Bad would need the click's intent ("Click the
+    # field") over a bare type: a contradiction, so none is built.
+    assert gen(view(click, next_calls=typed, next_intent=""), rng(), P) is None
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -158,7 +179,7 @@ def test_grounding_near_miss_is_outside_the_box_in_dead_space(seed):
     assert not OK.contains(x, y)
     assert target_at(SCREEN, x, y) is None  # dead space, not another element
     dist = max(OK.box[0] - x, x - OK.box[2], OK.box[1] - y, y - OK.box[3])
-    assert dist == P.near_miss_margin
+    assert P.near_miss_margin <= dist <= 1.5 * P.near_miss_margin
     assert marks_for_tool_calls(bad.text) == [PointMark(x, y)]
 
 
@@ -177,35 +198,31 @@ def test_misalignment_keeps_intent_and_moves_to_another_element():
     )
 
 
-def test_hallucination_targets_an_element_gone_from_the_screen():
-    ghost = Element("Sign in", "button", (700, 800, 900, 850))
-    earlier = {
-        "earlier_elements": ((ghost, OK),),
-        "earlier_intents": ("Sign in to the account",),
-        "earlier_calls": (({"action": "left_click", "coordinate": list(ghost.centre)},),),
-    }
-    bad = PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], **earlier), rng(), P)
-    assert bad.calls[0]["coordinate"] == list(ghost.centre)
-    # The wording of the earlier step that clicked the ghost, not a template.
-    assert bad.intent == "Sign in to the account"
-    # Negative control: the same element still on screen is no hallucination.
-    assert (
-        PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], earlier_elements=((OK,),)), rng(), P)
-        is None
-    )
+HABIT = (700, 800, 900, 850)  # where an "OK" button sits on other screens of the corpus
+
+
+def test_hallucination_clicks_where_the_target_usually_is():
+    bad = PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], habit_boxes=(HABIT,)), rng(), P)
+    x, y = bad.calls[0]["coordinate"]
+    assert HABIT[0] <= x <= HABIT[2] and HABIT[1] <= y <= HABIT[3]
+    assert target_at(SCREEN, x, y) is None  # nothing there on this screen
+    # Only the point differs from the expert's step: same intent, same kind of call.
+    assert bad.intent == "Click OK to confirm" and bad.calls[0]["action"] == "left_click"
+    # Negative controls: a habit position on another element, or next to the real target.
+    on_cancel = (600, 400, 700, 450)
+    near = (505, 400, 540, 450)
+    for boxes in ((on_cancel,), (near,), ()):
+        assert (
+            PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], habit_boxes=boxes), rng(), P)
+            is None
+        )
 
 
 def test_hallucination_leaves_terminal_steps_to_termination():
-    ghost = Element("Sign in", "button", (700, 800, 900, 850))
-    earlier = {
-        "earlier_elements": ((ghost,),),
-        "earlier_intents": ("Sign in",),
-        "earlier_calls": (({"action": "left_click", "coordinate": list(ghost.centre)},),),
-    }
     gen = PROGRAMMATIC["Visual Hallucination"]
-    assert gen(view([STOP], is_final=True, **earlier), rng(), P) is None
-    assert gen(view([{"action": "answer", "text": "4"}], **earlier), rng(), P) is None
-    assert gen(view([CLICK_OK], **earlier), rng(), P) is not None
+    assert gen(view([STOP], is_final=True, habit_boxes=(HABIT,)), rng(), P) is None
+    assert gen(view([{"action": "answer", "text": "4"}], habit_boxes=(HABIT,)), rng(), P) is None
+    assert gen(view([CLICK_OK], habit_boxes=(HABIT,)), rng(), P) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +279,8 @@ def _views(n):
                 earlier_elements=((Element("Gone", "button", (700, 800, 900, 850)),),),
                 earlier_intents=("Click Gone",),
                 earlier_calls=(({"action": "left_click", "coordinate": [800, 825]},),),
+                habit_boxes=(HABIT,),
+                screenshot=f"s{i}.png",
             )
         )
     return out
@@ -273,10 +292,12 @@ def test_plan_covers_all_dimensions_and_masks_exactly():
     dims = Counter(p.dimension for p in plan.values() if p.dimension)
     assert set(dims) == {d.name for d in DIMENSIONS}
     assert min(dims.values()) / sum(dims.values()) >= 0.03
-    samples = [(p.good_masked, None) for p in plan.values()]
+    samples = [(p.good_masked, None) for p in plan.values() if p.good]
     samples += [(p.bad_masked, p.dimension) for p in plan.values() if p.dimension]
     rate = sum(m for m, _ in samples) / len(samples)
-    assert abs(rate - 0.3) < 0.005
+    assert abs(rate - 0.3) < 0.01
+    # Masking goes by step: a step's Good and Bad are masked together or not at all.
+    assert all(p.good_masked == p.bad_masked for p in plan.values() if p.dimension)
     assert not any(
         m for m, d in samples if d in ("Action-Operation Misalignment", "Visual Hallucination")
     )

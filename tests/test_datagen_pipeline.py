@@ -81,9 +81,13 @@ def test_every_stage_accounts_for_every_item(one_shard):
         assert counts["in"] == counts["kept"] + dropped, stage
     assert stats["stages"]["export"]["kept"] == stats["samples"] > 0
     # Chained: history and critique samples in the export are what the stages kept.
-    assert stats["by_kind"]["history"] == stats["stages"]["history"]["kept"]
-    duplicates = stats["stages"]["export"].get("dropped_duplicate_bad_step", 0)
+    export = stats["stages"]["export"]
+    duplicates = export.get("dropped_duplicate_bad_step", 0) + export.get(
+        "dropped_duplicate_good_step", 0
+    )
     assert stats["by_kind"]["critique"] == stats["stages"]["rationale"]["kept"] - duplicates
+    mixed = export.get("dropped_mix_ratio", 0)
+    assert stats["by_kind"]["history"] == stats["stages"]["history"]["kept"] - mixed
 
 
 def test_stats_report_achieved_against_target_per_dimension(one_shard):
@@ -112,14 +116,15 @@ def test_default_config_refuses_a_corpus_missing_a_dimension(corpus, tmp_path):
 
 def test_instruction_variants_leave_no_duplicate_bad_samples(one_shard):
     out, stats = one_shard
-    # The corpus has instruction variants, which share screenshots: duplicates were found...
-    assert stats["stages"]["export"].get("dropped_duplicate_bad_step", 0) > 0
-    # ... and no two exported Bad samples show the same screenshot with the same Bad step.
+    # The corpus has instruction variants, which share screenshots and whole steps: the plan
+    # found repeated steps and gave them no critique samples, Good and Bad alike...
+    assert stats["stages"]["rationale"].get("dropped_repeated_step", 0) > 0
+    # ... and no two exported critique samples show the same screenshot with the same step.
     seen = set()
     for r in _records(out):
-        if r.kind == "critique" and r.labels.verdict == "Bad":
+        if r.kind == "critique":
             step = "".join(p.text for p in r.user if hasattr(p, "text"))
-            key = (r.images[-1].path, step.split("Current Proposed Step:", 1)[1])
+            key = (r.images[-1].path, r.labels.verdict, step.split("Current Proposed Step:", 1)[1])
             assert key not in seen
             seen.add(key)
 

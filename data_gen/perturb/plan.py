@@ -9,6 +9,7 @@ assigned first, each to the eligible dimension furthest below its target.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -257,6 +258,10 @@ def _assign(
         raise UnreachableDimensionError(missing)
     order = sorted(options, key=lambda s: (len(options[s]), sample_seed(seed, s, "assign_order")))
     total = sum(1 for s in order if options[s])
+    # The caps hold among the dimensions the corpus can express at all: a dimension with no
+    # step is reported (above), and its share goes to the others rather than shrinking all.
+    mass = sum(s for d, s in shares.items() if d in reachable) or 1.0
+    shares = {d: s / mass for d, s in shares.items() if d in reachable}
     target = {d: s * total for d, s in shares.items()}
     counts: Counter[str] = Counter()
     out: dict[str, str] = {}
@@ -299,7 +304,8 @@ def _cap(
         by_dim.setdefault(d, []).append(sid)
     while True:
         n = sum(len(v) for v in by_dim.values())
-        cap = {d: max_ratio * s * n for d, s in shares.items()}
+        # Rounded up: on a small corpus one sample of a dimension is not "too many".
+        cap = {d: math.ceil(max_ratio * s * n - 1e-9) for d, s in shares.items()}
         over = [d for d, sids in by_dim.items() if len(sids) > cap[d] + 1e-9]
         if not over:
             return
@@ -321,8 +327,8 @@ def _cap(
 def _goods(views: list[StepView], assigned: Mapping[str, str], seed: int, ratio: float) -> set[str]:
     """Steps whose Good sample is kept: ``ratio`` Goods per Bad, paired steps first."""
     ids = [v.sample_id for v in views]
-    if ratio <= 0:
-        return set(ids)
+    if ratio <= 0 or not assigned:
+        return set(ids)  # no Bad to pair with: a ratio says nothing, every Good stays
     quota = round(ratio * len(assigned))
     ranked = sorted(ids, key=lambda s: (s not in assigned, sample_seed(seed, s, "good_keep")))
     return set(ranked[:quota])
