@@ -304,8 +304,8 @@ def _cap(
         by_dim.setdefault(d, []).append(sid)
     while True:
         n = sum(len(v) for v in by_dim.values())
-        # Rounded up: on a small corpus one sample of a dimension is not "too many".
-        cap = {d: math.ceil(max_ratio * s * n - 1e-9) for d, s in shares.items()}
+        # At least one: on a small corpus one sample of a dimension is not "too many".
+        cap = {d: max(1, math.floor(max_ratio * s * n + 1e-9)) for d, s in shares.items()}
         over = [d for d, sids in by_dim.items() if len(sids) > cap[d] + 1e-9]
         if not over:
             return

@@ -33,7 +33,7 @@ from hivig.taxonomy import dimension_by_key
 
 Check = Callable[[StepView, BadStep], "str | None"]
 
-_ANSWER_WORDS = re.compile(r"\b(answer|report|tell|reply|respond)\b", re.IGNORECASE)
+_ANSWER_WORDS = re.compile(r"^\s*(report|tell|reply|respond)\b|\banswer\b", re.IGNORECASE)
 _POINT_WORDS = re.compile(
     r"^\s*(click|tap|double[- ]click|right[- ]click|select|choose|long[- ]press|press and hold)\b",
     re.IGNORECASE,
