@@ -39,19 +39,25 @@ test-fast: venv
 test-gpu: venv
 	$(VENV)/bin/python -m pytest -q -m gpu
 
-# The whole pipeline on a generated corpus, CPU only, a few minutes. Outputs land in $(DEMO).
-DEMO ?= runs/demo
+# The whole pipeline on a generated corpus, CPU only, a few minutes. Outputs land in $(DEMO);
+# CRITIC=DIR serves a trained checkpoint instead, SERVE_CONFIG/SERVE_ARGS another backend.
+DEMO ?= demo_out
+SERVE_CONFIG ?= configs/serve/local.yaml
+SERVE_ARGS ?=
 demo: venv
 	@echo "== 1/4 synthetic ScaleCUA-format corpus (desktop, web, android)"
 	$(PY) -m data_gen make-sample --out $(DEMO)/corpus --trajectories 60 --seed 0
 	@echo "== 2/4 data_gen with the offline annotator (no model; outputs derived from ground truth)"
 	$(PY) -m data_gen run --config configs/data_gen/demo.yaml corpus=$(DEMO)/corpus out=$(DEMO)/data
-	@echo "== 3/4 a few SFT steps of a tiny random-weight Qwen3-VL on CPU"
+	@echo "== 3/4 a few SFT steps of a tiny random-weight Qwen3-VL on CPU (a loss line per step)"
 	$(PY) -m train --config configs/train/tiny_cpu.yaml data=$(DEMO)/data out=$(DEMO)/train \
 		dataset.token_budget=16384 dataset.max_samples=16 optim.global_batch_samples=4 loop.max_steps=3
-	@echo "== 4/4 serving: the gateway and the scripted agent episode are not built yet; skipped"
-	@echo "demo done: data report $(DEMO)/data/dataset/report.html, checkpoint $(DEMO)/train/final"
-	@echo "note: the tiny model has random weights, so anything it would say carries no meaning"
+	@echo "== 4/4 the gateway on that checkpoint, a guarded agent episode, its diagnosis, the pages"
+	$(PY) -m serve.demo --data $(DEMO)/data --train $(DEMO)/train --out $(DEMO) \
+		--serve-config $(SERVE_CONFIG) $(if $(CRITIC),--critic $(CRITIC)) $(SERVE_ARGS)
+	@echo "demo done: open $(DEMO)/index.html (data report, training curve, episode, diagnosis)"
+	@echo "training metrics: $(DEMO)/train/metrics.jsonl"
+	@echo "note: the tiny model has random weights, so anything it says carries no meaning"
 
 # The CPU benchmarks behind BENCHMARKS.md (a few minutes; bench_train_gpu.py needs a GPU).
 bench: venv

@@ -65,19 +65,16 @@ def _run(guard, policy, env, obs, steps):
 def test_disabled_button_twice_triggers_r3_and_reroute_changes_the_screen(env, gateway):
     obs = env.reset("dark_mode")
 
-    def click(selector, intent):
-        x, y = env.center_grid(selector)
-        return {"type": "left_click", "x": x, "y": y, "intent": intent}
-
-    publish = click("#publish-btn", "Click Publish")
+    publish = {"click": "#publish-btn", "intent": "Click Publish"}
+    settings = {"click": "#settings-btn", "intent": "Open the settings"}
     plan = [
         publish,
         dict(publish),
         dict(publish),
-        click("#settings-btn", "Open the settings"),
+        settings,
         {"type": "terminate", "status": "success"},
     ]
-    policy = ScriptedPolicy(plan, reroute_to=3)
+    policy = ScriptedPolicy(plan, reroute_to=3, env=env)
     guard = _guard(gateway, env, policy, "Turn on dark mode in the settings.")
     executed = _run(guard, policy, env, obs, 6)
     guard.close()
@@ -88,10 +85,11 @@ def test_disabled_button_twice_triggers_r3_and_reroute_changes_the_screen(env, g
     restored = [e for e in guard.r3_events if e.get("event") == "restored"]
     assert restored and restored[0]["accepted"]
     # The reroute executed the Settings click, and the dialog really opened in the browser.
-    assert plan[3] in executed
+    intents = [p.get("intent") for p in executed]
+    assert "Open the settings" in intents
     assert env.page.evaluate("document.getElementById('settings-dialog').open") is True
     # Only two or three Publish clicks ran before the reroute (k=2 no-effect repeats).
-    assert executed.index(plan[3]) <= 3
+    assert intents.index("Open the settings") <= 3
 
 
 def test_the_spinner_of_a_slow_panel_is_not_a_loop(env, gateway):

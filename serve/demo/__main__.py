@@ -1,0 +1,156 @@
+"""The serving half of ``make demo``: gateway, guarded episode, diagnosis, and the demo pages.
+
+    python -m serve.demo --data demo_out/data --train demo_out/train --out demo_out
+    python -m serve.demo ... --critic path/to/checkpoint          # a trained critic instead
+    python -m serve.demo ... --serve-config configs/serve/vllm.yaml model=hivig-critic \\
+        backend.base_url=http://gpu-node:8000/v1                  # a vLLM endpoint
+
+It starts the gateway on the checkpoint (in-process transformers backend, 127.0.0.1), runs the
+scripted episode through ``CriticGuard`` in headless Chromium (``serve.webenv``) or, without a
+browser, on a drawn stand-in, asks the gateway to diagnose the episode's trace, plots the
+training curve and writes ``OUT/index.html`` linking everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from hivig.config import ConfigError, load_config
+from serve.config import ServeConfig
+
+log = logging.getLogger("serve.demo")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m serve.demo",
+        description="Serve the demo's critic, run a guarded agent episode, diagnose it and "
+        "write the demo pages.",
+    )
+    p.add_argument("--data", required=True, help="data_gen output folder (has dataset/report.html)")
+    p.add_argument("--train", required=True, help="training output folder (final/, metrics.jsonl)")
+    p.add_argument("--out", required=True, help="folder for index.html and the pages")
+    p.add_argument("--critic", help="checkpoint to serve instead of TRAIN/final")
+    p.add_argument("--serve-config", default="configs/serve/local.yaml", help="gateway config")
+    p.add_argument(
+        "--env",
+        choices=("auto", "browser", "synthetic"),
+        default="auto",
+        help="where the episode runs (auto: Chromium when installed)",
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="gateway config overrides")
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _gateway_config(args: argparse.Namespace, out: Path) -> ServeConfig:
+    extra = [
+        f"sessions.state_dir={out / 'serve'}",
+        "warmup=false",
+        "critic.observe_deadline_s=120",
+        "critic.critique_deadline_s=120",
+    ]
+    cfg = load_config(ServeConfig, args.serve_config, [*extra, *args.overrides])
+    if cfg.backend.kind != "transformers" or cfg.model:
+        return cfg
+    if args.critic is None:
+        # The tiny random model never writes the contract: short answers keep the demo fast.
+        extra += ["critic.history_max_tokens=24", "critic.critique_max_tokens=24"]
+    ckpt = args.critic or str(Path(args.train) / "final")
+    return load_config(ServeConfig, args.serve_config, [*extra, f"model={ckpt}", *args.overrides])
+
+
+def _environment(kind: str):  # noqa: ANN202 - one of two environment classes
+    from serve.demo.desk import SyntheticDesk
+    from serve.webenv import BrowserEnv, find_browser
+
+    if kind == "synthetic" or (kind == "auto" and find_browser() is None):
+        return SyntheticDesk(), "a drawn stand-in of the web application (no Chromium found)"
+    return BrowserEnv(), "the local web application in headless Chromium"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    data, train, out = Path(args.data), Path(args.train), Path(args.out)
+    report = data / "dataset" / "report.html"
+    metrics = train / "metrics.jsonl"
+    for path, what in ((report, "data report"), (metrics, "training metrics")):
+        if not path.is_file():
+            return _fail(f"{what} not found: {path} (run the data and training steps first)")
+    try:
+        cfg = _gateway_config(args, out)
+    except ConfigError as e:
+        return _fail(str(e))
+    if (
+        cfg.backend.kind == "transformers"
+        and not (Path(cfg.backend.model) / "config.json").is_file()
+    ):
+        return _fail(f"no checkpoint at {cfg.backend.model} (pass --critic DIR)")
+    out.mkdir(parents=True, exist_ok=True)
+
+    from serve.app import create_app
+    from serve.client import ClientConfig, CriticClient
+    from serve.demo.episode import run_episode
+    from serve.demo.pages import episode_page, index_page, training_curve
+    from serve.server import BackgroundServer
+
+    curve = training_curve(metrics, out / "training_curve.png")
+    print(f"demo: training curve of {curve['steps']} steps -> {out / 'training_curve.png'}")
+    env, env_name = _environment(args.env)
+    started = time.perf_counter()
+    with BackgroundServer(create_app(cfg)) as srv, env:
+        print(f"demo: gateway on {srv.url} ({cfg.backend.kind}: {cfg.backend.model or cfg.model})")
+        print(f"demo: episode in {env_name}")
+        result = run_episode(env, srv.url)
+        trace = Path(cfg.sessions.state_dir) / "traces" / f"{result.session_id}.jsonl"
+        print(
+            f"demo: episode done in {time.perf_counter() - started:.0f} s "
+            f"(guard events {result.events}, task {'done' if result.success else 'not done'})"
+        )
+        client = CriticClient(config=ClientConfig(base_url=srv.url, session_deadline_s=60))
+        job = client.diagnose(str(trace))
+        deadline = time.monotonic() + 600
+        while job.status == "pending" and job.job_id and time.monotonic() < deadline:
+            time.sleep(0.5)
+            job = client.job(job.job_id)
+        client.close()
+    if job.status != "done" or not job.result:
+        return _fail(f"the diagnosis job did not finish ({job.reason or job.status})")
+    diagnosis = Path(cfg.sessions.state_dir) / "diagnoses" / str(job.job_id) / "diagnosis.html"
+    episode = episode_page(trace, Path(cfg.sessions.state_dir), result.log, out, env_name)
+    root = job.result.get("root_cause_step")
+    facts = {
+        "data": f"Generated corpus, data_gen with the offline annotator: {data}",
+        "train": f"{curve['steps']} optimizer steps, loss {curve['first_loss']:.3f} -> "
+        f"{curve['last_loss']:.3f}; checkpoint {cfg.backend.model}",
+        "metrics": str(metrics),
+        "episode": f"{len(result.log)} guarded steps in {env_name}; R3 events: "
+        f"{len(result.r3_events)}; trace {trace}",
+        "diagnosis": f"Root-cause step {root}, from the episode's trace ({trace.name}).",
+    }
+    index = index_page(
+        out,
+        {
+            "data_report": report,
+            "training_curve": out / "training_curve.png",
+            "episode": episode,
+            "diagnosis": diagnosis,
+        },
+        facts,
+    )
+    print(f"demo: pages written; open {index}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

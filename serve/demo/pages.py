@@ -1,0 +1,228 @@
+"""The demo's pages: the training curve, the episode step by step, and the index linking it all."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hivig.media import ArrowMark, PointMark
+from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png, size_class_for_platform
+
+DISPLAY_PIXELS = 1_048_576
+"""Screenshots on the episode page use the production frame, so the marker is easy to see."""
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1100px;
+color:#1d2330;line-height:1.45;padding:0 1rem}
+h1{margin-bottom:.2rem}.sub{color:#5b6475;margin-top:0}
+.note{background:#fff6e0;border:1px solid #f0d48a;padding:.7rem 1rem;border-radius:6px}
+.card{border:1px solid #d9dde5;border-radius:8px;padding:1rem;margin:1rem 0;background:#fbfcfd}
+.grid{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,2fr);gap:1rem}
+img{max-width:100%;border:1px solid #ccd;border-radius:4px}
+code,pre{background:#f1f3f7;border-radius:4px;padding:.1rem .3rem;white-space:pre-wrap;
+word-break:break-word}pre{padding:.6rem}
+.tag{display:inline-block;border-radius:4px;padding:.05rem .45rem;font-size:.85rem;
+margin-right:.3rem}
+.good{background:#dff3e3}.bad{background:#fbe0e0}.abstain{background:#eceef2}.r3{background:#e5e9ff}
+table{border-collapse:collapse}td,th{border:1px solid #d9dde5;padding:.3rem .6rem;text-align:left}
+a{color:#2954c8}
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}"
+        f"</title><style>{_STYLE}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# Training curve
+
+
+def training_curve(metrics_jsonl: Path, out_png: Path) -> dict[str, Any]:
+    """Plot loss (and lr) per step from a training run's ``metrics.jsonl``; a short summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "loss" in r and "step" in r]
+    if not rows:
+        raise ValueError(f"{metrics_jsonl} has no loss rows")
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    ax.plot(steps, [r["loss"] for r in rows], marker="o", color="#2954c8", label="train loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (per supervised token)")
+    ax.grid(alpha=0.3)
+    if all("lr" in r for r in rows):
+        ax2 = ax.twinx()
+        ax2.plot(steps, [r["lr"] for r in rows], color="#c87a29", linestyle="--", label="lr")
+        ax2.set_ylabel("learning rate")
+    ax.set_title("Tiny random Qwen3-VL, a few steps on CPU")
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    plt.close(fig)
+    return {"steps": len(rows), "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Episode
+
+
+def _marks(items: list[dict[str, Any]]) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for m in items:
+        if m.get("shape") == "arrow":
+            out.append(ArrowMark(m["x"], m["y"], m["x2"], m["y2"]))
+        else:
+            out.append(PointMark(m["x"], m["y"]))
+    return tuple(out)
+
+
+def _shot(state_dir: Path, ref: str, marks: tuple[Any, ...], out: Path) -> str:
+    src = state_dir / "images" / f"{ref.split(':', 1)[1]}.png"
+    frame = canonical_frame(
+        src,
+        min_pixels=65_536,
+        max_pixels=DISPLAY_PIXELS,
+        marks=marks,
+        size_class=size_class_for_platform("web"),
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(encode_png(frame, FAST_PNG_LEVEL))
+    return out.name
+
+
+def _verdict_tag(v: dict[str, Any] | None) -> str:
+    if not v:
+        return "<span class='tag abstain'>not judged</span>"
+    verdict = v.get("verdict", "abstain")
+    dim = f" · {_e(v.get('error_dimension'))}" if v.get("error_dimension") else ""
+    why = f" ({_e(v.get('reason'))})" if v.get("reason") else ""
+    return f"<span class='tag {_e(verdict)}'>{_e(verdict)}{dim}{why}</span>"
+
+
+def episode_page(
+    trace: Path, state_dir: Path, log: list[dict[str, Any]], out_dir: Path, env_name: str
+) -> Path:
+    """``episode.html``: every critique with its marked screenshot, verdict, history and signals."""
+    events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    # Each critique pairs with the observe just before it: after an R3 Restore the gateway's
+    # step numbers go back, so they are not unique within a trace.
+    pairs, last_observe, reseeded = [], {}, False
+    for e in events:
+        if e["event"] == "session" and e.get("reseeded"):
+            reseeded = True
+        elif e["event"] == "observe":
+            last_observe = {**e, "after_restore": reseeded}
+            reseeded = False
+        elif e["event"] == "critique":
+            pairs.append((e, last_observe))
+    cards = []
+    for n, (event, obs) in enumerate(pairs):
+        k = event["step_idx"]
+        shots = []
+        for i, (action, marks) in enumerate(zip(event["actions"], event["marks"], strict=True)):
+            name = _shot(
+                state_dir, event["image_ref"], _marks(marks), out_dir / "episode" / f"c{n}_{i}.png"
+            )
+            verdict = event["verdicts"][i] if i < len(event["verdicts"]) else None
+            intent = _e(action.get("intent") or "(no intent)")
+            explanation = _e((verdict or {}).get("explanation") or "—")
+            shots.append(
+                f"<div><img src='episode/{name}' alt='step {k} proposal'><p>"
+                f"{_verdict_tag(verdict)}<br><b>Proposed:</b> {intent}"
+                f"<pre>{_e(action.get('action_text'))}</pre>"
+                f"<b>Critic explanation:</b> {explanation}</p></div>"
+            )
+        hist = obs.get("history") or {}
+        rec = obs.get("recurrence") or {}
+        change = obs.get("change")
+        signals = (
+            f"no effect: <b>{_e(change['no_effect'])}</b> · changed pixels: "
+            f"{_e(round(100 * change['masked_diff_frac'], 2))} %"
+            if change
+            else "first screen"
+        )
+        r3 = " <span class='tag r3'>R3 trigger</span>" if rec.get("r3_trigger") else ""
+        if obs.get("after_restore"):
+            r3 += " <span class='tag r3'>after R3 Restore: history re-seeded, no loop</span>"
+        stale = ", stale" if hist.get("stale") else ""
+        cards.append(
+            f"<div class='card'><h3>Gateway step {k}{r3}</h3><div class='grid'>{''.join(shots)}"
+            f"<div><b>Macro history</b> (v{_e(hist.get('version'))}{stale})"
+            f"<p>{_e(hist.get('progress_summary'))}</p><b>Last action result</b><p>"
+            f"{_e(hist.get('last_action_result'))}</p><b>Recurrence signals</b><p>{signals}<br>"
+            f"same action without effect: {_e(rec.get('same_key_no_effect_run'))} · cycle: "
+            f"{_e(rec.get('cycle_len') or '—')} · screen revisits: {_e(rec.get('screen_revisits'))}"
+            f"</p></div></div></div>"
+        )
+    guard_rows = "".join(
+        f"<tr><td>{_e(r.get('step_idx'))}</td><td>{_e(r.get('mode'))}</td><td>{_e(r.get('outcome'))}</td>"
+        f"<td>{_e(json.dumps(r.get('r3'))) if r.get('r3') else ''}</td></tr>"
+        for r in log
+    )
+    body = (
+        "<p><a href='index.html'>← demo index</a></p><h1>The agent episode</h1>"
+        "<p class='sub'>Task: <i>Turn on dark mode in the settings.</i> "
+        f"Environment: {_e(env_name)}. "
+        "A scripted policy behind <code>CriticGuard</code>: one injected Bad step (typing with no "
+        "field focused), then the disabled <i>Publish</i> button clicked twice (a no-effect "
+        "repeat the recurrence detector flags, so R3 reroutes), then the real path.</p>"
+        "<p class='note'>The critic here is a tiny random-weight model: its verdicts and summaries "
+        "carry no meaning (most answers do not parse, so the gateway abstains and the guard fails "
+        "open). The recurrence signals and R3 are deterministic and do not depend on it.</p>"
+        f"{''.join(cards)}<h2>Guard log</h2><table><tr><th>guard step</th><th>mode</th>"
+        f"<th>outcome</th><th>R3</th></tr>{guard_rows}</table>"
+    )
+    out = out_dir / "episode.html"
+    out.write_text(_page("hivig demo: episode", body), encoding="utf-8")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Index
+
+
+def index_page(out_dir: Path, links: dict[str, Path], facts: dict[str, Any]) -> Path:
+    """``index.html`` linking the data report, training curve, episode and diagnosis."""
+
+    def rel(p: Path) -> str:
+        return os.path.relpath(p, out_dir)
+
+    curve = links["training_curve"]
+    body = (
+        "<h1>hivig demo</h1><p class='sub'>The whole pipeline on a generated corpus, on CPU.</p>"
+        "<p class='note'><b>The critic is a tiny random-weight Qwen3-VL</b>, trained for a few "
+        "steps: everything it says carries no meaning. The demo shows the plumbing: data, "
+        "training, serving, the guard loop, recurrence detection and diagnosis.</p>"
+        f"<div class='card'><h2>1. Data</h2><p>{_e(facts.get('data'))}</p>"
+        f"<p><a href='{rel(links['data_report'])}'>Data report</a> (samples, dimensions, "
+        "the shortcut audit)</p></div>"
+        f"<div class='card'><h2>2. Training</h2><p>{_e(facts.get('train'))}</p>"
+        f"<img src='{rel(curve)}' alt='training curve'><p>Metrics: <code>"
+        f"{_e(facts.get('metrics'))}</code></p></div>"
+        f"<div class='card'><h2>3. Serving and the agent loop</h2><p>{_e(facts.get('episode'))}</p>"
+        f"<p><a href='{rel(links['episode'])}'>The episode, step by step</a></p></div>"
+        f"<div class='card'><h2>4. Diagnosis</h2><p>{_e(facts.get('diagnosis'))}</p>"
+        f"<p><a href='{rel(links['diagnosis'])}'>Diagnosis page</a></p></div>"
+        "<div class='card'><h2>With a real critic</h2><p>Same demo, a trained checkpoint "
+        "(one change):</p><pre>make demo CRITIC=path/to/checkpoint</pre><p>or against a vLLM "
+        "endpoint serving the merged critic:</p><pre>make demo "
+        "SERVE_CONFIG=configs/serve/vllm.yaml SERVE_ARGS='model=hivig-critic "
+        "backend.base_url=http://gpu-node:8000/v1'</pre></div>"
+    )
+    out = out_dir / "index.html"
+    out.write_text(_page("hivig demo", body), encoding="utf-8")
+    return out
