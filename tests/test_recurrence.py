@@ -16,6 +16,8 @@ from hivig.config import ConfigError
 from hivig.recurrence import (
     DetectorConfig,
     DetectorState,
+    _cells_of,
+    _Mask,
     exact_action_key,
     new_state,
     platform_masks,
@@ -573,3 +575,20 @@ def test_update_stays_cheap_on_a_full_hd_frame():
         state, _ = update(state, frame, [LeftClick((120, 190))])
         best = min(best, time.process_time() - t0)
     assert best < 0.010
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_learned_cells_cover_exactly_the_changed_cells(seed):
+    rng = np.random.default_rng(seed)
+    shape, cell = (270, 483), 8  # a width that is not a multiple of the cell size
+    px = rng.random(shape) > 0.995
+    cells = [int(c) for c in _cells_of(px, cell)]
+    mask = _Mask.build((), cells, shape, cell).px
+    assert mask[px].all()  # every changed pixel is covered
+    cols = -(-shape[1] // cell)
+    expected = np.zeros(shape, dtype=bool)
+    for c in cells:
+        r, k = divmod(c, cols)
+        expected[r * cell : (r + 1) * cell, k * cell : (k + 1) * cell] = True
+        assert px[r * cell : (r + 1) * cell, k * cell : (k + 1) * cell].any()
+    assert np.array_equal(mask, expected)
