@@ -70,3 +70,30 @@ def test_run_reingests_when_ingest_was_killed_midway(tmp_path):
     assert not ingest_complete(path.parent)
     assert trajectories_path(cfg) == path
     assert (path.parent / "stats.json").exists() and (path.parent / "quarantine.jsonl").exists()
+
+
+def test_dry_run_estimates_the_annotator_requests_the_run_sends(tmp_path, capsys, monkeypatch):
+    import re
+
+    import data_gen.run as run_module
+
+    _corpus(tmp_path / "c")
+    extra = ["perturb.unreachable_dimension=warn"]
+    cfg = _cfg(tmp_path, *extra)
+    trajectories_path(cfg)  # ingested: a dry run reads the trajectories, it ingests nothing
+    args = ["--config", str(DEMO), f"corpus={tmp_path / 'c'}", f"out={tmp_path / 'o'}"]
+    assert run_module.main([*args, "judge.enabled=false", *extra, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    total = int(re.search(r"#   total: (\d+)", printed).group(1))
+    made = []
+    real = run_module.build_annotator
+
+    def keep(c):
+        made.append(real(c))
+        return made[-1]
+
+    monkeypatch.setattr(run_module, "build_annotator", keep)
+    run(cfg, None)
+    sent = made[0].counts["requests"]
+    # An upper bound: steps whose screen does not change need no transition request.
+    assert 0 < sent <= total <= 1.25 * sent
