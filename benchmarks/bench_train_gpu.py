@@ -3,14 +3,22 @@
     python benchmarks/bench_train_gpu.py                          # Qwen3-VL-8B shape, H100/H200
     python benchmarks/bench_train_gpu.py --images 1 --text 2000 --samples-per-pack 4
     python benchmarks/bench_train_gpu.py --preset tiny --device cpu --steps 2   # smoke test
+    python benchmarks/bench_train_gpu.py --attn flex --checkpoint-layers 0.5
+    python benchmarks/bench_train_gpu.py --compare-attention --layers 2   # packed == per sample
 
 One packed row per step (the recipe's micro-batch): ``--samples-per-pack`` samples, each with
 ``--images`` screenshots of ``--screen`` resized to the canonical frame plus ``--text`` text
 tokens of which ``--answer`` are supervised. The step is the recipe's: frozen ViT, trained merger
-and LLM, bf16, FA2 (falls back to SDPA), LLM gradient checkpointing, chunked CE, AdamW. MFU uses
-the causal-exact FLOP count of ``train.flops`` against the GPU's dense bf16 peak, looked up from
-its name (``train.flops.PEAK_BF16_TFLOPS``) unless ``--peak-tflops`` is given; null when unknown.
-Weights are random: the numbers are speed, not quality. Single GPU, no DeepSpeed.
+and LLM, bf16, the attention backend of ``--attn`` (resolved like the recipe's
+``model.attn_implementation``; never a silent fallback, the result names it), LLM gradient
+checkpointing on ``--checkpoint-layers``, chunked CE, AdamW. MFU uses the causal-exact FLOP
+count of ``train.flops`` (``lm_head`` on supervised positions only) against the GPU's dense bf16
+peak, looked up from its name (``train.flops.PEAK_BF16_TFLOPS``) unless ``--peak-tflops`` is
+given; null when unknown. Weights are random: the numbers are speed, not quality. Single GPU, no
+DeepSpeed.
+
+``--compare-attention`` instead runs one packed row through every available backend and
+reports the largest deviation of its last hidden states from the per-sample SDPA reference.
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from hivig.config import FrameConfig
 from hivig.models.qwen_vl import (
     apply_freezing,
     enable_activation_checkpointing,
+    flash_attn_available,
     mrope_position_ids,
     parameter_groups,
+    resolve_attention,
+    set_attention,
 )
 from hivig.vision import smart_resize
 from train.collate import PackedBatch, collate_pack
@@ -71,6 +82,11 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--chunk", type=int, default=4096, help="chunked-CE rows")
     p.add_argument("--no-checkpointing", action="store_true")
+    p.add_argument("--checkpoint-layers", type=float, default=1.0, help="fraction or count")
+    p.add_argument(
+        "--attn", default="auto", choices=("auto", "flash_attention_2", "flex", "sdpa", "eager")
+    )
+    p.add_argument("--compare-attention", action="store_true")
     p.add_argument(
         "--peak-tflops", type=float, default=0.0, help="per-GPU peak; 0 = look up the GPU name"
     )
@@ -134,15 +150,8 @@ def synthetic_sample(config: Qwen3VLConfig, args: argparse.Namespace, seed: int)
 def build_model(config: Qwen3VLConfig, args: argparse.Namespace) -> Any:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    attn = "sdpa"
-    if device.type == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-
-            attn = "flash_attention_2"
-        except ImportError:
-            attn = "sdpa"
-    config._attn_implementation = attn
+    attn = resolve_attention(args.attn, cuda=device.type == "cuda")
+    config._attn_implementation = "sdpa"  # switched below (flex needs its registration)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in bf16 directly: an fp32 8B copy would need 35 GB
     try:
@@ -150,10 +159,53 @@ def build_model(config: Qwen3VLConfig, args: argparse.Namespace) -> Any:
             model = Qwen3VLForConditionalGeneration(config)
     finally:
         torch.set_default_dtype(previous)
+    set_attention(model, attn)
     apply_freezing(model, train_vit=False, train_merger=True, train_deepstack=False, train_llm=True)
     if not args.no_checkpointing:
-        enable_activation_checkpointing(model)
+        enable_activation_checkpointing(model, args.checkpoint_layers)
     return model.train(), attn
+
+
+def available_backends(device: str) -> list[str]:
+    """Backends that can run a packed row on ``device`` (CPU: forward only for flex)."""
+    names = ["sdpa", "flex"]
+    if device.startswith("cuda") and flash_attn_available():
+        names.append("flash_attention_2")
+    return names
+
+
+def compare_attention(argv: list[str] | None = None) -> dict[str, Any]:
+    """Last hidden states of one packed row per backend vs each sample alone under SDPA."""
+    args = _parse(argv)
+    config = build_config(args)
+    args.attn = "sdpa"
+    model, _ = build_model(config, args)
+    model.eval()
+    samples = [synthetic_sample(config, args, seed=k) for k in range(args.samples_per_pack)]
+    dtype = next(model.parameters()).dtype
+    loss_fn = CriticLoss(model, chunk_tokens=args.chunk)
+
+    def hidden(batch: PackedBatch) -> torch.Tensor:
+        batch.inputs["pixel_values"] = batch.inputs["pixel_values"].to(dtype)
+        with torch.no_grad():
+            return loss_fn.hidden_states(batch.to(args.device).inputs)[0].float()
+
+    reference = torch.cat([hidden(collate_pack([s])) for s in samples])
+    scale = reference.abs().mean().item()
+    out: dict[str, Any] = {"tokens": int(reference.shape[0]), "reference": "sdpa per sample"}
+    for name in available_backends(args.device):
+        set_attention(model, name)
+        got = hidden(collate_pack(samples))
+        err = (got - reference).abs()
+        out[name] = {
+            "max_abs_err": err.max().item(),
+            "mean_abs_err": err.mean().item(),
+            "mean_abs_value": scale,
+        }
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=2)
+    return out
 
 
 def run(argv: list[str] | None = None) -> dict[str, float]:
@@ -170,7 +222,10 @@ def run(argv: list[str] | None = None) -> dict[str, float]:
     batch.inputs["pixel_values"] = batch.inputs["pixel_values"].to(dtype)
     batch = batch.to(args.device)
     shape = shape_from_config(config, merger_trained=True)
-    flops = step_flops(shape, batch.meta.seq_lens, batch.meta.image_patches)
+    sup = batch.meta.supervised
+    flops = step_flops(shape, batch.meta.seq_lens, batch.meta.image_patches, supervised_tokens=sup)
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for step in range(args.warmup + args.steps):
         _sync(args.device)
@@ -191,6 +246,7 @@ def run(argv: list[str] | None = None) -> dict[str, float]:
     result = {
         "preset": args.preset,
         "attn": attn,
+        "checkpoint_layers": 0.0 if args.no_checkpointing else args.checkpoint_layers,
         "tokens_per_pack": batch.meta.tokens,
         "step_time_s": t,
         "tokens_per_s_per_gpu": batch.meta.tokens / t,
@@ -199,7 +255,13 @@ def run(argv: list[str] | None = None) -> dict[str, float]:
         "peak_tflops": peak,
         "mfu": mfu(flops, t, 1, peak),
         "mfu_non_causal": mfu(
-            step_flops(shape, batch.meta.seq_lens, batch.meta.image_patches, causal=False),
+            step_flops(
+                shape,
+                batch.meta.seq_lens,
+                batch.meta.image_patches,
+                supervised_tokens=sup,
+                causal=False,
+            ),
             t,
             1,
             peak,
@@ -219,5 +281,10 @@ def _sync(device: str) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    if "--compare-attention" in sys.argv[1:]:
+        print(json.dumps(compare_attention(), indent=2))
+        raise SystemExit(0)
     for key, value in run().items():
         print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")

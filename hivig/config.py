@@ -49,6 +49,11 @@ RECORDED_PACKAGES = (
 )
 
 
+ATTENTION_BACKENDS = ("auto", "flash_attention_2", "flex", "sdpa", "eager")
+"""Values of an attention setting (``hivig.models.qwen_vl.resolve_attention``); here so configs
+validate them without importing torch."""
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field."""
 

@@ -24,7 +24,8 @@ Code must still read token ids from the tokenizer: the byte-level fixture has ot
 from __future__ import annotations
 
 import base64
-import importlib.resources
+import importlib.util
+import os
 import random
 from functools import lru_cache
 from pathlib import Path
@@ -145,15 +146,20 @@ def _byte_vocab() -> tuple[tuple[str, int], ...]:
 
 
 def _qwen_ranks_text() -> str:
+    # Located without importing the package: dashscope's own __init__ pulls in an HTTP stack
+    # that the fixture does not need (and a bare GPU image may lack).
     package, name = QWEN_RANKS_RESOURCE
-    try:
-        path = importlib.resources.files(package).joinpath(name)
-        return path.read_text(encoding="utf-8")
-    except (ModuleNotFoundError, FileNotFoundError) as e:
-        raise ModuleNotFoundError(
-            f"the real Qwen tokenizer fixture reads {package}/{name}: install the test extra "
-            f"(pip install -e '.[test]') or `pip install {package}`"
-        ) from e
+    override = os.environ.get("HIVIG_QWEN_RANKS")
+    spec = importlib.util.find_spec(package)
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    candidates = [Path(override)] if override else [Path(r) / name for r in roots]
+    for path in candidates:
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    raise ModuleNotFoundError(
+        f"the real Qwen tokenizer fixture reads {package}/{name}: install the test extra "
+        f"(pip install -e '.[test]') or `pip install {package}` (or set HIVIG_QWEN_RANKS)"
+    )
 
 
 @lru_cache(maxsize=1)

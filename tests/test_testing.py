@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, Qwen2TokenizerFast
 
@@ -9,10 +10,12 @@ from hivig.contracts import ContractError, parse_critique
 from hivig.media import ChatMessage, TextPart
 from hivig.models import qwen_vl
 from hivig.testing import (
+    QWEN_ADDED_TOKENS,
     SPECIAL_TOKENS,
     THINK_TOKENS,
     TINY_MAX_PIXELS,
     TINY_MIN_PIXELS,
+    qwen_tokenizer,
     save_tiny_checkpoint,
     synthetic_conversation,
     synthetic_screenshot,
@@ -20,6 +23,38 @@ from hivig.testing import (
     tiny_processor,
     tiny_tokenizer,
 )
+
+
+def test_real_qwen_tokenizer_gives_the_production_ids():
+    tok = qwen_tokenizer()
+    assert isinstance(tok, Qwen2TokenizerFast)
+    assert len(tok) == 151_669
+    # Known ids of the Qwen2/Qwen3 byte-level BPE.
+    assert tok.encode("Hello world", add_special_tokens=False) == [9707, 1879]
+    assert tok.encode("<|im_start|>assistant\n", add_special_tokens=False) == [151644, 77091, 198]
+    ids = tok.convert_tokens_to_ids([t for t, _ in QWEN_ADDED_TOKENS])
+    assert ids == list(range(151_643, 151_669))
+    assert tok.convert_tokens_to_ids(["<|image_pad|>", "<think>", "</think>"]) == [
+        151655,
+        151667,
+        151668,
+    ]
+    assert tok.pad_token_id == 151643 and tok.eos_token_id == 151645
+    text = "Klick auf »Speichern« ✓\n  indented\tcode() 12345"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    # Think and tool tags are added but not special, as in Qwen3-VL.
+    ids = tok.encode("<think>\nx\n</think>\nok<|im_end|>", add_special_tokens=False)
+    assert tok.decode(ids, skip_special_tokens=True) == "<think>\nx\n</think>\nok"
+    # Real BPE: far fewer tokens than bytes for English prose (byte-level: one per byte).
+    prose = "The agent clicked the Save button and the dialog closed as expected. " * 20
+    assert len(tok.encode(prose, add_special_tokens=False)) < len(prose) / 3.5
+
+
+def test_tiny_processor_uses_the_real_tokenizer_unless_asked():
+    assert len(tiny_processor().tokenizer) == 151_669
+    assert len(tiny_processor(tokenizer="bytes").tokenizer) == 256 + 9
+    with pytest.raises(ValueError, match="tokenizer must be one of"):
+        tiny_processor(tokenizer="sentencepiece")
 
 
 def test_tokenizer_is_byte_level_with_qwen_specials():
@@ -66,7 +101,9 @@ def test_tiny_model_config_and_size():
     assert cfg.text_config.vocab_size == len(proc.tokenizer)
     assert cfg.text_config.use_cache is False
     assert cfg._attn_implementation == "sdpa"
-    assert 250_000 < sum(p.numel() for p in model.parameters()) < 350_000
+    # About 288k parameters besides the two 151,669 x 64 vocabulary matrices.
+    vocab = 2 * 151_669 * 64
+    assert 250_000 < sum(p.numel() for p in model.parameters()) - vocab < 350_000
     assert (
         model.lm_head.weight.data_ptr() != model.model.language_model.embed_tokens.weight.data_ptr()
     )

@@ -251,7 +251,8 @@ def build_data(
     samples = load_samples(cfg.data, d.train_split, d.max_samples)
     samples = mix_kinds(samples, d.history_fraction, cfg.loop.seed)
     if not samples:
-        raise ConfigError(f"`data`: no training records under {records_dir(cfg.data) / d.train_split}")
+        split = records_dir(cfg.data) / d.train_split
+        raise ConfigError(f"`data`: no training records under {split}")
     eval_samples = load_samples(cfg.data, d.eval_split, d.max_samples)
     counts = token_counts(
         samples,

@@ -335,9 +335,11 @@ def truncate_log(path: str | Path, step: int) -> int:
         if row_step <= step:
             kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) != len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(path)
+        # In place, not by rename: a logger may already hold the file open in append mode,
+        # and its next row must land in this file, after the kept ones.
+        with path.open("r+", encoding="utf-8") as fh:
+            fh.write("".join(kept))
+            fh.truncate()
     return len(lines) - len(kept)
 
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hivig.config import ConfigError, FrameConfig
-from hivig.models._attention import ATTENTION_BACKENDS
+from hivig.config import ATTENTION_BACKENDS, ConfigError, FrameConfig
 
 SCHEDULERS = ("cosine", "linear", "constant")
 PACK_STRATEGIES = ("best_fit", "first_fit")

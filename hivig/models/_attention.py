@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
+from hivig.config import ATTENTION_BACKENDS as _ATTENTION_BACKENDS
 from hivig.logging import get_logger
 
 logger = get_logger(__name__)
 
-ATTENTION_BACKENDS = ("auto", "flash_attention_2", "flex", "sdpa", "eager")
-"""Values of the attention setting; ``auto`` picks FA2 when installed on CUDA, else ``flex`` on
-CUDA and ``sdpa`` on CPU."""
+# ``auto`` picks FA2 when installed on CUDA, else ``flex`` on CUDA and ``sdpa`` on CPU.
+ATTENTION_BACKENDS = _ATTENTION_BACKENDS
 
 FLEX_IMPLEMENTATION = "hivig_flex"
 """Name under which the flex backend is registered with transformers' attention interface."""
