@@ -34,6 +34,7 @@ hivig data generation.
   split        assign whole episodes to train/val/test (deterministic for a seed)
   run          the synthesis pipeline (transitions, history, perturbation, rationales, export);
                see `python -m data_gen run --help`
+  audit        the shortcut audit of a finished run (text-only probes, AUC per family)
 """
 
 
@@ -237,6 +238,53 @@ def _add_make_sample(sub: Any, common: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_audit(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The ``audit`` subcommand."""
+    p = sub.add_parser(
+        "audit",
+        parents=[common],
+        help="shortcut audit of a finished run's records",
+        description=_wrap(
+            "Text-only probes (TF-IDF n-grams, logistic regression, cross-validation grouped "
+            "by episode) try to tell Bad from the Good samples of the same steps without the "
+            "screenshot; prints the AUC per dimension family and probe, and exits 1 when a "
+            "gated family is above the threshold."
+        ),
+        formatter_class=_Formatter,
+    )
+    p.add_argument("--data", required=True, help="a data_gen run's output folder (its `out`)")
+    p.add_argument("--max-auc", type=float, default=0.7, help="threshold of the gated families")
+    p.add_argument("--gated", nargs="+", default=["pointing"], help="families whose AUC is gated")
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from data_gen.audit import AuditSettings, audit_rows, shortcut_audit
+    from hivig.records import RecordError, read_records, records_dir
+
+    root = records_dir(args.data)
+    try:
+        records = [
+            r
+            for split in ("train", "val", "test")
+            if (root / split).is_dir()
+            for r in read_records(root / split)
+        ]
+    except RecordError as exc:
+        print(f"audit: {exc}", file=sys.stderr)
+        return 2
+    if not records:
+        print(f"audit: no records under {root} (give the `out` of a finished run)", file=sys.stderr)
+        return 2
+    audit = shortcut_audit(records, AuditSettings(args.max_auc, tuple(args.gated)))
+    rows = [
+        (f"{family}/{probe}", f"AUC {auc} (Bad {bad}, Good {good}) {top}")
+        for family, probe, auc, bad, good, top in audit_rows(audit)
+    ]
+    rows.append(("failed", ", ".join(audit["failed"]) or "none"))
+    print(_table("shortcut audit", rows))
+    return 1 if audit["failed"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands except ``run`` (which parses its own)."""
     parser = argparse.ArgumentParser(
@@ -251,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ingest(sub, common)
     _add_split(sub, common)
     _add_make_sample(sub, common)
+    _add_audit(sub, common)
     sub.add_parser("run", help="the synthesis pipeline (own options: run --help)", add_help=False)
     return parser
 
@@ -374,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_main(argv[1:])
     args = build_parser().parse_args(argv)
-    handlers = {"ingest": _ingest, "split": _split, "make-sample": _make_sample}
+    handlers = {"ingest": _ingest, "split": _split, "make-sample": _make_sample, "audit": _audit}
     return handlers[args.command](args)
 
 

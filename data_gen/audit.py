@@ -16,7 +16,10 @@ configured threshold.
 Probes:
 
 - ``step``: the proposed step (``Action:`` line and tool calls) as the critic sees it;
-- ``history``: the trajectory text before it.
+- ``history``: the proposed step read against the trajectory before it: the step's text plus
+  one ``seen_<w1>_<w2>`` feature per word pair of the step that the history already holds, so
+  a Bad step that copies an earlier step's words (a shortcut no step-only probe can see, and
+  the history alone is the same for a step's Good and Bad) stands out.
 """
 
 from __future__ import annotations
@@ -84,14 +87,23 @@ def _user_text(record: SFTRecord) -> str:
     return "\n".join(p.text for p in record.user if isinstance(p, TextPart))
 
 
+_WORDS = re.compile(r"[a-z0-9]+")
+
+
 def probe_text(record: SFTRecord, probe: str) -> str:
     """The text a probe reads from a critique record (``step`` or ``history``)."""
     text = _user_text(record)
+    _, _, step = text.rpartition(_STEP_MARK)
     if probe == "step":
-        _, _, step = text.rpartition(_STEP_MARK)
         return step
     m = _HISTORY.search(text)
-    return m.group(1) if m else ""
+    history = m.group(1).lower() if m else ""
+    # Only the Action lines: tool-call boilerplate repeats in every step and says nothing.
+    said = [ln for ln in step.lower().splitlines() if ln.startswith("action:")]
+    words = _WORDS.findall(" ".join(said))
+    seen_pairs = set(zip(_WORDS.findall(history), _WORDS.findall(history)[1:], strict=False))
+    seen = [f"seen_{a}_{b}" for a, b in zip(words, words[1:], strict=False) if (a, b) in seen_pairs]
+    return step + "\n" + " ".join(seen)
 
 
 def family_samples(

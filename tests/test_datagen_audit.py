@@ -71,7 +71,7 @@ def test_a_textual_shortcut_is_found_and_fails_the_gate():
     audit = shortcut_audit(_records(leak=True), AuditSettings(max_auc=0.7))
     row = audit["families"]["pointing"]["step"]
     assert row["auc"] > 0.95 and any("zzleak" in f for f in row["top_bad"])
-    assert audit["failed"] == ["pointing/step"]
+    assert audit["failed"] == ["pointing/step", "pointing/history"]  # both read the step
     with pytest.raises(ShortcutAuditError, match="pointing/step"):
         check_audit(audit)
 
@@ -88,7 +88,27 @@ def test_no_shortcut_no_failure():
 def test_probe_texts():
     r = _records(leak=False)[0]
     assert probe_text(r, "step").startswith("Action: Click item 0")
-    assert probe_text(r, "history") == "None"
+    assert probe_text(r, "history").startswith(probe_text(r, "step"))
+
+
+def test_the_history_probe_sees_words_copied_from_the_history():
+    import dataclasses
+
+    out = []
+    for r in _records(leak=False):
+        words = f"Open the panel number {int(r.trajectory_id[1:]) % 9} now"
+        history = f"Step 1:\nAction: {words}\n<tool_call>x</tool_call>"
+        text = r.user[0].text.replace("Trajectory:\nNone", f"Trajectory:\n{history}")
+        if r.labels.verdict == "Bad":  # the Bad repeats the earlier step's words
+            text = text.replace("Action: Click item", f"Action: {words} item")
+        else:
+            text = text.replace(
+                "Action: Click item", f"Action: Close the panel {len(out) % 9} item"
+            )
+        out.append(dataclasses.replace(r, user=(TextPart(text),)))
+    audit = shortcut_audit(out, AuditSettings(max_auc=0.7))
+    row = audit["families"]["pointing"]["history"]
+    assert row["auc"] > 0.9 and any("seen_" in f for f in row["top_bad"])
 
 
 # ---------------------------------------------------------------------------------------------
