@@ -60,3 +60,44 @@ def test_no_print_in_library_code():
                 ):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_library_code_does_not_import_the_test_fixtures():
+    # hivig.testing builds random models and offline tokenizers for tests and the demo; a
+    # library default that reaches it would train or serve a fixture silently.
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in _modules("hivig")
+        if path.name != "testing.py" and "hivig.testing" in _imported_modules(path)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_train_cli_and_recipe_do_not_import_each_other():
+    # _cli dispatches to the recipe; the recipe is importable (and runnable) on its own.
+    assert not {"train._cli", "train.__main__"} & _imported_modules(ROOT / "train" / "sft.py")
+    assert "train.sft" in _imported_modules(ROOT / "train" / "_cli.py")
+
+
+def test_the_real_tokenizer_fixture_lives_with_the_other_fixtures():
+    text = (ROOT / "hivig" / "testing.py").read_text(encoding="utf-8")
+    assert "def qwen_tokenizer(" in text and "def tiny_processor(" in text
+    stray = [
+        str(p.relative_to(ROOT))
+        for package in PACKAGES
+        for p in _modules(package)
+        if p.name != "testing.py" and "qwen.tiktoken" in p.read_text(encoding="utf-8")
+    ]
+    assert not stray, stray
