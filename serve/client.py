@@ -64,7 +64,7 @@ class ClientConfig:
     """Client limits and switches (all YAML-able).
 
     Attributes:
-        base_url: Gateway root, e.g. ``http://127.0.0.1:8000``.
+        base_url: Gateway root, e.g. ``http://127.0.0.1:8080``.
         token: Bearer token, when the gateway has auth on.
         connect_timeout_s: TCP connect timeout of each attempt.
         observe_deadline_s: Total time one observe may take, retries included.
@@ -77,7 +77,7 @@ class ClientConfig:
         resend_smaller: On 413, shrink the screenshot once and resend it.
     """
 
-    base_url: str = "http://127.0.0.1:8000"
+    base_url: str = "http://127.0.0.1:8080"
     token: str | None = None
     connect_timeout_s: float = 2.0
     observe_deadline_s: float = 8.0
