@@ -63,6 +63,25 @@ def test_tiny_checkpoint_over_real_http(tmp_path, tiny_ckpt):
             json={"step_idx": 1, "screenshot": b64(screen(seed=1)), "prev_action": CLICK},
         ).json()
         assert obs["history"]["version"] in (0, 1) and "echo" in obs
+        far = {"type": "left_click", "x": 300, "y": 190}
+        ranked = c.post(
+            f"/v1/sessions/{sid}/critique", json={"step_idx": 1, "candidates": [CLICK, far]}
+        ).json()
+        assert len(ranked["results"]) == 2 and sorted(ranked["ranking"]) == [0, 1]
+        stateless = c.post(
+            "/v1/critique",
+            json={
+                **session_body(),
+                "trajectory": [CLICK],
+                "screenshot": b64(screen(seed=2)),
+                "action": far,
+            },
+        )
+        assert stateless.status_code == 200 and stateless.json()["verdict"] in (
+            "good",
+            "bad",
+            "abstain",
+        )
         assert "hivig_parse_total" in c.get("/metrics").text
 
 
