@@ -570,6 +570,7 @@ class Gateway:
         self.jobs[job_id] = {
             "job_id": job_id,
             "status": "pending",
+            "running": False,
             "input": str(target),
             "out": str(out),
         }
@@ -583,7 +584,7 @@ class Gateway:
 
         job = self.jobs[job_id]
         async with self._job_slots:
-            job["status"] = "running"
+            job["running"] = True  # status stays "pending" until the job is done or failed
             try:
                 result = await diagnose_async(
                     target,
