@@ -251,3 +251,16 @@ def test_demo_report_is_navigable(demo):
             assert any(folder.iterdir()), folder
     stats = json.loads((out / "dataset" / "stats.json").read_text())
     assert "shortcut_audit" in stats
+
+
+def test_audit_command_on_a_finished_run(demo, capsys):
+    from data_gen.__main__ import main
+
+    _, _, out, _ = demo
+    assert main(["audit", "--data", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "pointing/step" in printed and "failed" in printed
+    # A threshold the demo cannot meet fails loudly (exit 1), naming the family.
+    assert main(["audit", "--data", str(out), "--max-auc", "0.5"]) == 1
+    assert "pointing" in capsys.readouterr().out.split("failed", 1)[1]
+    assert main(["audit", "--data", str(out / "nothing")]) == 2

@@ -269,3 +269,18 @@ def test_property_checks_catch_the_audited_mislabels():
     )
     assert "earlier step" in violation(base, ghost)
     assert random.Random(0)  # keeps the import honest for generators seeded per sample
+
+
+def test_annotator_is_offered_the_feasible_dimensions_by_deficit(corpus):
+    from data_gen.perturb import ANNOTATOR_DIMENSIONS
+
+    cfg, works, elements, _, _ = corpus
+    plan = build_plan(cfg, works, elements, offline=True)
+    offered = [p for p in plan.values() if p.dimension in ANNOTATOR_DIMENSIONS]
+    assert offered
+    for p in offered:
+        assert p.candidates[0] == p.dimension  # the plan's pick first, then by deficit
+        assert set(p.candidates) <= set(ANNOTATOR_DIMENSIONS)
+    assert any(len(p.candidates) > 1 for p in offered)
+    # Programmatic dimensions stay exact: no choice is offered.
+    assert all(not p.candidates for p in plan.values() if p.dimension in PROGRAMMATIC)

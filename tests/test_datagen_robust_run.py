@@ -97,3 +97,20 @@ def test_dry_run_estimates_the_annotator_requests_the_run_sends(tmp_path, capsys
     sent = made[0].counts["requests"]
     # An upper bound: steps whose screen does not change need no transition request.
     assert 0 < sent <= total <= 1.25 * sent
+
+
+def test_a_stale_ingest_lock_and_temp_files_are_cleaned(tmp_path):
+    import socket
+
+    _corpus(tmp_path / "c")
+    cfg = _cfg(tmp_path)
+    out = tmp_path / "o"
+    (out / "ingest").mkdir(parents=True)
+    # What a killed run leaves: its lock (a dead pid on this host) and a half-written temp.
+    (out / "ingest.lock").write_text(f"{socket.gethostname()}:999999999")
+    host = socket.gethostname().replace(".", "_").replace("-", "_")
+    stale = out / "ingest" / f".trajectories.jsonl.{host}-999999999-0123abcd.tmp"
+    stale.write_text("half")
+    path = trajectories_path(cfg)
+    assert ingest_complete(path.parent)
+    assert not (out / "ingest.lock").exists() and not stale.exists()
