@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import math
 import os
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -378,11 +380,22 @@ against 51.8 ms / 483 KiB. The few KiB level 6 saves on flat screens cost nothin
 store."""
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_FILTER_UP = 2
+
+
+def _png_chunk(tag: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+
 def encode_png(image: Image.Image, compress_level: int = 6) -> bytes:
     """Encode ``image`` as PNG bytes that depend only on its pixels.
 
-    No metadata chunks (text, time, gamma, EXIF) are written, so equal pixels give equal bytes
-    for a given Pillow/zlib build.
+    8-bit RGB, every scanline with the "Up" filter (the byte-wise difference to the row above,
+    which is what makes screenshots compress: most rows repeat the one above), one ``IDAT``, no
+    ancillary chunks. The filtering is one numpy subtraction and zlib runs with the GIL released,
+    so this costs about a third of Pillow's encoder with its per-row filter search (29 -> 10 ms
+    for a 1344x768 frame at level 1, same size); equal pixels give equal bytes for a given zlib.
 
     Args:
         image: The image; converted to RGB first.
@@ -391,12 +404,24 @@ def encode_png(image: Image.Image, compress_level: int = 6) -> bytes:
     Returns:
         The PNG file contents.
     """
+    if not 0 <= compress_level <= 9:
+        raise ValueError(f"compress_level must be in 0..9, got {compress_level}")
     rgb = image if image.mode == "RGB" else image.convert("RGB")
-    buf = io.BytesIO()
-    # A bare copy drops ``info`` so Pillow writes no ancillary chunks from the source file.
-    clean = Image.frombytes("RGB", rgb.size, rgb.tobytes())
-    clean.save(buf, format="PNG", compress_level=compress_level, optimize=False)
-    return buf.getvalue()
+    width, height = rgb.size
+    rows = np.asarray(rgb, dtype=np.uint8).reshape(height, width * 3)
+    filtered = np.empty((height, width * 3 + 1), dtype=np.uint8)
+    filtered[:, 0] = _PNG_FILTER_UP
+    filtered[0, 1:] = rows[0]  # the row above the first one is all zeros
+    np.subtract(rows[1:], rows[:-1], out=filtered[1:, 1:])  # uint8 wraps: the PNG filter mod 256
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return b"".join(
+        (
+            _PNG_SIGNATURE,
+            _png_chunk(b"IHDR", header),
+            _png_chunk(b"IDAT", zlib.compress(filtered.data, compress_level)),
+            _png_chunk(b"IEND", b""),
+        )
+    )
 
 
 def reference_marked_image(
