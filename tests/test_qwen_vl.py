@@ -14,6 +14,7 @@ from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.models import qwen_vl
 from hivig.models.qwen_vl import IGNORE_INDEX, EncodeError, encode_sample
 from hivig.testing import (
+    qwen_tokenizer,
     save_tiny_checkpoint,
     synthetic_conversation,
     synthetic_screenshot,
@@ -496,8 +497,11 @@ def test_budget_is_asserted(processor):
         qwen_vl.set_pixel_budget(tiny_processor(), min_pixels=4096, max_pixels=1024)
 
 
-def test_build_processor_offline_and_from_checkpoint(tmp_path):
-    offline = qwen_vl.build_processor(None, min_pixels=2048, max_pixels=32_768)
+def test_build_processor_needs_a_checkpoint_and_installs_the_budget(tmp_path):
+    # No library default reaches the test fixtures: offline processors are assembled explicitly.
+    with pytest.raises(ValueError, match="assemble_processor"):
+        qwen_vl.build_processor(None, min_pixels=2048, max_pixels=32_768)
+    offline = tiny_processor(min_pixels=2048, max_pixels=32_768)
     assert qwen_vl.pixel_budget(offline) == (2048, 32_768)
     ckpt = save_tiny_checkpoint(tmp_path / "ckpt")
     # from_pretrained would keep the saved budget; build_processor installs the requested one.
@@ -509,8 +513,8 @@ def test_build_processor_offline_and_from_checkpoint(tmp_path):
 
 def test_save_load_round_trip_keeps_template_tokens_and_budget(tmp_path):
     template = qwen_vl.load_chat_template("prefill_think")
-    proc = qwen_vl.build_processor(
-        None, min_pixels=2048, max_pixels=131_072, chat_template=template
+    proc = qwen_vl.assemble_processor(
+        qwen_tokenizer(), min_pixels=2048, max_pixels=131_072, chat_template=template
     )
     model = tiny_model(proc)
     out = tmp_path / "ckpt"

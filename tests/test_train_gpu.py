@@ -30,3 +30,15 @@ def test_benchmark_runs_a_two_layer_8b_shape_on_gpu():
     )
     assert math.isfinite(result["loss"]) and result["tokens_per_s_per_gpu"] > 0
     assert 0 < result["mfu"] < 1 and result["peak_mem_gib"] > 0
+
+
+def test_gpu_check_script_parses_and_writes_one_json():
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    # One JSON under $OUT, a time budget under the device's 8 minutes, no silent fallback.
+    assert 'OUT="${OUT:-./gpu_check_out}"' in text and "gpu_check.json" in text
+    assert 'BUDGET="${GPU_CHECK_BUDGET:-450}"' in text
+    assert '--attn "$attn"' in text and "--compare-attention" in text
