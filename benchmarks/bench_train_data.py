@@ -16,8 +16,8 @@ What it measures, per sample at the default canonical frame (max 1,048,576 px):
 - budget fill of the packed rows (tokens / rows x budget: the compute a row's budget buys),
   per packing strategy and window, against the bound of the fewest rows that could hold them.
 
-The processor is the offline tiny one (byte-level tokenizer), so text token counts are ~3-4x
-those of the real Qwen tokenizer; image token counts and pixel work are the real ones.
+The processor is the offline one with the real Qwen tokenizer (``hivig.testing.tiny_processor``),
+so text and image token counts are the production ones.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from hivig.config import FrameConfig
-from hivig.models.qwen_vl import build_processor
+from hivig.testing import tiny_processor
 from train.collate import collate_pack
 from train.data import Quarantine, build_loader, compute_lengths, load_samples
 from train.encode import RecordEncoder
@@ -113,7 +113,7 @@ def main() -> None:
     if not args.data:
         sizes = ((w, h), (w, h), (w, h), (w, h))  # four distinct screens of the same size
         write_dataset(data, n_train=args.samples, n_val=0, sizes=sizes, words=(lo, hi))
-    processor = build_processor(None, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels)
+    processor = tiny_processor(min_pixels=frame.min_pixels, max_pixels=frame.max_pixels)
     encoder = RecordEncoder(processor, frame, data)
     samples = load_samples(data, "train")
     print(f"{len(samples)} samples, screens {args.screen}, frame max {frame.max_pixels} px")
