@@ -90,6 +90,11 @@ def test_no_intent_contradicts_its_call_outside_misalignment(corpus):
     for _v, b in _emitted(views):
         if b.dimension != "Action-Operation Misalignment" and b.calls is not None:
             assert intent_contradiction(b.intent, list(b.calls)) is None, (b.dimension, b.intent)
+    # A reversed wheel under "Scroll down" contradicts its words: Misalignment, not a
+    # miscalibrated vector; the generator shrinks instead where the intent names a direction.
+    assert intent_contradiction("Scroll down the list", [{"action": "scroll", "pixels": 500}])
+    pvm = [b for _, b in _emitted(views) if b.dimension == "Parameter Vector Miscalibration"]
+    assert pvm and all(intent_contradiction(b.intent, list(b.calls)) is None for b in pvm)
     # Negative controls of the checker itself: the two contradictions the audit found.
     assert intent_contradiction("Report that the total is 62", [{"action": "terminate"}])
     assert intent_contradiction("Click the Name field", [{"action": "type", "text": "x"}])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -83,13 +84,18 @@ def parameter_vector(view: StepView, rng: random.Random, p: GenParams) -> BadSte
         if name in ("scroll", "hscroll") and isinstance(call.get("pixels"), int) and call["pixels"]:
             px = call["pixels"]
             small = int(px * p.scroll_shrink) or (1 if px > 0 else -1)
-            methods = ["sign_flip"] + (["shrink"] if abs(small) < abs(px) else [])
+            # "Scroll down" over an upward wheel contradicts its own words (Misalignment), so
+            # where the intent states a direction only the magnitude is miscalibrated.
+            flip = [] if _states_direction(view.intent) else ["sign_flip"]
+            methods = flip + (["shrink"] if abs(small) < abs(px) else [])
+            if not methods:
+                continue
             method = rng.choice(methods)
             call["pixels"] = -px if method == "sign_flip" else small
             note = f"{name} of {px} px became {call['pixels']} px"
             return _bad(view, dim, f"{name}_{method}", calls, view.intent, note)
         if name == "swipe" and call.get("coordinate") != call.get("coordinate2"):
-            method = rng.choice(["swap", "shrink"])
+            method = "shrink" if _states_direction(view.intent) else rng.choice(["swap", "shrink"])
             a, b = call["coordinate"], call["coordinate2"]
             if method == "swap":
                 call["coordinate"], call["coordinate2"] = b, a
@@ -113,6 +119,11 @@ def parameter_vector(view: StepView, rng: random.Random, p: GenParams) -> BadSte
             note = f"drag {start}->{end} became {calls[i - 1]['coordinate']}->{call['coordinate']}"
             return _bad(view, dim, f"drag_{method}", calls, view.intent, note)
     return None
+
+
+def _states_direction(intent: str) -> bool:
+    """Whether the intent names a direction (up, down), which a reversed vector would break."""
+    return bool(re.search(r"\b(up|down|upward|downward)s?\b", intent, re.IGNORECASE))
 
 
 # --------------------------------------------------------------------------------------------

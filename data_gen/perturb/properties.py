@@ -64,6 +64,37 @@ def intent_contradiction(intent: str, calls: Sequence[Call]) -> str | None:
         return "the intent waits but no call waits"
     if _SCROLL_WORDS.search(intent) and not names & {"scroll", "hscroll", "swipe"}:
         return "the intent scrolls but no call scrolls"
+    return _direction_contradiction(intent, calls)
+
+
+_DOWN = re.compile(r"\bdown(ward)?s?\b", re.IGNORECASE)
+_UP = re.compile(r"\bup(ward)?s?\b", re.IGNORECASE)
+
+
+def stated_direction(intent: str) -> str | None:
+    """``up`` or ``down`` when the intent names exactly one of them, else ``None``."""
+    down, up = bool(_DOWN.search(intent)), bool(_UP.search(intent))
+    return "down" if down and not up else "up" if up and not down else None
+
+
+_SWIPE_DIRECTION = re.compile(r"\bswipe\s+(up|down)\b", re.IGNORECASE)
+
+
+def _direction_contradiction(intent: str, calls: Sequence[Call]) -> str | None:
+    """A wheel scroll against the intent's direction (Qwen3-VL: negative pixels scroll down),
+    or a swipe whose finger moves against a stated "swipe up/down"."""
+    said = stated_direction(intent)
+    swipe = _SWIPE_DIRECTION.search(intent)
+    for c in calls:
+        px = c.get("pixels")
+        wheel = c.get("action") == "scroll" and isinstance(px, int) and px != 0
+        if said is not None and wheel and (px < 0) != (said == "down"):  # type: ignore[operator]
+            return f"the intent scrolls {said} but the wheel turns the other way"
+        a, b = c.get("coordinate"), c.get("coordinate2")
+        if swipe and c.get("action") == "swipe" and isinstance(a, list) and isinstance(b, list):
+            finger = "up" if b[1] < a[1] else "down" if b[1] > a[1] else None
+            if finger is not None and finger != swipe.group(1).lower():
+                return f"the intent swipes {swipe.group(1).lower()} but the finger moves {finger}"
     return None
 
 
@@ -82,8 +113,12 @@ def _consistent(view: StepView, bad: BadStep) -> str | None:
 
 
 def parameter_vector(view: StepView, bad: BadStep) -> str | None:
-    """Same action kinds as the expert, only a scroll/swipe/drag vector changed."""
+    """Same action kinds as the expert, only a scroll/swipe/drag vector changed, and not
+    against a direction the intent states (that contradiction would be Misalignment)."""
     calls = _calls(bad)
+    why = _direction_contradiction(bad.intent, calls)
+    if why is not None:
+        return why
     if [c.get("action") for c in calls] != [c.get("action") for c in view.calls]:
         return "the action kinds differ from the expert's"
     vectors = {"scroll", "hscroll", "swipe", "left_click_drag", "mouse_move"}
