@@ -141,3 +141,24 @@ def test_an_unknown_hub_id_offline_is_one_line(capsys, tmp_path, monkeypatch, da
     assert "org/nope is not in the local Hugging Face cache" in line
     line = _error(capsys, [*argv[:-1], "model.path=./no/such/dir"])
     assert "neither a directory nor a Hugging Face id" in line
+
+
+def test_evaluate_forwards_its_arguments_to_the_benchmark(monkeypatch):
+    import sys
+    import types
+
+    seen = []
+    fake = types.ModuleType("train.benchmark")
+    fake.main = lambda argv: seen.append(argv) or 3
+    monkeypatch.setitem(sys.modules, "train.benchmark", fake)
+    assert main(["evaluate", "--config", "x.yaml", "k=v"]) == 3
+    assert seen == [["--config", "x.yaml", "k=v"]]
+
+
+def test_evaluate_without_the_benchmark_module_is_one_line(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "train.benchmark", None)  # import raises ImportError
+    assert main(["evaluate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")

@@ -48,9 +48,9 @@ def merge_main(argv: list[str]) -> int:
 def evaluate_main(argv: list[str]) -> int:
     try:
         from train.benchmark import main as benchmark_main
-    except ModuleNotFoundError as e:
-        if e.name != "train.benchmark":
-            raise
+    except ImportError as e:
+        if getattr(e, "name", None) not in ("train.benchmark", None):
+            raise  # a dependency of the benchmark is missing: show it
         print("error: the critic benchmark (train.benchmark) is not installed", file=sys.stderr)
         return 2
     return int(benchmark_main(argv) or 0)
