@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import numbers
 import random
 import threading
 import time
@@ -441,19 +442,28 @@ def _reply_of(resp: httpx.Response) -> _Reply:
 
 class CircuitBreaker:
     """Opens after ``failures`` consecutive failures for ``open_s`` seconds, then half-opens:
-    one probe call goes through, its outcome closes or re-opens the breaker.
+    one probe call goes through, its outcome closes or re-opens the breaker. A probe not
+    recorded within ``probe_timeout_s`` expires and the next call probes instead.
 
     Thread-safe; ``clock`` is injectable for tests.
     """
 
-    def __init__(self, failures: int = 5, open_s: float = 60.0, clock: Any = time.monotonic):
+    def __init__(
+        self,
+        failures: int = 5,
+        open_s: float = 60.0,
+        clock: Any = time.monotonic,
+        probe_timeout_s: float = 10.0,
+    ):
         self.failures = failures
         self.open_s = open_s
+        self.probe_timeout_s = probe_timeout_s
         self._clock = clock
         self._lock = threading.Lock()
         self._count = 0
         self._open_until: float | None = None
         self._probing = False
+        self._probe_since = 0.0
 
     @property
     def state(self) -> Literal["closed", "open", "half_open"]:
@@ -468,9 +478,15 @@ class CircuitBreaker:
         with self._lock:
             if self._open_until is None:
                 return True
-            if self._clock() < self._open_until or self._probing:
+            now = self._clock()
+            if now < self._open_until:
                 return False
-            self._probing = True
+            # A probe whose outcome never came back (its caller was cancelled or crashed
+            # between allow() and record()) expires after the deadline, so the breaker
+            # cannot stay half-open with nothing let through.
+            if self._probing and now - self._probe_since < self.probe_timeout_s:
+                return False
+            self._probing, self._probe_since = True, now
             return True
 
     def record(self, failed: bool) -> None:
@@ -510,6 +526,12 @@ def _timeout(cfg: ClientConfig, remaining: float) -> httpx.Timeout:
 
 def _headers(cfg: ClientConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+
+
+def _breaker(cfg: ClientConfig) -> CircuitBreaker:
+    """The client's breaker; an unrecorded probe expires after the longest call deadline."""
+    deadline = max(cfg.observe_deadline_s, cfg.critique_deadline_s, cfg.session_deadline_s)
+    return CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_s, probe_timeout_s=deadline)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -853,7 +875,7 @@ class CriticClient:
         if token is not None:
             cfg = replace(cfg, token=token)
         self.config = cfg
-        self.breaker = breaker or CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_s)
+        self.breaker = breaker or _breaker(cfg)
         self._http = httpx.Client(
             base_url=cfg.base_url,
             headers=_headers(cfg),
@@ -866,13 +888,23 @@ class CriticClient:
     def _send(self, call: _Call) -> _Reply:
         if not self.breaker.allow():
             return _Reply(0, None, "circuit_open", "circuit breaker open")
+        try:
+            reply = self._attempts(call)
+        except BaseException:
+            # Whatever interrupted the call (a body that cannot be encoded, a signal), its
+            # outcome is recorded: a half-open probe must never stay in flight forever.
+            self.breaker.record(True)
+            raise
+        self.breaker.record(_failed(reply))
+        return reply
+
+    def _attempts(self, call: _Call) -> _Reply:
         end = time.monotonic() + call.deadline_s
         attempt = 0
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0:
-                reply = _Reply(0, None, "timeout", "deadline exceeded")
-                break
+                return _Reply(0, None, "timeout", "deadline exceeded")
             try:
                 resp = self._http.request(
                     call.method, call.path, json=call.body, timeout=_timeout(self.config, remaining)
@@ -884,11 +916,9 @@ class CriticClient:
                 reply = _Reply(0, None, "transport", str(exc))
             pause = _retry_pause(reply, attempt, end - time.monotonic(), self.config)
             if pause is None:
-                break
+                return reply
             attempt += 1
             time.sleep(pause)
-        self.breaker.record(_failed(reply))
-        return reply
 
     def _drive(self, flow: Flow, fallback: Any) -> Any:
         """Run a flow to its result; any unexpected error gives ``fallback()`` (fail open)."""
@@ -953,10 +983,36 @@ class CriticClient:
 
 
 def _strip(call: _Call) -> _Call:
-    """Drop private keys (``_image``: the caller's original screenshot) before sending."""
-    if call.body and any(k.startswith("_") for k in call.body):
-        return replace(call, body={k: v for k, v in call.body.items() if not k.startswith("_")})
-    return call
+    """Drop private keys (``_image``: the caller's original screenshot) and make the body
+    JSON-safe (numpy scalars from an adapter's action become Python numbers) before sending."""
+    if not call.body:
+        return call
+    body = {k: v for k, v in call.body.items() if not k.startswith("_")}
+    return replace(call, body=json_safe(body))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with numpy-style scalars and arrays turned into Python numbers and lists.
+
+    Anything else is left alone (the HTTP layer reports what still cannot be encoded).
+    """
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    tolist = getattr(value, "tolist", None)  # numpy bool_, arrays and other scalars
+    if callable(tolist):
+        try:
+            return json_safe(tolist())
+        except Exception:  # noqa: BLE001 - not numpy after all: leave it to the encoder
+            return value
+    return value
 
 
 class Session:
@@ -1056,7 +1112,7 @@ class AsyncCriticClient:
         if token is not None:
             cfg = replace(cfg, token=token)
         self.config = cfg
-        self.breaker = breaker or CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_s)
+        self.breaker = breaker or _breaker(cfg)
         self._http = httpx.AsyncClient(
             base_url=cfg.base_url,
             headers=_headers(cfg),
@@ -1067,13 +1123,23 @@ class AsyncCriticClient:
     async def _send(self, call: _Call) -> _Reply:
         if not self.breaker.allow():
             return _Reply(0, None, "circuit_open", "circuit breaker open")
+        try:
+            reply = await self._attempts(call)
+        except BaseException:
+            # A cancelled call (the harness' own step timeout) or an unencodable body still
+            # records its outcome, so a half-open probe cannot stay in flight forever.
+            self.breaker.record(True)
+            raise
+        self.breaker.record(_failed(reply))
+        return reply
+
+    async def _attempts(self, call: _Call) -> _Reply:
         end = time.monotonic() + call.deadline_s
         attempt = 0
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0:
-                reply = _Reply(0, None, "timeout", "deadline exceeded")
-                break
+                return _Reply(0, None, "timeout", "deadline exceeded")
             try:
                 # wait_for bounds the whole attempt, including a transport that ignores timeouts.
                 resp = await asyncio.wait_for(
@@ -1092,11 +1158,9 @@ class AsyncCriticClient:
                 reply = _Reply(0, None, "transport", str(exc))
             pause = _retry_pause(reply, attempt, end - time.monotonic(), self.config)
             if pause is None:
-                break
+                return reply
             attempt += 1
             await asyncio.sleep(pause)
-        self.breaker.record(_failed(reply))
-        return reply
 
     async def _drive(self, flow: Flow, fallback: Any) -> Any:
         try:

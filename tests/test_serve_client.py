@@ -715,3 +715,95 @@ def test_async_breaker_opens():
         await client.aclose()
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------
+# Interrupted probes and JSON-safe bodies
+
+
+class _Opaque:
+    """An object no JSON encoder knows (a converter bug in an adapter)."""
+
+
+def test_unencodable_probe_is_recorded_and_later_probes_go_out():
+    now = [0.0]
+    breaker = CircuitBreaker(failures=2, open_s=10.0, clock=lambda: now[0])
+    gw = FakeGateway()
+    client = CriticClient(
+        config=ClientConfig(base_url="http://gw", retries=0),
+        transport=gw.transport(),
+        breaker=breaker,
+    )
+    s = client.start("t", "ubuntu", (100, 100))
+    s.observe(0, png("a"))
+    gw.faults = [("/critique", 503)] * 2
+    s.critique(0, "click"), s.critique(0, "click")
+    assert breaker.state == "open"
+    now[0] = 11.0
+    v = s.critique(0, {"type": "left_click", "x": _Opaque(), "y": 1})
+    assert v.abstained and v.reason == "client_error"
+    assert not breaker._probing  # the probe's failure was recorded
+    now[0] = 100.0
+    assert s.critique(0, "click").is_good  # the next probe went out and closed the breaker
+    assert breaker.state == "closed"
+
+
+def test_unrecorded_probe_expires_after_its_timeout():
+    now = [0.0]
+    breaker = CircuitBreaker(failures=1, open_s=10.0, clock=lambda: now[0], probe_timeout_s=5.0)
+    breaker.record(True)
+    now[0] = 11.0
+    assert breaker.allow()  # a probe goes out and its caller never records it
+    now[0] = 14.0
+    assert not breaker.allow()
+    now[0] = 16.5
+    assert breaker.allow() and not breaker.allow()  # the stale probe expired: one new probe
+
+
+def test_client_breaker_probe_timeout_is_the_longest_deadline():
+    cfg = ClientConfig(base_url="http://gw", observe_deadline_s=3.0, critique_deadline_s=7.0)
+    assert CriticClient(config=cfg).breaker.probe_timeout_s == 8.0  # session deadline
+
+
+def test_numpy_numbers_in_actions_are_sent_as_json_numbers():
+    np = pytest.importorskip("numpy")
+    gw = FakeGateway()
+    client = make_client(gw)
+    s = client.start("t", "ubuntu", (100, 100))
+    s.observe(0, png("a"))
+    action = {"type": "left_click", "x": np.int64(12), "y": np.float32(3.5), "ok": np.bool_(True)}
+    v = s.critique(0, action)
+    assert v.is_good
+    sent = [b for m, p, b in gw.requests if p.endswith("/critique")][-1]["action"]
+    assert sent == {"type": "left_click", "x": 12, "y": 3.5, "ok": True}
+    assert type(sent["x"]) is int and client.breaker.state == "closed"
+
+
+def test_async_probe_cancelled_by_the_harness_does_not_stick():
+    now = [0.0]
+    breaker = CircuitBreaker(failures=1, open_s=10.0, clock=lambda: now[0])
+    slow = [False]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/sessions":
+            return httpx.Response(201, json={"session_id": "s1", "echo": {}, **VERSIONS})
+        if slow[0]:
+            await asyncio.sleep(5)
+        return _error(503, "backend_unavailable")
+
+    async def main() -> None:
+        cfg = ClientConfig(base_url="http://gw", retries=0)
+        client = AsyncCriticClient(
+            config=cfg, transport=httpx.MockTransport(handler), breaker=breaker
+        )
+        s = await client.start("t", "ubuntu", (10, 10))
+        assert (await s.critique(0, "x")).reason == "backend"
+        now[0], slow[0] = 11.0, True
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(s.critique(0, "x"), 0.05)
+        assert not breaker._probing
+        now[0], slow[0] = 100.0, False
+        assert (await s.critique(0, "x")).reason == "backend"  # a probe went out again
+        await client.aclose()
+
+    asyncio.run(main())
