@@ -326,18 +326,19 @@ def test_stdout_logger_and_rank_gate(tmp_path):
 
 
 def test_config_overrides_and_named_errors():
-    cfg = load_config(TrainConfig, None, ["data=/d", "out=/o", "optim.lr=1e-5"])
+    tiny = "model.tiny=true"
+    cfg = load_config(TrainConfig, None, [tiny, "data=/d", "out=/o", "optim.lr=1e-5"])
     assert (cfg.data, cfg.out, cfg.optim.lr) == ("/d", "/o", 1e-5)
     with pytest.raises(ConfigError, match="optim.warmup_ratio"):
-        load_config(TrainConfig, None, ["optim.warmup_ratio=1.5"])
+        load_config(TrainConfig, None, [tiny, "optim.warmup_ratio=1.5"])
     with pytest.raises(ConfigError, match="dataset.token_budget"):
-        load_config(TrainConfig, None, ["dataset.token_budget=0"])
+        load_config(TrainConfig, None, [tiny, "dataset.token_budget=0"])
     with pytest.raises(ConfigError, match="nothing to train"):
-        load_config(TrainConfig, None, ["model.train_llm=false", "model.train_merger=false"])
+        load_config(TrainConfig, None, [tiny, "model.train_llm=false", "model.train_merger=false"])
     with pytest.raises(ConfigError):
-        load_config(TrainConfig, None, ["optim.no_such_field=1"])
+        load_config(TrainConfig, None, [tiny, "optim.no_such_field=1"])
     with pytest.raises(ConfigError, match="loop.peak_tflops_override"):
-        load_config(TrainConfig, None, ["loop.peak_tflops_override=-1"])
+        load_config(TrainConfig, None, [tiny, "loop.peak_tflops_override=-1"])
 
 
 @pytest.mark.parametrize("flag", ["train_merger", "train_vit", "train_deepstack"])

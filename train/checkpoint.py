@@ -187,12 +187,6 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two config dicts (missing counts as differing)."""
-    a, b = _flatten(saved), _flatten(current)
-    return sorted(k for k in a.keys() | b.keys() if a.get(k, object()) != b.get(k, object()))
-
-
 def check_resume_config(
     path: str | Path,
     cfg: Any,
@@ -221,10 +215,21 @@ def check_resume_config(
     saved_file = Path(path) / "config.yaml"
     if not saved_file.is_file():
         raise ConfigError(f"cannot resume from {path}: it has no config.yaml")
+    from omegaconf import OmegaConf
+
     saved = yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {}
     current = config_to_dict(cfg)
-    changed = [k for k in config_changes(saved, current) if k not in ignored]
     flat_saved, flat_now = _flatten(saved), _flatten(current)
+    # A key the checkpoint's version did not have yet counts as its default there.
+    defaults = _flatten(OmegaConf.to_container(OmegaConf.structured(type(cfg))))
+    for key in flat_now.keys() - flat_saved.keys():
+        if key in defaults:
+            flat_saved[key] = defaults[key]
+    changed = [
+        k
+        for k in sorted(flat_saved.keys() | flat_now.keys())
+        if k not in ignored and flat_saved.get(k, object()) != flat_now.get(k, object())
+    ]
     unsafe = [k for k in changed if k not in safe]
     allowed = [k for k in changed if k in safe]
 
