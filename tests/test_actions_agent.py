@@ -62,6 +62,23 @@ def test_osworld_unescaped_typewrite_quote_is_repaired():
     assert osw('pyautogui.write("say "hi" now")') == [Type('say "hi" now')]
 
 
+def test_osworld_quote_repair_stays_within_one_statement():
+    # The following statement stays a statement; it never becomes typed text.
+    assert osw("pyautogui.typewrite('Don't stop'); pyautogui.press('enter')") == [
+        Type("Don't stop"),
+        Key(("enter",)),
+    ]
+    assert osw("pyautogui.typewrite('a', interval=0.05); pyautogui.typewrite('it's')") == [
+        Type("a"),
+        Type("it's"),
+    ]
+
+
+def test_osworld_quote_repair_gives_up_on_text_holding_code():
+    got = osw("pyautogui.typewrite('it's'); pyautogui.click(1, 2) x')")
+    assert isinstance(got, ActionError)
+
+
 def test_osworld_other_coordinate_spaces():
     assert osw("pyautogui.click(0.5, 0.25)", coord_space="norm01") == [LeftClick((500, 250))]
     assert osw("pyautogui.click(999, 0)", coord_space="norm999") == [LeftClick((1000, 0))]
@@ -99,6 +116,11 @@ def test_scalecua_prefixes_combos_and_status_synonyms():
     )
     assert got == [LeftClick((100, 400)), Key(("ctrl", "s")), Terminate("success")]
     assert isinstance(parse_scalecua(text, "ubuntu", 1000, 500, "pixel"), ActionError)
+
+
+def test_scalecua_positional_hotkey_combo_is_split():
+    for text in ("pyautogui.hotkey('ctrl+s')", "hotkey('ctrl+s')", "hotkey('ctrl', 's')"):
+        assert parse_agent_output(text, "scalecua", width=W, height=H) == [Key(("ctrl", "s"))]
 
 
 def test_scalecua_mobile_prefix_on_android():
@@ -139,6 +161,27 @@ CALL = '{"name": "computer_use", "arguments": {"action": "left_click", "coordina
 )
 def test_qwen_common_slips(text):
     assert parse_agent_output(text, "qwen", width=W, height=H) == [LeftClick((500, 300))]
+
+
+@pytest.mark.parametrize(
+    "thought",
+    [
+        'I previously did {"action": "type", "text": "hello"}. Now click.',
+        'The schema is {"name": "computer_use", "arguments": {"action": "key", "keys": ["a"]}}.',
+    ],
+)
+def test_qwen_json_in_the_thought_is_not_a_call_when_blocks_exist(thought):
+    for block in (f"{{{CALL}", f"{{{CALL}}}", CALL):  # doubled brace, both sides, clean
+        text = f"Thought: {thought}\n<tool_call>\n{block}\n</tool_call>"
+        assert parse_agent_output(text, "qwen", width=W, height=H) == [LeftClick((500, 300))]
+
+
+def test_qwen_unreadable_block_is_not_replaced_by_json_from_the_thought():
+    text = (
+        'Thought: {"action": "type", "text": "hello"}\n<tool_call>\n{{{"name": broken\n</tool_call>'
+    )
+    got = parse_agent_output(text, "qwen", width=W, height=H)
+    assert isinstance(got, ActionError)
 
 
 def test_qwen_strict_parser_still_rejects_slips():

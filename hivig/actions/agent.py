@@ -61,12 +61,13 @@ _SPECIAL_NAMES = {
     "DONE": RawCall("terminate", {"status": "success", "info": None}),
     "FAIL": RawCall("terminate", {"status": "failure", "info": None}),
 }
-# typewrite('it's') with the inner quote left unescaped: the greedy group takes the text up to
-# the last quote of the same kind on the line.
-_UNESCAPED_WRITE = re.compile(
-    r"^(?P<head>\s*(?:pyautogui\.)?(?:typewrite|write)\(\s*)(?P<q>['\"])(?P<text>.*)(?P=q)"
-    r"(?P<tail>\s*(?:,[^()]*)?\)\s*;?\s*)$"
-)
+# typewrite('it's') with the inner quote left unescaped: the head of such a call, and the ends
+# its text may have (the quote, optional keyword arguments, the closing parenthesis, then the
+# end of the line or a ``;`` before the next statement).
+_WRITE_HEAD = re.compile(r"^(?P<head>\s*(?:pyautogui\.)?(?:typewrite|write)\(\s*)(?P<q>['\"])")
+_WRITE_END = {
+    q: re.compile(re.escape(q) + r"(?P<tail>\s*(?:,[^()'\"]*)?\))\s*(?P<sep>;|$)") for q in "'\""
+}
 _STATUS_SYNONYMS = {
     "complete": "success",
     "completed": "success",
@@ -133,11 +134,39 @@ def _repair_write_quotes(code: str) -> str:
     """Re-quote ``typewrite('...')`` lines whose text holds an unescaped quote of its own kind."""
     out = []
     for line in code.splitlines():
-        match = _UNESCAPED_WRITE.match(line)
-        if match is not None and isinstance(parse_module(line), ActionError):
-            line = f"{match['head']}{match['text']!r}{match['tail']}"
+        if isinstance(parse_module(line), ActionError):
+            line = _repair_write_line(line) or line
         out.append(line)
     return "\n".join(out)
+
+
+def _repair_write_line(line: str) -> str | None:
+    """``line`` with its leading ``typewrite`` re-quoted, or ``None`` when that cannot be done.
+
+    The text is cut at the first end that gives a statement of its own (shortest first), so a
+    following ``; pyautogui.press('enter')`` stays a statement and never becomes typed text; the
+    rest of the line is repaired the same way. Text that still holds ``pyautogui.`` is code, not
+    a slip: the line is left unreadable.
+    """
+    head = _WRITE_HEAD.match(line)
+    if head is None:
+        return None
+    for end in _WRITE_END[head["q"]].finditer(line, head.end()):
+        text = line[head.end() : end.start()]
+        if "pyautogui." in text:
+            return None
+        stmt = f"{head['head']}{text!r}{end['tail']}"
+        if isinstance(parse_module(stmt), ActionError):
+            continue
+        rest = line[end.end() :].strip()
+        if not rest:
+            return stmt
+        if isinstance(parse_module(rest), ActionError):
+            rest = _repair_write_line(rest)  # type: ignore[assignment]
+            if rest is None:
+                continue
+        return f"{stmt}; {rest}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,8 +226,13 @@ def _scalecua_lines(text: str) -> str:
 
 
 def _split_combo(call: RawCall) -> RawCall:
-    """``key("ctrl+s")`` / ``press(keys="ctrl+s")`` -> ``hotkey(keys=["ctrl", "s"])``."""
+    """A ``+``-joined combo in one argument -> ``hotkey(keys=["ctrl", "s"])``.
+
+    Covers ``key("ctrl+s")``, ``press(keys="ctrl+s")`` and ``hotkey("ctrl+s")``.
+    """
     keys = call.kwargs.get("keys")
+    if call.name == "hotkey" and isinstance(keys, (list, tuple)) and len(keys) == 1:
+        keys = keys[0]  # one positional combo: the same slip as key("ctrl+s")
     if call.name not in ("press", "hotkey") or not isinstance(keys, str) or len(keys) < 2:
         return call
     if "+" not in keys or call.kwargs.get("presses", 1) != 1:
@@ -231,12 +265,43 @@ def _scalecua_calls(text: str) -> list[RawCall] | ActionError:
 
 
 def _tool_objects(text: str) -> list[Any]:
-    """Tool-call objects: the tagged blocks when they are clean JSON, else any JSON in the text."""
-    bodies, well_formed = all_blocks(text, "tool_call")
-    if bodies and well_formed:
-        decoded = [loads(b.strip(), "tool call") for b in bodies]
-        if not any(isinstance(d, ActionError) for d in decoded):
-            return decoded
+    """Tool-call objects: decoded inside the ``<tool_call>`` blocks when there are any.
+
+    Free text around tagged blocks (a thought that quotes an ``{"action": ...}`` schema or an
+    earlier step) is never read as a call; only when the blocks hold nothing is the text after
+    the last tag scanned (a call written after its empty block). Without tags, any JSON object
+    with ``arguments`` or ``action`` in the text counts.
+    """
+    bodies, _ = all_blocks(text, "tool_call")
+    found = [obj for body in bodies for obj in _block_objects(body)]
+    if found:
+        return found
+    low = text.lower()
+    open_at, close_at = low.rfind("<tool_call>"), low.rfind("</tool_call>")
+    if open_at >= 0:
+        cut = max(open_at + len("<tool_call>"), close_at + len("</tool_call>"))
+        text = text[cut:]
+    return _loose_objects(text)
+
+
+def _block_objects(body: str) -> list[Any]:
+    """The call(s) in one ``<tool_call>`` block.
+
+    Strict JSON first, then with a doubled opening brace dropped, then objects embedded in the
+    block's own text.
+    """
+    body = body.strip()
+    if not body:
+        return []
+    decoded = loads(body, "tool call")
+    if isinstance(decoded, ActionError) and body.startswith("{{"):
+        decoded = loads(body[1:], "tool call")
+    if not isinstance(decoded, ActionError):
+        return [decoded]
+    return _loose_objects(body)
+
+
+def _loose_objects(text: str) -> list[Any]:
     return [o for o in decode_objects(text) if "arguments" in o or "action" in o]
 
 
