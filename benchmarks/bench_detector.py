@@ -3,12 +3,16 @@
     taskset -c 1 python benchmarks/bench_detector.py                 # 5 rounds of 60 observes
     taskset -c 1 python benchmarks/bench_detector.py --rounds 9 --observes 100
 
-Each observe is one ``hivig.recurrence.update`` call on an in-memory 1920×1080 RGB screen with
-one click action, in three scenarios:
+Each observe is one ``hivig.recurrence.update`` call on an in-memory 1920×1080 RGB screen, in
+five scenarios:
 
-- ``unchanged``: the same screen with its taskbar clock ticking (masked: the fast path);
-- ``dialog``: a dialog opens and closes near the click (a partial change, the region check runs);
-- ``full``: two unrelated screens alternate (every pixel changes: the slowest path).
+- ``unchanged``: a click; the same screen with its taskbar clock ticking (masked: the fast path);
+- ``dialog``: a click; a dialog opens and closes near it (a partial change, the region check runs);
+- ``full``: a click; two unrelated screens alternate (every pixel changes: the slowest path);
+- ``typing``: a ``type`` action (no target point); a few characters appear in a field and go
+  (the untargeted rule runs);
+- ``wait``: a ``wait`` action; a small spinner turns through 8 phases (the no-action learning
+  path counts hits on every step).
 
 The baseline is ``hivig.vision.canonical_frame`` of the same frame (decoded image in, the
 1344×768 model frame out), timed in the same round, so the ratio survives a shared machine's
@@ -27,18 +31,27 @@ import time
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from hivig.actions import LeftClick
+from hivig.actions import Action, LeftClick, Type, Wait
 from hivig.recurrence import DetectorConfig, DetectorState, new_state, update
 from hivig.testing import synthetic_screenshot
 from hivig.vision import canonical_frame
 
 BUDGET_MS = 5.0
 W, H = 1920, 1080
-CLICK = [LeftClick((500, 450))]
+CLICK: list[Action] = [LeftClick((500, 450))]
+TYPE: list[Action] = [Type("Acme Ltd")]
+WAIT: list[Action] = [Wait(1)]
 
 
-def _with_clock(img: Image.Image, text: str, dialog: bool = False) -> Image.Image:
-    """A copy with a Windows taskbar clock (inside the default mask) and optionally a dialog."""
+def _with_clock(
+    img: Image.Image,
+    text: str,
+    dialog: bool = False,
+    field: str | None = None,
+    spinner: int | None = None,
+) -> Image.Image:
+    """A copy with a Windows taskbar clock (inside the default mask) and optionally a dialog,
+    a text field holding ``field`` or a spinner at phase ``spinner`` (0-7)."""
     out = img.copy()
     draw = ImageDraw.Draw(out)
     font = ImageFont.load_default(size=16)
@@ -47,15 +60,27 @@ def _with_clock(img: Image.Image, text: str, dialog: bool = False) -> Image.Imag
     if dialog:
         draw.rectangle((760, 380, 1160, 600), fill=(250, 250, 250), outline=(0, 0, 0), width=2)
         draw.text((800, 450), "Delete this file?", fill=(0, 0, 0), font=font)
+    if field is not None:
+        draw.rectangle((700, 600, 1100, 640), fill=(255, 255, 255), outline=(0, 0, 0))
+        draw.text((710, 610), field, fill=(0, 0, 0), font=font)
+    if spinner is not None:
+        draw.rectangle((1300, 300, 1420, 420), fill=(255, 255, 255))
+        start = 45 * spinner
+        draw.arc((1320, 320, 1400, 400), start, start + 270, fill=(0, 120, 215), width=10)
     return out
 
 
-def _scenarios() -> dict[str, list[Image.Image]]:
+def _scenarios() -> dict[str, tuple[list[Image.Image], list[Action]]]:
     base, other = synthetic_screenshot(W, H, 0), synthetic_screenshot(W, H, 1)
     return {
-        "unchanged": [_with_clock(base, f"12:{m:02d}") for m in range(2)],
-        "dialog": [_with_clock(base, "12:00"), _with_clock(base, "12:00", dialog=True)],
-        "full": [_with_clock(base, "12:00"), _with_clock(other, "12:00")],
+        "unchanged": ([_with_clock(base, f"12:{m:02d}") for m in range(2)], CLICK),
+        "dialog": ([_with_clock(base, "12:00"), _with_clock(base, "12:00", dialog=True)], CLICK),
+        "full": ([_with_clock(base, "12:00"), _with_clock(other, "12:00")], CLICK),
+        "typing": (
+            [_with_clock(base, "12:00", field=""), _with_clock(base, "12:00", field="Acme Ltd")],
+            TYPE,
+        ),
+        "wait": ([_with_clock(base, "12:00", spinner=i) for i in range(8)], WAIT),
     }
 
 
@@ -78,14 +103,17 @@ def _timed(fn, n: int) -> Timing:
     return wall, cpu
 
 
-def _time_observes(frames: list[Image.Image], n: int, cfg: DetectorConfig) -> Timing:
-    """Per-``update`` times over ``n`` observes cycling through ``frames``."""
+def _time_observes(
+    frames: list[Image.Image], actions: list[Action], n: int, cfg: DetectorConfig
+) -> Timing:
+    """Per-``update`` times over ``n`` observes cycling through ``frames``, each after
+    ``actions``; the state starts fresh, so learning steps are timed too."""
     holder = {"state": update(new_state("windows"), frames[-1], None, cfg)[0], "i": 0}
 
     def step() -> None:
         frame = frames[holder["i"] % len(frames)]
         holder["i"] += 1
-        holder["state"], _ = update(holder["state"], frame, CLICK, cfg)
+        holder["state"], _ = update(holder["state"], frame, actions, cfg)
 
     return _timed(step, n)
 
@@ -127,13 +155,13 @@ def main() -> None:
             rounds[name][clock].append(statistics.median(values))
 
     for _ in range(args.rounds):
-        for name, frames in scenarios.items():
-            _time_observes(frames, args.warmup, cfg)
-            record(name, _time_observes(frames, args.observes, cfg))
-        frame = scenarios["full"][0]
+        for name, (frames, actions) in scenarios.items():
+            _time_observes(frames, actions, args.warmup, cfg)
+            record(name, _time_observes(frames, actions, args.observes, cfg))
+        frame = scenarios["full"][0][0]
         _time_canonical(frame, args.warmup)
         record("canonical_frame", _time_canonical(frame, args.observes))
-        record("state json", _time_state_json(scenarios["full"], 20, cfg))
+        record("state json", _time_state_json(scenarios["full"][0], 20, cfg))
         for clock in ("wall", "cpu"):
             slowest = max(rounds[name][clock][-1] for name in scenarios)
             ratios[clock].append(slowest / rounds["canonical_frame"][clock][-1])

@@ -15,13 +15,17 @@ How a step is judged (all on a grey/RGB thumbnail about 480 px on its long side,
 screen costs a few milliseconds on one core):
 
 - **Volatile mask** = the platform's clock/status-bar boxes ∪ the session's boxes ∪ a mask learned
-  from frames that change without any action (a wait, or a re-capture with ``actions=None``) and
-  from cells that changed in several no-effect steps.
+  from cells that keep changing unprompted: in ``learn_min_hits`` of the recent frames that
+  changed without any action (a wait, or a re-capture with ``actions=None``) or in a no-effect
+  step. A spinner or a clock is learned after a few ticks; a one-off change during a wait (a
+  report replacing its spinner) is content arriving, reported as a change and kept watched.
 - **Change**: ``identical`` (masked thumbnails equal), ``dhash_dist`` (global 9×8 dHash Hamming
   distance), ``masked_diff_frac`` (share of unmasked pixels whose grey value moved by more than
   ``pixel_delta``) and ``region_changed`` (a crop around each pointer target; a blinking caret
   alone does not count). ``no_effect`` is ``identical``, or a small masked diff with the global
-  hash and every target region unchanged.
+  hash and every target region unchanged. A step with an action that has no target point
+  (``type``, ``key``, raw text) may act anywhere, so for it any changed unmasked pixel is an
+  effect (``untargeted_max_px``), a lone caret line aside except when text was typed.
 - **Recurrence**: consecutive single, non-wait actions with the same relaxed action key and no
   effect (R3's trigger, ``k`` = 2 by default); the shortest screen-continuous return of 2–8
   action transitions, grouped up to rotation and reported from its second traversal on; and how
@@ -37,6 +41,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -152,6 +157,11 @@ class DetectorConfig:
     caret_max_px: int = 6
     """A change at a target confined to a vertical band this narrow (screen pixels) is a blinking
     text caret, not an effect of the action (0 disables the rule)."""
+    untargeted_max_px: int = 0
+    """A step with an action that has no target point (``type``, ``key``, a scroll without a
+    point, raw text) has no effect only when at most this many unmasked thumbnail pixels changed,
+    a lone caret band aside. Such an action may act anywhere (typing a few characters changes
+    well under ``no_effect_frac`` of the screen), so by default any visible change is an effect."""
     crop_frac: float = 0.10
     """Side of the crop around a pointer target, as a share of the screen's short side."""
     crop_min_px: int = 160
@@ -165,14 +175,19 @@ class DetectorConfig:
     learn_cell_px: int = 8
     """Learned-mask cell side, in thumbnail pixels (32 screen px at 1920×1080)."""
     learn_max_step_frac: float = 0.01
-    """A no-action change is learned as volatile only when it covers at most this share of the
-    frame; bigger changes (a page finishing loading during a wait) are content, not noise."""
+    """A no-action change counts towards the learned mask only when it covers at most this share
+    of the frame; bigger changes (a page finishing loading during a wait) are content, not
+    noise."""
     learn_max_total_frac: float = 0.15
     """The learned mask never grows beyond this share of the frame."""
     learn_min_hits: int = 3
-    """A cell that changed in this many recent no-effect action steps becomes volatile."""
-    learn_window: int = 8
-    """How many recent no-effect action steps the hit count looks at."""
+    """A cell becomes volatile once it changed in this many recent unprompted steps (frames
+    without an action, wait steps, no-effect action steps); a one-off change, such as a report
+    replacing its spinner during a wait, is content arriving and stays watched."""
+    learn_window: int = 16
+    """How many recent unprompted steps with a change the hit count looks at. A cell of an
+    n-phase spinner changes twice a turn, so its third hit comes within n + 1 ticks: 16 covers
+    spinners of up to 15 phases."""
 
     def __post_init__(self) -> None:
         positive = ("k", "max_cycle", "revisit_window", "crop_min_px", "learn_cell_px")
@@ -193,8 +208,9 @@ class DetectorConfig:
         ):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"`recurrence.{name}` must be in [0, 1]")
-        if self.caret_max_px < 0:
-            raise ConfigError("`recurrence.caret_max_px` must be >= 0")
+        for name in ("caret_max_px", "untargeted_max_px"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"`recurrence.{name}` must be >= 0")
         if self.thumb_long_side < 16:
             raise ConfigError("`recurrence.thumb_long_side` must be at least 16")
         if self.learn_min_hits < 1 or self.learn_window < self.learn_min_hits:
@@ -219,7 +235,8 @@ class DetectorState:
         grey: Its grey version (derived, not serialised).
         screen_key: The last frame's screen key.
         learned_cells: Indices (row-major) of learned volatile cells on the cell grid.
-        noeffect_cells: Changed cells of recent no-effect action steps, oldest first.
+        noeffect_cells: Changed cells of recent unprompted steps (no action, a wait, or an
+            action without effect), oldest first; a cell in ``learn_min_hits`` of them is learned.
         run_key: Relaxed key of the current no-effect run.
         run_screen: Screen key the run happens on.
         run_len: Length of the run.
@@ -593,6 +610,42 @@ def _cells_of(px: np.ndarray, cell: int) -> np.ndarray:
     return np.flatnonzero(hit)
 
 
+def _caret_cols(factor: int, cfg: DetectorConfig) -> int:
+    """Thumbnail columns a caret line of up to ``caret_max_px`` can cover (0: rule off)."""
+    # A caret line can straddle one more thumbnail column than its width needs.
+    return math.ceil(cfg.caret_max_px / factor) + 1 if cfg.caret_max_px else 0
+
+
+def _is_caret_line(changed: np.ndarray, caret_cols: int, caret_rows: int) -> bool:
+    """Whether all changed pixels form one upright line, as a text caret's blink does.
+
+    The line is under ``caret_cols`` columns wide, at least twice as tall as wide and under
+    ``caret_rows`` rows tall.
+    """
+    cols = np.flatnonzero(changed.any(axis=0))
+    if not cols.size or cols[-1] - cols[0] >= caret_cols:
+        return False
+    rows = np.flatnonzero(changed[:, cols[0] : cols[-1] + 1].any(axis=1))
+    width, height = cols[-1] - cols[0] + 1, rows[-1] - rows[0] + 1
+    return bool(2 * width <= height < caret_rows)
+
+
+def _untargeted_still(
+    changed: np.ndarray, n_changed: int, factor: int, caret_rows: int, cfg: DetectorConfig
+) -> bool:
+    """The untargeted rule: at most ``untargeted_max_px`` changed pixels, or a lone caret line.
+
+    ``caret_rows`` = 0 allows no caret.
+    """
+    if n_changed <= cfg.untargeted_max_px:
+        return True
+    caret_cols = _caret_cols(factor, cfg)
+    # Cheap bound first: more changed pixels than the band holds cannot be a caret.
+    if not caret_cols or n_changed > caret_cols * caret_rows:
+        return False
+    return _is_caret_line(changed, caret_cols, caret_rows)
+
+
 def _compare(
     prev: tuple[np.ndarray, np.ndarray],
     cur: tuple[np.ndarray, np.ndarray],
@@ -600,8 +653,15 @@ def _compare(
     crops: list[tuple[int, int, int, int]],
     factor: int,
     cfg: DetectorConfig,
+    untargeted: tuple[bool, int] = (False, 0),
 ) -> _Compared:
-    """Change signals between two equally sized ``(rgb, grey)`` thumbnails under one mask."""
+    """Change signals between two equally sized ``(rgb, grey)`` thumbnails under one mask.
+
+    ``untargeted`` is ``(has_untargeted_action, caret_rows)``: a step with an action without a
+    target point can act anywhere, so ``untargeted_max_px`` bounds its change instead of
+    ``no_effect_frac``; a lone caret line up to ``caret_rows`` thumbnail rows tall is not an
+    effect (0: no allowance).
+    """
     (prev_rgb, prev_g), (cur_rgb, cur_g) = prev, cur
     if np.array_equal(prev_rgb, cur_rgb):
         # The common no-effect case, without any per-pixel work.
@@ -621,17 +681,15 @@ def _compare(
     region: bool | None = None
     if crops:
         region = False
-        # A caret line of up to caret_max_px can straddle one more thumbnail column.
-        caret_cols = math.ceil(cfg.caret_max_px / factor) + 1 if cfg.caret_max_px else 0
+        caret_cols = _caret_cols(factor, cfg)
         for y1, y2, x1, x2 in crops:
             if y2 <= y1 or x2 <= x1:
                 continue
             crop_changed = changed[y1:y2, x1:x2]
-            cols = np.flatnonzero(crop_changed.any(axis=0))
-            if cols.size and cols[-1] - cols[0] < caret_cols:
-                # Everything that moved fits in one narrow vertical band: the text caret of the
-                # field the pointer is in blinked. Counting it would hide every repeated click
-                # into an already focused field.
+            if caret_cols and _is_caret_line(crop_changed, caret_cols, y2 - y1 + 1):
+                # Everything that moved is one thin upright line: the text caret of the field
+                # the pointer is in blinked. Counting it would hide every repeated click into
+                # an already focused field. (A changed digit or a radio dot is not that thin.)
                 continue
             crop_frac = float(np.count_nonzero(crop_changed)) / crop_changed.size
             crop_dist = hamming(dhash_array(prev_g[y1:y2, x1:x2]), dhash_array(cur_g[y1:y2, x1:x2]))
@@ -643,6 +701,10 @@ def _compare(
     no_effect = identical or (
         frac < cfg.no_effect_frac and dist <= cfg.dhash_unchanged and region is not True
     )
+    if no_effect and not identical and untargeted[0]:
+        # Typing "Acme Ltd" into a field changes about 0.06 % of the screen, under the global
+        # share, and there is no target crop to see it: any visible change is the action's.
+        no_effect = _untargeted_still(changed, n_changed, factor, untargeted[1], cfg)
     return _Compared(identical, dist, region, frac, no_effect, changed)
 
 
@@ -716,6 +778,25 @@ def _is_wait(actions: Sequence[Action | str]) -> bool:
     return all(isinstance(a, Wait) for a in actions)
 
 
+def _untargeted(
+    acts: tuple[Action | str, ...], size: tuple[int, int], factor: int, cfg: DetectorConfig
+) -> tuple[bool, int]:
+    """``(has_untargeted_action, caret_rows)`` of a step, for ``_compare``.
+
+    An action is untargeted when it has no pointer target (raw text included; waits are not
+    actions here). A blinking caret is allowed for as a line up to a target crop's side tall
+    (a caret is a line of text tall) — except when the step types text: a field whose caret
+    blinks has the focus, so the typed characters would show, and a narrow character such as
+    "i" changes no more of a thumbnail than a caret does.
+    """
+    untargeted = any(
+        isinstance(a, str) or (not isinstance(a, Wait) and not _points(a)) for a in acts
+    )
+    if not untargeted or any(isinstance(a, Type) and a.text for a in acts):
+        return untargeted, 0
+    return True, max(1, round(max(cfg.crop_frac * min(size), cfg.crop_min_px) / factor))
+
+
 def _learn(
     state: DetectorState,
     compared: _Compared,
@@ -723,26 +804,27 @@ def _learn(
     shape: tuple[int, int],
     cfg: DetectorConfig,
 ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    """The learned cells and no-effect history after this frame."""
+    """The learned cells and unprompted-change history after this frame.
+
+    Without an action (or with a wait) whatever moved is the screen's own doing, and so is a
+    sub-threshold change of an action without effect; but one such change is as likely content
+    arriving (a report replacing its spinner) as noise. Only cells that keep changing — in
+    ``learn_min_hits`` of the last ``learn_window`` such steps, as a spinner or a clock does —
+    become volatile.
+    """
     cell = cfg.learn_cell_px
     learned = set(state.learned_cells)
     history = state.noeffect_cells
     changed = compared.changed_px
     if not (no_action or compared.no_effect) or not changed.any():
         return state.learned_cells, history
+    if no_action and float(changed.mean()) > cfg.learn_max_step_frac:
+        # A big change without an action is content (a page finished loading), never noise.
+        return state.learned_cells, history
     cells = _cells_of(changed, cell)
-    if no_action:
-        # Nothing was done, so whatever moved is the screen's own activity (a clock, a spinner,
-        # a caret) — unless it is big, which means content arrived (a page finished loading).
-        if float(changed.mean()) <= cfg.learn_max_step_frac:
-            learned.update(int(c) for c in cells)
-    elif compared.no_effect:
-        history = (*history, tuple(int(c) for c in cells))[-cfg.learn_window :]
-        counts: dict[int, int] = {}
-        for step_cells in history:
-            for c in step_cells:
-                counts[c] = counts.get(c, 0) + 1
-        learned.update(c for c, n in counts.items() if n >= cfg.learn_min_hits)
+    history = (*history, tuple(int(c) for c in cells))[-cfg.learn_window :]
+    hits = np.bincount(np.fromiter(itertools.chain.from_iterable(history), dtype=np.intp))
+    learned.update(int(c) for c in np.flatnonzero(hits >= cfg.learn_min_hits))
     rows, cols = _cell_grid(shape, cell)
     if len(learned) > cfg.learn_max_total_frac * rows * cols:
         logger.debug("learned volatile mask would exceed its cap; not extended")
@@ -868,20 +950,22 @@ def _judge(
     for a in acts:
         if not isinstance(a, str):
             crops += _crop_boxes(_points(a), shape, size, factor, cfg)
+    untargeted = _untargeted(acts, size, factor, cfg)
 
     compared: _Compared | None = None
     learned_now = False
     if same_shape:
         prev_pair = (prev, state.grey if state.grey is not None else _grey_of(prev))
-        compared = _compare(prev_pair, (cur, cur_grey), mask, crops, factor, cfg)  # type: ignore[arg-type]
+        pair = (cur, cur_grey)
+        compared = _compare(prev_pair, pair, mask, crops, factor, cfg, untargeted)  # type: ignore[arg-type]
         new_cells, history = _learn(state, compared, no_action, shape, cfg)
         if new_cells != learned_cells:
             learned_now = True
             learned_cells = new_cells
             mask = _Mask.build(static, learned_cells, shape, cfg.learn_cell_px)
-            # Judge this frame under the mask it just taught, so a spinner's first tick
-            # already reads as "no effect".
-            compared = _compare(prev_pair, (cur, cur_grey), mask, crops, factor, cfg)  # type: ignore[arg-type]
+            # Judge this frame under the mask it just taught, so the spinner tick that proves
+            # it volatile already reads as "no effect".
+            compared = _compare(prev_pair, pair, mask, crops, factor, cfg, untargeted)  # type: ignore[arg-type]
     elif prev is not None:
         logger.info("frame size changed (%s -> %s); screen treated as new", state.frame_size, size)
         compared = _resized_compare(state, prev, (cur, cur_grey), mask, bool(crops))

@@ -52,6 +52,7 @@ def screen(
     spinner: int | None = None,
     page_clock: str | None = None,
     tooltip: bool = False,
+    report: int | None = None,
 ) -> Image.Image:
     """A Windows-like desktop with one app window.
 
@@ -66,6 +67,8 @@ def screen(
         spinner: Phase (0–7) of a loading spinner in a slow panel; ``None`` for no panel.
         page_clock: Text of a clock inside the page (outside every default mask).
         tooltip: Draw a tooltip next to the dead spot.
+        report: Show the slow panel's report table (the spinner's replacement), its total cell
+            reading this value; ``None`` for no table.
     """
     img = Image.new("RGB", (W, H), (0, 90, 160))
     d = ImageDraw.Draw(img)
@@ -109,6 +112,12 @@ def screen(
         d.text((1300, 720), "Loading report...", fill=(0, 0, 0), font=FONT)
         start = 45 * spinner
         d.arc((1300, 400, 1500, 600), start, start + 270, fill=(0, 120, 215), width=26)
+    if report is not None:
+        d.rectangle((1100, 300, 1700, 800), fill=(255, 255, 255), outline=(120, 120, 120))
+        d.text((1130, 320), "Quarterly revenue", fill=(0, 0, 0), font=FONT)
+        for i, (q, v) in enumerate([("Q1", "3.1"), ("Q2", "3.6"), ("Q3", "4.2"), ("Q4", "3.9")]):
+            d.text((1130, 380 + 40 * i), f"{q}    ${v}M", fill=(0, 0, 0), font=FONT)
+        d.text((1130, 560), f"Total  ${report}M", fill=(0, 0, 0), font=FONT)
     if page_clock is not None:
         d.text((1650, 120), page_clock, fill=(0, 0, 0), font=FONT)
     if tooltip:
@@ -173,10 +182,16 @@ def test_small_change_at_the_target_is_caught_by_the_region_check():
     assert sig.change["identical"] is False
     assert sig.change["region_changed"] is True
     assert sig.change["no_effect"] is False
-    # The same pair judged for a keyboard action (no target) is "no effect" by the global rule.
+    # The same pair after a keyboard action (space on the focused checkbox): no target to crop
+    # around, and the change is still far below 0.1 %, yet it is the key's effect.
     _, (_, keyed) = run([(before, None), (after, [Key(("space",))])])
     assert keyed.change["region_changed"] is None
-    assert keyed.change["no_effect"] is True
+    assert keyed.change["masked_diff_frac"] < 0.001
+    assert keyed.change["no_effect"] is False
+    # Control: the old rule (any change under 0.1 % is none) called it "no effect".
+    lax = DetectorConfig(untargeted_max_px=10_000)
+    _, (_, old) = run([(before, None), (after, [Key(("space",))])], config=lax)
+    assert old.change["no_effect"] is True
 
 
 def _text_field(caret: bool) -> Image.Image:
@@ -188,6 +203,68 @@ def _text_field(caret: bool) -> Image.Image:
     if caret:
         d.line((905, 606, 905, 634), fill=(0, 0, 0), width=2)
     return img
+
+
+def _form(text: str = "", caret: bool = True, focused: bool = True) -> Image.Image:
+    """The settings screen with a form field holding ``text``; its caret blinks when focused."""
+    img = screen("settings").copy()
+    d = ImageDraw.Draw(img)
+    d.text((700, 560), "Company name", fill=(0, 0, 0), font=FONT)
+    d.rectangle((700, 600, 1100, 640), fill=(255, 255, 255), outline=(0, 0, 0))
+    d.text((710, 610), text, fill=(0, 0, 0), font=FONT)
+    if focused and caret:
+        x = 712 + round(d.textlength(text, font=FONT))
+        d.line((x, 606, x, 634), fill=(0, 0, 0), width=2)
+    return img
+
+
+def test_typing_into_a_focused_field_is_an_effect():
+    # Typing "Acme Ltd" changes well under 0.1 % of the screen, and a typed action has no
+    # pointer target, so no crop sees it: the global share alone called it "no effect".
+    frames = [(_form(""), None), (_form("Acme Ltd"), [Type("Acme Ltd")])]
+    _, (_, typed) = run(frames)
+    assert 0 < typed.change["masked_diff_frac"] < 0.001
+    assert typed.change["region_changed"] is None
+    assert typed.change["no_effect"] is False
+    # One more character, with the caret off in the new frame, is an effect too; so is "i",
+    # the narrowest glyph, which changes no more of the thumbnail than a caret line.
+    for before, after, text in [("Acme Ltd", "Acme Ltd.", "."), ("Acme", "Acmei", "i")]:
+        _, (_, one) = run([(_form(before), None), (_form(after, caret=False), [Type(text)])])
+        assert one.change["no_effect"] is False, text
+    # Typing on and on into the field is never a no-effect run.
+    words = ["Acme", "Acme Ltd", "Acme Ltd and", "Acme Ltd and Sons"]
+    steps = [(_form(words[0]), None)]
+    steps += [(_form(w, caret=i % 2 == 0), [Type(" x")]) for i, w in enumerate(words[1:])]
+    _, sigs = run(steps)
+    assert [s.change["no_effect"] for s in sigs[1:]] == [False] * 3
+    assert not any(s.recurrence["r3_trigger"] for s in sigs)
+
+
+def test_dead_keys_and_typing_into_nothing_still_trigger_r3():
+    # A shortcut that does nothing while the field's caret blinks: the caret line is not an
+    # effect (clock and caret aside, nothing changed), so the second press triggers.
+    save = Key(("ctrl", "s"))
+    frames = [(_form("Acme", True), None), (_form("Acme", False), [save])]
+    frames.append((_form("Acme", True), [save]))
+    _, sigs = run(frames)
+    assert [s.change["identical"] for s in sigs[1:]] == [False, False]
+    assert [s.change["no_effect"] for s in sigs[1:]] == [True, True]
+    assert [s.recurrence["r3_trigger"] for s in sigs] == [False, False, True]
+    # Typing with no field focused changes nothing: a no-effect repeat like a dead click.
+    blank = _form("", focused=False)
+    frames = [(blank, None), (blank, [Type("Acme")]), (screen_with_clock(blank), [Type("acme ")])]
+    _, sigs = run(frames)
+    assert [s.change["no_effect"] for s in sigs[1:]] == [True, True]
+    assert [s.recurrence["r3_trigger"] for s in sigs] == [False, False, True]
+
+
+def screen_with_clock(img: Image.Image, clock: str = "12:07") -> Image.Image:
+    """A copy of ``img`` with another taskbar clock (inside the Windows default mask)."""
+    out = img.copy()
+    d = ImageDraw.Draw(out)
+    d.rectangle((1800, 1040, W, H), fill=(25, 25, 30))
+    d.text((1810, 1046), clock, fill=(255, 255, 255), font=FONT)
+    return out
 
 
 def test_caret_blink_at_the_target_does_not_hide_a_repeat():
@@ -216,19 +293,19 @@ def test_first_frame_has_no_change_object():
     assert len(sig.recurrence["screen_key"]) == 16
 
 
-def test_learned_mask_from_a_no_action_recapture():
-    # A clock inside a web page has no default mask; a re-capture without acting teaches it.
-    frames = [
-        (screen(page_clock="10:00:01"), None),
-        (screen(page_clock="10:00:02"), None),  # probe: nothing executed
-        (screen(page_clock="10:00:03"), [DEAD_SPOT]),
-    ]
+def test_learned_mask_from_no_action_recaptures():
+    # A clock inside a web page has no default mask; re-captures without acting teach it once
+    # it has changed in learn_min_hits (3) of them.
+    frames = [(screen(page_clock="10:00:00"), None)]
+    frames += [(screen(page_clock=f"10:00:0{i}"), None) for i in (1, 2, 3)]  # probes
+    frames.append((screen(page_clock="10:00:04"), [DEAD_SPOT]))
     _, sigs = run(frames, platform="web")
-    assert sigs[1].mask_learned is True
-    assert sigs[2].change["identical"] is True
-    # Control: the same click without the probe sees the page clock change.
-    _, ctrl = run([frames[0], frames[2]], platform="web")
-    assert ctrl[1].change["identical"] is False
+    assert [s.mask_learned for s in sigs] == [False, False, False, True, False]
+    assert sigs[4].change["identical"] is True
+    # Control: after one probe the clock is not learned yet, and the click sees it change.
+    _, ctrl = run([*frames[:2], frames[4]], platform="web")
+    assert not any(s.mask_learned for s in ctrl)
+    assert ctrl[2].change["identical"] is False
 
 
 def test_content_loading_during_a_wait_is_not_learned_as_volatile():
@@ -242,15 +319,56 @@ def test_content_loading_during_a_wait_is_not_learned_as_volatile():
     assert sig.change["no_effect"] is False
 
 
+def test_report_arriving_during_a_wait_is_a_change():
+    # A spinner turns while the agent waits, then a report table replaces it: about 1 % of the
+    # thumbnail, under learn_max_step_frac. The spinner (changing on every tick) is learned;
+    # the table (a one-off change) is content arriving and stays watched.
+    frames = [(screen("list", spinner=0), None)]
+    frames += [(screen("list", spinner=i % 8), [Wait(1)]) for i in range(1, 16)]
+    state, sigs = run(frames)
+    assert any(s.mask_learned for s in sigs)
+    spinner_cells = set(state.learned_cells)
+    state, (arrived,) = run([(screen("list", report=14), [Wait(1)])], state=state)
+    assert arrived.change["masked_diff_frac"] < DetectorConfig().learn_max_step_frac
+    assert arrived.change["no_effect"] is False
+    assert arrived.mask_learned is False and set(state.learned_cells) == spinner_cells
+    # A later change inside the table is seen: clicking the total updates it.
+    total = LeftClick((620, 528))
+    _, (edited,) = run([(screen("list", report=15), [total])], state=state)
+    assert edited.change["region_changed"] is True and edited.change["no_effect"] is False
+    # Control: learning every no-action change at once (one hit) masks the arrival.
+    eager = DetectorConfig(learn_min_hits=1)
+    state, _ = run(frames, config=eager)
+    _, (masked,) = run([(screen("list", report=14), [Wait(1)])], state=state, config=eager)
+    assert masked.mask_learned is True and masked.change["no_effect"] is True
+
+
+def test_one_off_change_during_a_wait_is_not_learned():
+    # A page clock seen once during a wait is a change, not yet noise; ticking on, it is.
+    frames = [(screen(page_clock="--"), None)]
+    frames += [(screen(page_clock=f"0{i}"), [Wait(1)]) for i in range(4)]
+    _, sigs = run(frames, platform="web")
+    assert [s.mask_learned for s in sigs[1:]] == [False, False, True, False]
+    assert [s.change["identical"] for s in sigs[1:]] == [False, False, True, True]
+
+
 def test_noise_in_repeated_no_effect_steps_is_learned():
     # A blinking element outside any default mask, seen in several no-effect click steps.
     frames = [(screen(page_clock="--"), None)]
     for i in range(4):
-        frames.append((screen(page_clock=f"0{i}"), [Key(("f5",))]))
+        frames.append((screen(page_clock=f"0{i}"), [DEAD_SPOT]))
     _, sigs = run(frames, platform="web")
     assert [s.change["no_effect"] for s in sigs[1:]] == [True] * 4
     assert [s.change["identical"] for s in sigs[1:]] == [False, False, True, True]
     assert [s.mask_learned for s in sigs[1:]] == [False, False, True, False]
+    # A key press may act anywhere, so while the element is not learned it reads as the key's
+    # effect (a missed repeat rather than a false one); the clicks' lesson carries over.
+    keys = [(screen(page_clock=f"1{i}"), [Key(("f5",))]) for i in range(2)]
+    _, unlearned = run([frames[0], *keys], platform="web")
+    assert [s.change["no_effect"] for s in unlearned[1:]] == [False, False]
+    state, _ = run(frames, platform="web")
+    _, learned = run(keys, state=state)
+    assert [s.recurrence["r3_trigger"] for s in learned] == [False, True]
 
 
 # --- R3 runs ---------------------------------------------------------------------------------
@@ -411,7 +529,9 @@ def test_spinner_on_a_slow_panel_is_not_a_loop():
         assert recurrence_note(s) is None
     # While the mask grows the screen is renamed (its key is the hash under the current mask);
     # once every phase is covered it keeps one key.
-    assert len({s.recurrence["screen_key"] for s in sigs[-10:]}) == 1
+    last = max(i for i, s in enumerate(sigs) if s.mask_learned)
+    assert last < len(sigs) - 4
+    assert len({s.recurrence["screen_key"] for s in sigs[last:]}) == 1
     # Control: with learning off, the spinner frames really are different screens (so rule 3
     # is what removes the revisits) and rules 1-2 alone still keep R3 and cycles quiet.
     off = DetectorConfig(learn_max_step_frac=0.0, learn_min_hits=8, learn_window=8)
@@ -467,11 +587,11 @@ def test_raw_action_text_counts_like_a_typed_action():
 
 
 def test_state_round_trips_through_json():
-    a, b = screen("list"), screen("detail")
+    a, b = screen("list", page_clock="3"), screen("detail")
     open_msg, back = LeftClick((120, 190)), LeftClick((115, 666))
     frames = [
-        (a, None),
-        (screen("list", page_clock="1"), None),  # learns a mask cell
+        *[(screen("list", page_clock=str(i)), None) for i in (0, 1, 2)],
+        (a, None),  # the third change of the page clock: its cells are learned
         (b, [open_msg]),
         (a, [back]),
         (a, [DEAD_SPOT]),
@@ -522,7 +642,7 @@ def test_same_screen_uses_the_session_masks():
     assert not same_screen(screen(), screen().resize((1280, 720)), state)
     # A spinner learned by the session while it waited is ignored too.
     frames = [(screen("list", spinner=0), None)]
-    frames += [(screen("list", spinner=i % 8), [Wait(1)]) for i in range(1, 12)]
+    frames += [(screen("list", spinner=i % 8), [Wait(1)]) for i in range(1, 20)]
     learned, _ = run(frames)
     a, b = screen("list", spinner=1), screen("list", spinner=6)
     assert same_screen(a, b, learned)

@@ -383,12 +383,6 @@ def test_spinner_while_waiting_is_not_a_loop(report_wait):
         assert rec["screen_revisits"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hivig.recurrence learns a change during a wait as volatile when under "
-    "learn_max_step_frac (1 %) of thumbnail pixels; the report table replacing the spinner "
-    "changes about 0.8 %, so it is masked and reads as no effect",
-)
 def test_report_arriving_during_a_wait_is_a_change(report_wait):
     assert report_wait["loaded"] is not None
     assert not report_wait["loaded"].change["no_effect"]
