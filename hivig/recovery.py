@@ -47,6 +47,12 @@ _BENIGN = re.compile(
     r"|\bno\s+(visible\s+)?changes?\s+(elsewhere|otherwise)\b",
     re.IGNORECASE,
 )
+# A failure word that is part of a UI name ("the Error Log page", "Error Console"): names are
+# title-cased, so this one is matched case-sensitively.
+_NAMED = re.compile(
+    r"\bErrors?\s+(Log|Logs|Console|List|Lists|Viewer|Reports?|Reporting|Monitor|Codes?|"
+    r"Center|Centre|Handling|Tracker|Tracking)\b"
+)
 # The action visibly did nothing.
 _NO_EFFECT = re.compile(
     r"\bno\s+(visible\s+|apparent\s+|noticeable\s+|observable\s+|discernible\s+)?"
@@ -57,7 +63,12 @@ _NO_EFFECT = re.compile(
     r"|\b(remains?|remained|stays?|stayed|is\s+still|was\s+still|looks)\s+(exactly\s+)?"
     r"(the\s+same|identical)\b"
     r"|\bidentical\s+to\s+(the\s+)?(previous|earlier|prior|before)\b"
-    r"|\bsame\s+as\s+(before|the\s+previous)\b",
+    r"|\bsame\s+as\s+(before|the\s+previous)\b"
+    r"|\bnothing\s+(was|were|got|has\s+been|had\s+been|is)\s+(\w+\s+)?"
+    r"(typed|entered|selected|saved|opened|changed|clicked|pasted|added|written|inserted|shown|"
+    r"displayed|submitted|deleted|removed|loaded|copied)\b"
+    r"|\b(remains?|remained|stays?|stayed|is\s+still|was\s+still)\s+(completely\s+)?"
+    r"(empty|blank|unfilled)\b",
     re.IGNORECASE,
 )
 # A negated effect verb: "did not open", "wasn't selected", "could not find".
@@ -85,11 +96,13 @@ def action_result_failed(last_action_result: str | None) -> bool:
 
     The line is an objective description of what the last action visibly did. It reports a
     failure when it says the action had no visible effect ("no visible change", "nothing
-    happened", "the page remains the same"), negates the intended effect ("the menu did not
-    open", "could not find the field"), or uses failure vocabulary ("failed", "an error dialog
-    appeared", "a wrong tab opened", "unexpectedly"). Phrases that only mention a failure word
-    ("saved without errors", "the error dialog closed", "no other changes") are ignored first.
-    Anything else ("the Settings window opened", "the list now shows 3 items") is a success.
+    happened", "nothing was typed", "the field remains empty", "the page remains the same"),
+    negates the intended effect ("the menu did not open", "could not find the field"), or uses
+    failure vocabulary ("failed", "an error dialog appeared", "a wrong tab opened",
+    "unexpectedly"). Phrases that only mention a failure word ("saved without errors", "the
+    error dialog closed", "no other changes", a UI name such as "the Error Log page") are
+    ignored first. Anything else ("the Settings window opened", "the list now shows 3 items")
+    is a success.
     Empty text, ``None`` and the first step's ``"None."`` are not failures (nothing was done).
 
     Args:
@@ -105,7 +118,7 @@ def action_result_failed(last_action_result: str | None) -> bool:
     )
     if _EMPTY.match(text):
         return False
-    text = _BENIGN.sub(" ", text)
+    text = _BENIGN.sub(" ", _NAMED.sub(" ", text))
     return bool(_NO_EFFECT.search(text) or _NEGATED.search(text) or _FAILURE_WORDS.search(text))
 
 

@@ -33,6 +33,8 @@ FAILED_RESULTS = [
     "Last Action Result: The page still looks the same.",
     "- **Last Action Result**: Nothing changed (silent failure).",
     "The settings page closed unexpectedly.",
+    "Nothing was typed; the search field remains empty.",
+    "The name field is still empty.",
 ]
 SUCCEEDED_RESULTS = [
     "The Settings window opened.",
@@ -44,6 +46,8 @@ SUCCEEDED_RESULTS = [
     "The Wi-Fi toggle is now on; no other changes.",
     "Scrolled down: rows 20-40 of the table are now visible.",
     "Last Action Result: The compose window opened.",
+    "The Error Log page opened as intended.",
+    "The Error Console now lists 2 warnings.",
     "None.",
     "",
     None,
