@@ -358,7 +358,13 @@ def parse_ranking(body: Any, n: int) -> Ranking | None:
     if len(results) != n or any(r is None for r in results):
         return None
     ranking = body.get("ranking")
-    valid = isinstance(ranking, list) and sorted(ranking) == list(range(n))
+    # A ranking of anything but the n indices (mixed types, bools, repeats) is discarded on
+    # its own; the verdicts are still good and are ranked here instead.
+    valid = (
+        isinstance(ranking, list)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in ranking)
+        and sorted(ranking) == list(range(n))
+    )
     order = tuple(ranking) if valid else tuple(rank_verdicts(results))  # type: ignore[arg-type]
     return Ranking(tuple(results), order, status=str(body.get("status", "ok")))  # type: ignore[arg-type]
 

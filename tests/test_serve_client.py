@@ -24,6 +24,7 @@ from serve.client import (
     Observation,
     Ranking,
     Verdict,
+    parse_ranking,
     rank_verdicts,
 )
 
@@ -807,3 +808,17 @@ def test_async_probe_cancelled_by_the_harness_does_not_stick():
         await client.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("ranking", [[1, "0"], [0, None], [True, 0], [0, 0], "01", [0.0, 1]])
+def test_a_bad_ranking_is_discarded_but_the_verdicts_are_kept(ranking):
+    body = {
+        "results": [
+            {"verdict": "bad", "confidence": 0.9},
+            {"verdict": "good", "confidence": 0.8},
+        ],
+        "ranking": ranking,
+    }
+    got = parse_ranking(body, 2)
+    assert got is not None and [r.verdict for r in got.results] == ["bad", "good"]
+    assert got.ranking == (1, 0)  # ranked from the verdicts
