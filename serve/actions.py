@@ -11,6 +11,7 @@ clamped; the verdict comes from a rule instead (``out_of_frame``).
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -146,7 +147,7 @@ def resolve(obj: Any, platform: str, frame: Frame, default_format: str = "auto")
     if "type" in obj:
         raw = obj.get("raw") if isinstance(obj.get("raw"), str) else _typed_text(obj)
         parsed = _typed(obj, frame, space)
-        return _finish(intent, parsed, raw, space)
+        return _finish(intent, parsed, raw, space, frame)
     raw = obj.get("raw")
     if not isinstance(raw, str) or not raw.strip():
         raise ApiError(422, "bad_action", "an action needs a typed `type` or non-empty `raw` text")
@@ -174,7 +175,7 @@ def resolve(obj: Any, platform: str, frame: Frame, default_format: str = "auto")
         )
         if not isinstance(repaired, ActionError):
             parsed = repaired
-    return _finish(intent, parsed, raw, space)
+    return _finish(intent, parsed, raw, space, frame)
 
 
 def detect_format(raw: str) -> str:
@@ -190,20 +191,62 @@ def detect_format(raw: str) -> str:
 
 
 def _finish(
-    intent: str | None, parsed: list[Action] | ActionError, raw: str, space: str
+    intent: str | None,
+    parsed: list[Action] | ActionError,
+    raw: str,
+    space: str,
+    frame: Frame | None = None,
 ) -> ResolvedAction:
     if isinstance(parsed, ActionError):
         return ResolvedAction(
             intent=intent,
             actions=None,
             raw=raw,
-            tool_calls=raw,
+            tool_calls=_unparsed_calls(raw, frame),
             error=f"{parsed.reason}: {parsed}",
             out_of_frame=parsed.reason == OUT_OF_RANGE,
         )
     if not parsed:
         return ResolvedAction(intent, None, raw, raw, "empty: no action in the text")
     return ResolvedAction(intent, tuple(parsed), raw, render_tool_calls(parsed, space))
+
+
+_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def _unparsed_calls(raw: str, frame: Frame | None) -> str:
+    """What the critic sees of a step that does not parse, in the training data's form.
+
+    Training's malformed steps are their ``<tool_call>`` blocks only, coordinates on the grid
+    (``format_raw_step(intent, calls)``): thought text and the ``Action:`` line are dropped (the
+    intent is shown once, from its own field), and a block whose JSON reads has its coordinates
+    converted from the session's space, so its marker lands where the policy pointed. Text with
+    no tool-call block is kept as written.
+    """
+    blocks = _BLOCK.findall(raw)
+    if not blocks:
+        return raw.strip()
+    if frame is None or frame.space == "norm1000":
+        return "\n".join(blocks)
+    return "\n".join(_grid_block(b, frame) for b in blocks)
+
+
+def _grid_block(block: str, frame: Frame) -> str:
+    body = block[len("<tool_call>") :]
+    closed = body.lower().endswith("</tool_call>")
+    body = body[: -len("</tool_call>")] if closed else body
+    try:
+        call = json.loads(body)
+    except (json.JSONDecodeError, ValueError):
+        return block
+    args = call.get("arguments") if isinstance(call, dict) else None
+    if not isinstance(args, dict):
+        return block
+    converted = _grid_arguments(args, frame)
+    if isinstance(converted, ActionError):
+        return block
+    text = json.dumps({**call, "arguments": converted}, ensure_ascii=False)
+    return f"<tool_call>\n{text}\n</tool_call>" if closed else f"<tool_call>\n{text}"
 
 
 def _override_frame(obj: dict[str, Any], frame: Frame) -> Frame:
@@ -278,13 +321,16 @@ def _grid_arguments(args: dict[str, Any], frame: Frame) -> dict[str, Any] | Acti
         if value is None:
             continue
         if not (isinstance(value, list) and len(value) == 2 and all(_number(v) for v in value)):
-            return ActionError("bad_argument", f"{key} must be [x, y]")
+            return ActionError("bad_argument", f"{key} must be [x, y] of finite numbers")
         out[key] = list(frame.to_grid(float(value[0]), float(value[1])))
     return out
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite JSON number (NaN, infinities and absurd magnitudes are not coordinates)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and abs(value) < 1e9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,14 +343,27 @@ def _typed(obj: dict[str, Any], frame: Frame, space: str) -> list[Action] | Acti
     kind = obj.get("type")
     if not isinstance(kind, str):
         return ActionError("unknown_action", "`type` must be a string")
-    args: dict[str, Any] = {"action": kind}
+    points: dict[str, list[int]] = {}
     for names, key in ((("x", "y"), "coordinate"), (("x2", "y2"), "coordinate2")):
         a, b = obj.get(names[0]), obj.get(names[1])
         if a is None and b is None:
             continue
         if not (_number(a) and _number(b)):
-            return ActionError("bad_argument", f"{names[0]}/{names[1]} must be numbers")
-        args[key] = list(frame.to_grid(float(a), float(b)))
+            return ActionError("bad_argument", f"{names[0]}/{names[1]} must be finite numbers")
+        points[key] = list(frame.to_grid(float(a), float(b)))
+    if kind == "left_click_drag" and "coordinate2" in points:
+        # A desktop drag is a move to its start and a drag to its end (the Qwen action takes the
+        # end only), exactly as the OSWorld parser writes moveTo + dragTo: both points are checked
+        # against the frame and the marker's arrow starts where the move left the pointer.
+        move = action_from_arguments(
+            {"action": "mouse_move", "coordinate": points["coordinate"]}, space
+        )
+        drag = action_from_arguments({"action": kind, "coordinate": points["coordinate2"]}, space)
+        for part in (move, drag):
+            if isinstance(part, ActionError):
+                return part
+        return [move, drag]  # type: ignore[list-item]
+    args: dict[str, Any] = {"action": kind, **points}
     for name in _TYPED_FIELDS:
         if name in obj:
             args[name] = obj[name]

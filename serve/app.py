@@ -128,12 +128,26 @@ def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
                 return _error(401, "unauthorized", "missing or wrong bearer token")
         return await call_next(request)
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # A bug must still answer in the documented shape (runners branch on the code).
+        logger.error("unhandled error on %s", request.url.path, exc_info=exc)
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is not None:
+            gateway.metrics.errors.labels("internal").inc()
+        return _error(500, "internal", f"{type(exc).__name__}: the gateway failed on this request")
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         gateway = getattr(request.app.state, "gateway", None)
         if gateway is not None:
             gateway.metrics.errors.labels(exc.code).inc()
         return _error(exc.status, exc.code, exc.message, exc.headers)
+
+
+def _reject_constant(name: str) -> Any:
+    """``NaN`` and ``Infinity`` are not JSON; no coordinate or number may be one."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 async def _body(request: Request, limit: int) -> dict[str, Any]:
@@ -145,8 +159,8 @@ async def _body(request: Request, limit: int) -> dict[str, Any]:
             raise ApiError(413, "image_too_large", f"body over {limit} bytes")
         chunks.append(chunk)
     try:
-        body = json.loads(b"".join(chunks) or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        body = json.loads(b"".join(chunks) or b"{}", parse_constant=_reject_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
         raise ApiError(422, "bad_request", f"body is not JSON: {e}") from None
     if not isinstance(body, dict):
         raise ApiError(422, "bad_request", "body must be a JSON object")

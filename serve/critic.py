@@ -82,6 +82,16 @@ class QueueGate:
         self.depth = 0
         self._metrics = metrics
 
+    def check(self, n: int = 1) -> None:
+        """Raise 429 ``overloaded`` unless ``n`` places are free now."""
+        if self.depth + n > self.limit:
+            raise ApiError(
+                429,
+                "overloaded",
+                f"{self.depth} model calls queued (limit {self.limit}); retry later",
+                {"Retry-After": str(self.retry_after_s)},
+            )
+
     def enter(self, n: int = 1) -> None:
         """Take ``n`` places or raise 429 ``overloaded``."""
         if self.depth + n > self.limit:
@@ -104,13 +114,19 @@ class Critic:
     """Builds the critic's prompts and runs them on the backend with deadlines."""
 
     def __init__(
-        self, backend: InferenceBackend, cfg: ServeConfig, images: ImageStore, metrics: Metrics
+        self,
+        backend: InferenceBackend,
+        cfg: ServeConfig,
+        images: ImageStore,
+        metrics: Metrics,
+        gate: QueueGate,
     ) -> None:
         """A critic over ``backend``; templates from ``cfg.critic.prompt_dir`` or the package."""
         self.backend = backend
         self.cfg = cfg
         self.images = images
         self.metrics = metrics
+        self.gate = gate
         if cfg.critic.prompt_dir:
             self.templates = load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)
         else:
@@ -192,23 +208,37 @@ class Critic:
             temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed
         )
         start = time.perf_counter()
+        self.gate.enter()
+        work = asyncio.ensure_future(self._generate(messages, sampling))
+        # The place in the queue is given back when the backend is really done, not at the
+        # deadline: an in-process model keeps computing after the caller gave up, and a queue
+        # that forgot it would admit more work than the model can ever take.
+        work.add_done_callback(self._release)
         try:
-            frames = await asyncio.to_thread(self.materialise, list(messages))
-            rhash = request_key(self.cfg.backend.model, messages, sampling)
-            gen = await asyncio.wait_for(
-                self.backend.generate(frames, sampling, request_hash=rhash), deadline
-            )
+            gen = await asyncio.wait_for(asyncio.shield(work), deadline)
         except (asyncio.TimeoutError, TimeoutError):
             return self._degraded(call, "timeout", start)
+        except ApiError as e:  # a screenshot of the prompt is gone (evicted, another gateway)
+            logger.warning("%s: %s", call, e.message)
+            return self._degraded(call, "missing_image", start)
         except BackendError as e:
             logger.warning("%s: backend error: %s", call, e)
             return self._degraded(call, "backend", start)
-        except ApiError:
-            raise
         except Exception:  # fail open on anything the backend throws
             logger.exception("%s: unexpected backend failure", call)
             return self._degraded(call, "backend", start)
         return self._parse(call, gen, tag, start)
+
+    async def _generate(self, messages: PromptMessages, sampling: Sampling) -> Generation:
+        loop = asyncio.get_running_loop()
+        frames = await loop.run_in_executor(self.images.pool, self.materialise, list(messages))
+        rhash = request_key(self.cfg.backend.model, messages, sampling)
+        return await self.backend.generate(frames, sampling, request_hash=rhash)
+
+    def _release(self, work: asyncio.Future[Generation]) -> None:
+        self.gate.leave()
+        if not work.cancelled():
+            work.exception()  # retrieved: an answer that came after the deadline is dropped
 
     def _degraded(self, call: str, reason: str, start: float) -> ModelResult:
         self.metrics.degraded.labels(call, reason).inc()

@@ -14,13 +14,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hivig.actions import pointer_after, space_for_platform
+from hivig.actions import ActionError, action_from_arguments, pointer_after, space_for_platform
 from hivig.backends import InferenceBackend
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
 from hivig.media import ArrowMark
@@ -39,6 +37,7 @@ from serve.traces import TraceWriter, messages_json, valid_session_id
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1"
+_RETRYABLE = ("timeout", "backend", "missing_image")
 PLATFORMS = {
     "windows": "windows",
     "mac": "mac",
@@ -84,8 +83,8 @@ class Gateway:
             cache_size=cfg.sessions.frame_cache,
         )
         self.traces = TraceWriter(state_dir / "traces")
-        self.critic = Critic(backend, cfg, self.images, self.metrics)
         self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
+        self.critic = Critic(backend, cfg, self.images, self.metrics, self.queue)
         self.detector = Detector()
         self._locks: dict[str, asyncio.Lock] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
@@ -96,6 +95,7 @@ class Gateway:
     def close(self) -> None:
         """Release the stores."""
         self.store.close()
+        self.images.close()
 
     # -- common --------------------------------------------------------------------------------
 
@@ -108,7 +108,24 @@ class Gateway:
         }
 
     def _lock(self, sid: str) -> asyncio.Lock:
-        return self._locks.setdefault(sid, asyncio.Lock())
+        """The session's lock; only for sessions that exist (unknown ids leave nothing behind)."""
+        lock = self._locks.get(sid)
+        if lock is None:
+            self._open_session(sid)
+            lock = self._locks.setdefault(sid, asyncio.Lock())
+        return lock
+
+    def _prune_locks(self) -> None:
+        """Forget the locks of closed sessions nobody is waiting on."""
+        for sid, lock in list(self._locks.items()):
+            if not lock.locked():
+                state = self.store.load(sid)
+                if state is None or state.closed:
+                    del self._locks[sid]
+
+    async def _cpu(self, fn: Any, *args: Any) -> Any:
+        """Run image work (decode, resize, fingerprints) on the image threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.images.pool, fn, *args)
 
     def _open_session(self, sid: str) -> SessionState:
         state = self.store.load(sid) if valid_session_id(sid) else None
@@ -124,28 +141,25 @@ class Gateway:
             )
         return state
 
-    @contextmanager
-    def _queued(self, n: int = 1) -> Iterator[None]:
-        self.queue.enter(n)
-        try:
-            yield
-        finally:
-            self.queue.leave(n)
-
     async def image(
         self, body: dict[str, Any], key: str = "screenshot", ref_key: str = "image_ref"
     ) -> StoredImage | None:
-        """The screenshot a body names inline (``key``) or by reference (``ref_key``)."""
+        """The screenshot a body names inline (``key``) or by reference (``ref_key``).
+
+        ``key`` may also hold an image object, ``{"screenshot": ...}`` or ``{"image_ref": ...}``.
+        """
         inline, ref = body.get(key), body.get(ref_key)
+        if isinstance(inline, dict):
+            inline, ref = inline.get("screenshot"), inline.get("image_ref", ref)
         if inline is not None:
             if not isinstance(inline, str):
                 raise ApiError(422, "bad_request", f"`{key}` must be a base64 string")
-            return await asyncio.to_thread(self.images.put_base64, inline)
+            return await self._cpu(self.images.put_base64, inline)
         if ref is not None:
             if not isinstance(ref, str):
                 raise ApiError(422, "bad_request", f"`{ref_key}` must be a string")
             self.images.require(ref)
-            w, h = await asyncio.to_thread(self.images.size, ref)
+            w, h = await self._cpu(self.images.size, ref)
             return StoredImage(ref, w, h, self.images.path_of(ref))
         return None
 
@@ -157,6 +171,18 @@ class Gateway:
         sid = state.session_id
         existing = self.store.load(sid)
         if existing is not None and not existing.closed:
+            same = (existing.task, existing.platform, existing.screen_w, existing.screen_h) == (
+                state.task,
+                state.platform,
+                state.screen_w,
+                state.screen_h,
+            )
+            if not same:
+                raise ApiError(
+                    409,
+                    "session_conflict",
+                    f"session {sid!r} is open for another episode; close it or use another id",
+                )
             existing.last_seen = now()
             self.store.save(existing)
             return {"session_id": sid, "created": False, "echo": existing.echo(), **self.versions()}
@@ -198,17 +224,23 @@ class Gateway:
             state = self._open_session(sid)
             state.closed = True
             self.store.save(state)
+            self.store.forget(sid)
             self.traces.write(sid, "close")
-        self._locks.pop(sid, None)
         self.metrics.sessions_open.set(self.store.count_open())
         return {"session_id": sid, "closed": True, **self.versions()}
 
     def expire(self) -> list[str]:
-        """Close sessions idle past the TTL."""
-        gone = self.store.expire(now() - self.cfg.sessions.ttl_s)
+        """Close sessions idle past the TTL (never one a request is being served for)."""
+        busy = frozenset(sid for sid, lock in self._locks.items() if lock.locked())
+        gone = self.store.expire(now() - self.cfg.sessions.ttl_s, busy)
         for sid in gone:
-            self._locks.pop(sid, None)
+            self.store.forget(sid)
             self.traces.write(sid, "close", reason="ttl")
+        self._prune_locks()
+        horizon = time.time() - self.cfg.sessions.ttl_s
+        for job_id, job in list(self.jobs.items()):
+            if job["status"] != "pending" and job.get("finished", 0) < horizon:
+                del self.jobs[job_id]
         if gone:
             self.metrics.sessions_open.set(self.store.count_open())
         return gone
@@ -231,8 +263,15 @@ class Gateway:
             shot = await self.image(body)
             if shot is None:
                 raise ApiError(422, "bad_request", "observe needs `screenshot` or `image_ref`")
+            if k <= state.step_idx:  # forced back to an earlier step: later steps are undone
+                rewind(state, k)
+            prev_shot = await self.image(body, "prev_screenshot", "prev_image_ref")
+            if prev_shot is not None and k > 0:
+                state.screens[str(k - 1)] = prev_shot.ref
             response, event = await self._observe(state, k, shot, body.get("prev_action"), timer)
             self.store.save(state, StoredResponse("observe", k, "", response))
+            # Retries only ever ask for the latest steps again: older answers are dropped.
+            self.store.prune(sid, k - 1)
             self.traces.write(sid, "observe", **event)
             return response
 
@@ -247,7 +286,13 @@ class Gateway:
             if prev is None:
                 raise ApiError(422, "bad_action", "observe of step_idx > 0 needs `prev_action`")
             executed = resolve(prev, state.platform, session_frame(state), state.action_format)
-        if executed is not None and before is not None:
+        if executed is not None and before is not None and not self.images.has(before):
+            # Known by reference only (a session re-created on another gateway): the history
+            # update needs both screens, so it is skipped, openly, and the history kept.
+            result = ModelResult(status="degraded", reason="missing_before")
+            self.metrics.degraded.labels("observe", "missing_before").inc()
+            state.stale = True
+        elif executed is not None and before is not None:
             space = space_for_platform(state.platform)
             messages = self.critic.history_messages(
                 state.task,
@@ -258,13 +303,11 @@ class Gateway:
                 executed.step_text(space),
             )
             prompt = messages_json(list(messages))
-            with self._queued():
-                result = await self.critic.history(messages)
+            result = await self.critic.history(messages)
             self._apply_history(state, result)
         if executed is not None:
             self._append_step(state, k - 1, executed, before)
-        frame = self.images.clean_frame(shot.ref)
-        signals = self.detector.update(state, frame, _detector_actions(executed))
+        signals = await self._cpu(self._detect, state, shot.ref, _detector_actions(executed))
         for name in fired(signals):
             self.metrics.recurrence.labels(name).inc()
         state.screens[str(k)] = shot.ref
@@ -310,6 +353,9 @@ class Gateway:
             "timing_ms": response["timing_ms"],
         }
         return response, event
+
+    def _detect(self, state: SessionState, ref: str, actions: list[Any] | None) -> Any:
+        return self.detector.update(state, self.images.clean_frame(ref), actions)
 
     def _apply_history(self, state: SessionState, result: ModelResult) -> None:
         if isinstance(result.parsed, HistoryOutput):
@@ -369,7 +415,12 @@ class Gateway:
                 raise ApiError(422, "bad_request", "no screenshot for this step: observe it first")
             response, event = await self._critique(state, ref, body, timer)
             state.last_seen = now()
-            self.store.save(state, StoredResponse("critique", k, key, response))
+            # A verdict lost to a timeout or a backend failure is not filed: a retry may get a
+            # real one (a critique changes no session state, so nothing is applied twice).
+            keep = not any(
+                v.get("reason") in _RETRYABLE for v in response.get("results", [response])
+            )
+            self.store.save(state, StoredResponse("critique", k, key, response) if keep else None)
             self.traces.write(state.session_id, "critique", step_idx=k, **event)
             return response
 
@@ -393,15 +444,18 @@ class Gateway:
             )
             jobs.append((r, marks, messages))
         model_jobs = [j for j in jobs if not j[0].out_of_frame]
-        with self._queued(max(1, len(model_jobs))):
-            results = await asyncio.gather(
-                *(self.critic.critique(m) for r, _, m in jobs if not r.out_of_frame)
-            )
+        self.queue.check(len(model_jobs))
+        results = await asyncio.gather(*(self.critic.critique(m) for _, _, m in model_jobs))
         it = iter(results)
         verdicts = []
         for r, marks, _ in jobs:
             result = None if r.out_of_frame else next(it)
-            verdicts.append(self._verdict(state, r, marks, result, ref, body))
+            verdict = self._verdict(state, r, marks, result, body)
+            if body.get("return_image"):
+                verdict["annotated_image"] = await self._cpu(
+                    self._annotated, ref, marks, state.platform
+                )
+            verdicts.append(verdict)
         recurrence = self.detector.last_recurrence(state)
         for v in verdicts:
             v["recurrence"] = recurrence
@@ -430,7 +484,6 @@ class Gateway:
         r: ResolvedAction,
         marks: list[Any],
         result: ModelResult | None,
-        ref: str,
         body: dict[str, Any],
     ) -> dict[str, Any]:
         marker = _marker(marks, state)
@@ -480,8 +533,6 @@ class Gateway:
         }
         if body.get("return_thinking") and parsed is not None:
             out["thinking"] = parsed.think
-        if body.get("return_image"):
-            out["annotated_image"] = self._annotated(ref, marks, state.platform)
         return out
 
     def _count(self, verdict: str, dimension: str | None, platform: str) -> None:
@@ -594,13 +645,18 @@ class Gateway:
                     frame=self.cfg.frame,
                 )
             except DiagnoseInputError as e:
-                job.update(status="failed", error=str(e))
+                job.update(status="failed", error=str(e), finished=time.time())
                 return
             except Exception as e:  # a failed job reports why; the gateway keeps serving
                 logger.exception("diagnosis job %s failed", job_id)
-                job.update(status="failed", error=f"{type(e).__name__}: {e}")
+                job.update(status="failed", error=f"{type(e).__name__}: {e}", finished=time.time())
                 return
-            job.update(status="done", result=result.to_json(), html=str(out / "diagnosis.html"))
+            job.update(
+                status="done",
+                result=result.to_json(),
+                html=str(out / "diagnosis.html"),
+                finished=time.time(),
+            )
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /v1/jobs/{id}``."""
@@ -623,7 +679,7 @@ class Gateway:
 
         buf = io.BytesIO()
         Image.new("RGB", (640, 400), (236, 236, 236)).save(buf, format="PNG")
-        ref = (await asyncio.to_thread(self.images.put_bytes, buf.getvalue())).ref
+        ref = (await self._cpu(self.images.put_bytes, buf.getvalue())).ref
         platform, task = "ubuntu", "Warm-up: check that the critic answers."
         history = self.critic.history_messages(
             task, platform, INITIAL_HISTORY.summary, ref, ref, "<tool_call>\n{}\n</tool_call>"
@@ -645,8 +701,15 @@ class Gateway:
         data = body.get("image")
         if not isinstance(data, str):
             raise ApiError(422, "bad_request", "`image` must be a base64 string")
-        stored = await asyncio.to_thread(self.images.put_base64, data)
-        return {"image_ref": stored.ref, "w": stored.width, "h": stored.height}
+        start = time.perf_counter()
+        stored = await self._cpu(self.images.put_base64, data)
+        return {
+            "image_ref": stored.ref,
+            "w": stored.width,
+            "h": stored.height,
+            "timing_ms": {"total": round((time.perf_counter() - start) * 1000, 2)},
+            **self.versions(),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -697,26 +760,97 @@ def new_state(body: dict[str, Any]) -> SessionState:
     )
 
 
+def rewind(state: SessionState, k: int) -> None:
+    """Undo everything from step ``k - 1`` on, so a forced observe of ``k`` replaces it.
+
+    The history, pointer and screens go back to what they were after step ``k - 2``; the
+    recurrence detector starts afresh (its state is not kept per step).
+    """
+    state.steps = [s for s in state.steps if s["step_idx"] < k - 1]
+    state.screens = {j: r for j, r in state.screens.items() if int(j) < k}
+    last = state.steps[-1] if state.steps else None
+    if last is None or last.get("last_action_result") is None:
+        state.progress, state.last_result = INITIAL_HISTORY.progress, INITIAL_HISTORY.last_result
+    else:
+        state.progress = str(last.get("progress_summary") or state.progress)
+        state.last_result = str(last["last_action_result"])
+    state.stale = False
+    state.step_idx = k - 1
+    actions = [
+        a
+        for step in state.steps
+        for a in (action_from_arguments(x) for x in step.get("actions") or [])
+        if not isinstance(a, ActionError)
+    ]
+    pointer = pointer_after(actions) if actions else None
+    state.pointer = list(pointer) if pointer is not None else None
+    state.detector, state.signals = None, None
+
+
 def seed_from_echo(state: SessionState, echo: Any) -> None:
-    """Restore history, steps and screens from a response's ``echo`` (a lost session)."""
+    """Restore history, steps and screens from a response's ``echo`` (a lost session).
+
+    Every field is checked here, so a malformed echo is one 422 and never a session that fails
+    at its next step.
+    """
     if not isinstance(echo, dict):
         raise ApiError(422, "bad_request", "`echo` must be the echo object of an earlier response")
-    try:
-        summary = echo.get("summary") or {}
-        state.progress = str(summary.get("progress_summary", INITIAL_HISTORY.progress))
-        state.last_result = str(summary.get("last_action_result", INITIAL_HISTORY.last_result))
-        state.history_version = int(summary.get("version", 0))
-        state.stale = bool(summary.get("stale", False))
-        state.step_idx = int(echo.get("step_idx", -1))
-        state.screens = {str(k): str(v) for k, v in (echo.get("screens") or {}).items()}
-        state.steps = [dict(s) for s in echo.get("steps") or []]
-        pointer = echo.get("pointer")
-        state.pointer = [int(pointer[0]), int(pointer[1])] if pointer else None
-    except (TypeError, ValueError, AttributeError, IndexError) as e:
-        raise ApiError(422, "bad_request", f"malformed `echo`: {e}") from None
-    for s in state.steps:
-        if not isinstance(s.get("step_text"), str):
-            raise ApiError(422, "bad_request", "malformed `echo`: every step needs its step_text")
+    summary = echo.get("summary") or {}
+    step_idx = echo.get("step_idx", -1)
+    screens = echo.get("screens") or {}
+    steps = echo.get("steps") or []
+    pointer = echo.get("pointer")
+    problems = [
+        not isinstance(summary, dict) and "summary",
+        not (_int(step_idx) and step_idx >= -1) and "step_idx",
+        not (
+            isinstance(screens, dict)
+            and all(str(k).isdigit() and _ref(v) for k, v in screens.items())
+        )
+        and "screens",
+        not (isinstance(steps, list) and all(_echo_step(x) for x in steps)) and "steps",
+        not (pointer is None or _point(pointer)) and "pointer",
+    ]
+    bad = [p for p in problems if p]
+    if bad:
+        raise ApiError(422, "bad_request", f"malformed `echo`: bad {', '.join(bad)}")
+    state.progress = str(summary.get("progress_summary", INITIAL_HISTORY.progress))
+    state.last_result = str(summary.get("last_action_result", INITIAL_HISTORY.last_result))
+    version = summary.get("version", 0)
+    state.history_version = version if _int(version) else 0
+    state.stale = bool(summary.get("stale", False))
+    state.step_idx = step_idx
+    state.screens = {str(k): v for k, v in screens.items()}
+    state.steps = [dict(x) for x in steps]
+    state.pointer = [int(pointer[0]), int(pointer[1])] if pointer is not None else None
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ref(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("sha256:") and len(value) == 71
+
+
+def _point(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(_int(v) for v in value)
+
+
+def _echo_step(step: Any) -> bool:
+    """One executed step of an echo, with the fields the gateway reads back."""
+    if not isinstance(step, dict):
+        return False
+    texts = ("intent", "action_text", "last_action_result", "progress_summary")
+    return (
+        _int(step.get("step_idx"))
+        and step["step_idx"] >= 0
+        and isinstance(step.get("step_text"), str)
+        and all(step.get(k) is None or isinstance(step[k], str) for k in texts)
+        and (step.get("image_ref") is None or _ref(step["image_ref"]))
+        and (step.get("actions") is None or isinstance(step["actions"], list))
+        and (step.get("changed") is None or isinstance(step["changed"], bool))
+    )
 
 
 def seed_summary(state: SessionState, summary: Any) -> None:
@@ -841,10 +975,12 @@ def _mark_json(mark: Any) -> dict[str, Any]:
 
 
 def _marker(marks: list[Any], state: SessionState) -> dict[str, Any] | None:
-    """The ``marker`` field: the first mark on the grid and in screen pixels."""
+    """The ``marker`` field: the step's main mark on the grid and in screen pixels."""
     if not marks:
         return None
-    m = marks[0]
+    # A drag's arrow is the gesture (its move-to-start X is only where it begins).
+    arrows = [m for m in marks if isinstance(m, ArrowMark)]
+    m = arrows[-1] if arrows else marks[0]
     frame = Frame("screen_px", state.screen_w, state.screen_h)
     if isinstance(m, ArrowMark):
         x_px, y_px = frame.from_grid(m.x1, m.y1)

@@ -16,6 +16,7 @@ import io
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,9 +79,14 @@ class ImageStore:
         self.max_bytes = max_bytes
         self.max_pixels = max_pixels
         self._frames: OrderedDict[str, Image.Image] = OrderedDict()
-        self._sizes: dict[str, tuple[int, int]] = {}
+        self._sizes: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        # Image work has threads of its own, so decoding a screenshot never waits behind model
+        # calls an in-process backend runs in the default executor.
+        self.pool = ThreadPoolExecutor(
+            max_workers=os.cpu_count() or 2, thread_name_prefix="hivig-img"
+        )
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -135,10 +141,17 @@ class ImageStore:
         )
         with self._lock:
             self._sizes[ref] = image.size
+            self._sizes.move_to_end(ref)
+            while len(self._sizes) > 16 * self._cache_size:
+                self._sizes.popitem(last=False)
             self._frames[ref] = frame
             self._frames.move_to_end(ref)
             while len(self._frames) > self._cache_size:
                 self._frames.popitem(last=False)
+
+    def close(self) -> None:
+        """Stop the image threads."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- reading -------------------------------------------------------------------------------
 

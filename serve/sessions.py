@@ -3,8 +3,9 @@
 A session is one agent episode. Its state (macro history, executed steps, screens per step, the
 recurrence detector's state) is one JSON document, saved in the same transaction as the response
 it produced, so a restarted gateway answers a runner's retry of the last step with the stored
-response and continues the next step where it left off. SQLite runs in WAL mode: readers never
-wait for the writer and a crash loses no committed step.
+response and continues the next step where it left off. SQLite runs in WAL mode with
+``synchronous=NORMAL``: readers never wait for the writer, and a crash of the gateway process
+loses no committed step (an operating-system crash may lose the last few commits).
 """
 
 from __future__ import annotations
@@ -122,12 +123,17 @@ class SessionStore(Protocol):
         """A stored response, or ``None``."""
         ...
 
-    def expire(self, idle_before: float) -> list[str]:
-        """Close sessions last seen before ``idle_before`` (epoch seconds); their ids."""
+    def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
+        """Close sessions last seen before ``idle_before`` (epoch seconds), except ``busy`` ones
+        (a request is in flight); their ids."""
         ...
 
     def forget(self, session_id: str) -> None:
-        """Drop a session's stored responses (it is being re-created)."""
+        """Drop a session's stored responses (it is being re-created, or it closed)."""
+        ...
+
+    def prune(self, session_id: str, before_step: int) -> None:
+        """Drop stored responses of steps before ``before_step`` (no retry asks for them)."""
         ...
 
     def count_open(self) -> int:
@@ -167,10 +173,12 @@ class MemoryStore:
             text = self._responses.get((session_id, kind, step_idx, key))
         return json.loads(text) if text is not None else None
 
-    def expire(self, idle_before: float) -> list[str]:
+    def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
         gone = []
         for sid in list(self._states):
             state = self.load(sid)
+            if sid in busy:
+                continue
             if state is not None and not state.closed and state.last_seen < idle_before:
                 state.closed = True
                 self.save(state)
@@ -180,6 +188,11 @@ class MemoryStore:
     def forget(self, session_id: str) -> None:
         with self._lock:
             for key in [k for k in self._responses if k[0] == session_id]:
+                del self._responses[key]
+
+    def prune(self, session_id: str, before_step: int) -> None:
+        with self._lock:
+            for key in [k for k in self._responses if k[0] == session_id and k[2] < before_step]:
                 del self._responses[key]
 
     def count_open(self) -> int:
@@ -259,13 +272,15 @@ class SQLiteStore:
             ).fetchone()
         return json.loads(row[0]) if row else None
 
-    def expire(self, idle_before: float) -> list[str]:
+    def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT id FROM sessions WHERE closed = 0 AND last_seen < ?", (idle_before,)
             ).fetchall()
         gone = []
         for (sid,) in rows:
+            if sid in busy:
+                continue
             state = self.load(sid)
             if state is not None:
                 state.closed = True
@@ -276,6 +291,13 @@ class SQLiteStore:
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM responses WHERE session_id = ?", (session_id,))
+
+    def prune(self, session_id: str, before_step: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM responses WHERE session_id = ? AND step_idx < ?",
+                (session_id, before_step),
+            )
 
     def count_open(self) -> int:
         with self._lock:
