@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     problem = _check(cfg)
     if problem is not None:
         return _fail(problem)
+    if cfg.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(cfg.auth_token_env):
+        print(
+            f"warning: listening on {cfg.host} without auth; set {cfg.auth_token_env} to require "
+            "a bearer token",
+            file=sys.stderr,
+        )
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

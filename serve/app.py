@@ -291,11 +291,17 @@ async def _expire_loop(gateway: Gateway, every_s: float = 60.0) -> None:
             logger.exception("session expiry sweep failed")
 
 
-async def _warm_up(app: FastAPI, gateway: Gateway) -> None:
-    """One history update and one verdict through the real parser before ``/readyz`` is green."""
-    try:
-        app.state.ready_detail = await gateway.warm_up()
-        app.state.ready = True
-    except Exception as e:  # readiness stays red and says why; liveness is unaffected
-        logger.exception("warm-up failed")
-        app.state.ready_detail = f"warm-up failed: {e}"
+async def _warm_up(app: FastAPI, gateway: Gateway, retry_s: float = 10.0) -> None:
+    """One history update and one verdict through the real parser before ``/readyz`` is green.
+
+    Retried until it works: a backend still loading (vLLM compiling its graphs) is not an error.
+    """
+    while True:
+        try:
+            app.state.ready_detail = await gateway.warm_up()
+            app.state.ready = True
+            return
+        except Exception as e:  # readiness stays red and says why; liveness is unaffected
+            logger.warning("warm-up failed (retrying in %.0f s): %s", retry_s, e, exc_info=True)
+            app.state.ready_detail = f"warm-up failed: {e}"
+        await asyncio.sleep(retry_s)
