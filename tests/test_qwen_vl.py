@@ -245,7 +245,9 @@ def test_target_without_the_prefill_is_rejected(think_processor, processor):
 
 
 def test_user_text_with_assistant_does_not_fool_the_mask(processor):
-    tricky = "The assistant\nreplied; assistant\n said it twice, then assistant\n"
+    # "\nassistant\n" inside user text is the header's own token pair (BPE gives " assistant" a
+    # different id after a space, so a line of its own is what a matcher could confuse).
+    tricky = "The assistant\nreplied;\nassistant\n said it twice, then assistant\n"
     messages, target = synthetic_conversation(1, user_text=tricky)
     target = target.replace("The click", "The assistant\nclick")  # and in the answer itself
     sample = encode_sample(processor, messages, target)
@@ -334,7 +336,7 @@ def test_long_samples_are_never_truncated():
     proc.tokenizer.model_max_length = 32  # far below the sample length
     messages, target = synthetic_conversation(2)
     sample = encode_sample(proc, messages, target)
-    assert sample.input_ids.shape[0] > 200
+    assert sample.input_ids.shape[0] > 2 * proc.tokenizer.model_max_length
     assert sample.num_image_tokens == int(sample.image_grid_thw.prod(dim=-1).sum()) // 4
     assert _supervised_text(proc, sample) == target + "<|im_end|>"
 
