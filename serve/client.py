@@ -40,6 +40,9 @@ ImageInput = bytes | str
 ActionInput = dict[str, Any] | str
 """An API action object, or the policy's raw action text."""
 
+ReseedStatus = Literal["rebuilt", "untouched", "lost"]
+"""Outcome of ``Session.reseed_status``."""
+
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Failures that say the gateway is unwell (they count towards the breaker); request-specific
 # errors (400, 404, 409, 413, 422) prove it is alive and answering.
@@ -595,6 +598,8 @@ class _SessionState:
         self.last_observe: dict[str, Any] | None = None
         self.latest_step: int | None = None
         self.closed = False
+        self.lost = False
+        """The gateway's session is known to be gone (a reseed closed it): re-create first."""
         self.recreated = 0
         self.failures: dict[str, int] = {}
 
@@ -640,6 +645,7 @@ class _SessionState:
             self.recreated += 1
             log.info("critic session %s re-created from its echo", sid)
         self.session_id = sid
+        self.lost = False
         self._note(reply.body)
         return None
 
@@ -681,7 +687,7 @@ class _SessionState:
             return self.stale(step_idx, "no_image")  # nothing to judge; the agent goes on
         body = self._observe_body(step_idx, image, prev)
         self.last_observe = body  # kept even if this call fails: a later critique replays it
-        if self.session_id is None:
+        if self.session_id is None or self.lost:
             failed = yield from self.create_flow()
             if failed is not None:
                 return self.stale(step_idx, failed.reason)
@@ -733,7 +739,7 @@ class _SessionState:
             body["action"] = action_field(action, fmt)  # type: ignore[arg-type]
         if image is not None:
             body.update(image_field(image))
-        if self.session_id is None:
+        if self.session_id is None or self.lost:
             failed = yield from self.create_flow()
             if failed is not None:
                 return fail(failed.reason)
@@ -767,25 +773,40 @@ class _SessionState:
         """Replace the gateway's history of this session with an earlier ``echo``.
 
         The gateway keeps an open session as it is when asked to create it again, so the
-        session is closed first and then re-created under the same id, seeded with ``echo``.
+        session is closed first and then re-created under the same id, seeded with ``echo``
+        (the create is tried twice). Returns ``rebuilt``; ``untouched`` when the close failed
+        (the gateway's session is as it was); ``lost`` when the session was closed but could
+        not be re-created: the client then keeps its current echo, so the next call re-creates
+        the session as it was before the reseed (never from ``echo`` with a step gap).
         """
         if self.closed or self.session_id is None or not isinstance(echo, dict):
-            return False
+            return "untouched"
         reply = yield _Call(
             "DELETE", f"/v1/sessions/{self.session_id}", None, self.cfg.session_deadline_s
         )
         if not reply.ok and reply.code != "unknown_session":
-            return False
-        self.echo = echo
-        failed = yield from self.create_flow(count=False)
+            return "untouched"
+        previous, self.echo = self.echo, echo
+        done = False
+        try:
+            failed = yield from self.create_flow(count=False)
+            if failed is not None:
+                failed = yield from self.create_flow(count=False)
+            done = failed is None
+        finally:
+            # Also when the flow is abandoned mid-way (an error, a cancelled task).
+            if not done:
+                self.echo = previous
+                self.lost = True  # re-created from ``previous`` before the next call
         if failed is not None:
-            return False
+            log.warning("critic session closed for a reseed but not re-created (%s)", failed.reason)
+            return "lost"
         step = echo.get("step_idx")
         self.latest_step = step if isinstance(step, int) else None
         self.last_observe = None  # the replayable screen is the next observe's
         if isinstance(_as_dict(echo.get("summary")).get("progress_summary"), str):
             self.history = _history(echo["summary"], self.history)
-        return True
+        return "rebuilt"
 
     def close_flow(self) -> Flow:
         if self.closed or self.session_id is None:
@@ -796,6 +817,13 @@ class _SessionState:
             "DELETE", f"/v1/sessions/{self.session_id}", None, self.cfg.session_deadline_s
         )
         return reply.ok
+
+
+def _reseed_fallback(state: _SessionState) -> ReseedStatus:
+    """An unexpected error mid-reseed: re-create the session before the next call (from the
+    echo the client holds), which is right whether or not the close went through."""
+    state.lost = state.session_id is not None and not state.closed
+    return "lost" if state.lost else "untouched"
 
 
 def _ready_flow(cfg: ClientConfig) -> Flow:
@@ -1088,7 +1116,14 @@ class Session:
     def reseed(self, echo: dict[str, Any]) -> bool:
         """Replace the gateway's history with an earlier ``echo`` (R3 Restore); True on
         success. The next observe continues from ``echo["step_idx"] + 1``."""
-        return bool(self._client._drive(self._state.reseed_flow(echo), lambda: False))
+        return self.reseed_status(echo) == "rebuilt"
+
+    def reseed_status(self, echo: dict[str, Any]) -> ReseedStatus:
+        """``reseed`` with its three outcomes: ``rebuilt`` (continue from the echo's step),
+        ``untouched`` (the gateway's history is as it was) or ``lost`` (the session is
+        re-created as it was before the reseed at the next call; numbering unchanged)."""
+        st = self._state
+        return self._client._drive(st.reseed_flow(echo), lambda: _reseed_fallback(st))
 
     def close(self) -> bool:
         """Close the gateway session; True when the gateway confirmed."""
@@ -1291,7 +1326,12 @@ class AsyncSession:
 
     async def reseed(self, echo: dict[str, Any]) -> bool:
         """See ``Session.reseed``."""
-        return bool(await self._client._drive(self._state.reseed_flow(echo), lambda: False))
+        return await self.reseed_status(echo) == "rebuilt"
+
+    async def reseed_status(self, echo: dict[str, Any]) -> ReseedStatus:
+        """See ``Session.reseed_status``."""
+        st = self._state
+        return await self._client._drive(st.reseed_flow(echo), lambda: _reseed_fallback(st))
 
     async def close(self) -> bool:
         """See ``Session.close``."""

@@ -549,13 +549,22 @@ class CriticGuard:
         start = echo.get("step_idx")
         if not isinstance(start, int) or self.session is None or not rr.executed_actions:
             return None
-        if not self.session.reseed(echo):
-            self.events["r3_rebuild_failed"] += 1
+        status = _reseed(self.session, echo)
+        if status != "rebuilt":
+            # untouched: the gateway still holds the loop, numbering unchanged. lost: the
+            # session was closed; the client re-creates it from its current echo (the loop
+            # included) at the next call, so the numbering stays the same and nothing is
+            # force-replayed across a gap.
+            self.events["r3_rebuild_failed" if status == "untouched" else "r3_rebuild_lost"] += 1
             return None
         gw = start + 1
         obs = self.session.observe(gw, st.screenshot, rr.executed_actions[-1])
         if not obs.ok:
+            # The gateway now stands at the echo's step: number from there anyway, so the next
+            # observe follows on (its screen is replayed for this step if it is missing).
             self.events["r3_rebuild_failed"] += 1
+            st.gw = gw
+            self._guard_of[gw] = st.idx
             return None
         # From here on the gateway numbers steps without the loop.
         st.gw, st.observation = gw, obs
@@ -859,6 +868,20 @@ class CriticGuard:
         best = order[0]
         outcome = "fail_open" if all(v.abstained for v in verdicts) else "ranked"
         return self.commit(Review(True, proposals[best], actions[best], verdicts[best], outcome))
+
+
+def _reseed(session: Any, echo: dict[str, Any]) -> str:
+    """``session.reseed_status(echo)``; a session with only ``reseed`` (True/False) reads as
+    ``rebuilt``/``untouched``."""
+    try:
+        status = getattr(session, "reseed_status", None)
+        if callable(status):
+            got = status(echo)
+            return got if got in ("rebuilt", "untouched", "lost") else "untouched"
+        return "rebuilt" if session.reseed(echo) else "untouched"
+    except Exception as exc:  # noqa: BLE001 - a critic problem never stops the agent
+        log.warning("reseed failed: %s", exc)
+        return "untouched"
 
 
 def _frames_match(a: ImageInput, b: ImageInput, max_distance: int) -> bool:

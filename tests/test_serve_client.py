@@ -822,3 +822,62 @@ def test_a_bad_ranking_is_discarded_but_the_verdicts_are_kept(ranking):
     got = parse_ranking(body, 2)
     assert got is not None and [r.verdict for r in got.results] == ["bad", "good"]
     assert got.ranking == (1, 0)  # ranked from the verdicts
+
+
+def _closed_sessions_are_unknown(gw: FakeGateway, create_failures: int) -> dict[str, int]:
+    """Make ``gw`` answer like the real gateway for closed sessions (404) and fail the first
+    ``create_failures`` creates after a DELETE with 500."""
+    inner = gw.route
+    state = {"deleted": 0, "failures": create_failures}
+
+    def route(method: str, path: str, body: Any) -> httpx.Response:
+        parts = path.strip("/").split("/")
+        if len(parts) >= 3 and gw.sessions.get(parts[2], {}).get("closed"):
+            return _error(404, "unknown_session")
+        if method == "DELETE":
+            state["deleted"] += 1
+        if path == "/v1/sessions" and method == "POST" and state["deleted"] and state["failures"]:
+            state["failures"] -= 1
+            return _error(500, "internal")
+        return inner(method, path, body)
+
+    gw.route = route
+    return state
+
+
+def test_reseed_retries_a_failed_create_once():
+    gw = FakeGateway()
+    _closed_sessions_are_unknown(gw, create_failures=1)
+    s = make_client(gw).start("t", "ubuntu", (100, 100))
+    s.observe(0, png("a"))
+    early = s.observe(1, png("b"), "click a").body["echo"]
+    s.observe(2, png("b"), "dead click")
+    assert s.reseed_status(early) == "rebuilt"
+    assert gw.creates()[-1]["echo"]["step_idx"] == 1
+
+
+def test_reseed_lost_recreates_the_session_from_the_current_echo():
+    gw = FakeGateway()
+    _closed_sessions_are_unknown(gw, create_failures=2)
+    s = make_client(gw).start("t", "ubuntu", (100, 100))
+    s.observe(0, png("a"))
+    early = s.observe(1, png("b"), "click a").body["echo"]
+    s.observe(2, png("b"), "dead click")
+    current = s.observe(3, png("b"), "dead click").body["echo"]
+    assert s.reseed_status(early) == "lost"
+    assert s.echo == current  # the pre-reseed echo is back
+    obs = s.observe(4, png("c"), "open menu")
+    assert obs.ok
+    assert gw.creates()[-1]["echo"]["step_idx"] == 3  # re-created as it was, not from `early`
+    assert not any(b.get("force") for b in gw.bodies("/observe"))  # no gap was forced over
+    steps = [st["intent"] for st in obs.body["echo"]["steps"]]
+    assert steps == ["click a", "dead click", "dead click", "open menu"]
+
+
+def test_reseed_untouched_when_the_close_fails():
+    gw = FakeGateway()
+    s = make_client(gw).start("t", "ubuntu", (100, 100))
+    echo = s.observe(0, png("a")).body["echo"]
+    s.observe(1, png("b"), "x")
+    gw.faults = [("/v1/sessions/s1", 500)]
+    assert s.reseed_status(echo) == "untouched" and s.echo["step_idx"] == 1

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_serve_client import FakeGateway, make_client, png
+from test_serve_client import FakeGateway, _closed_sessions_are_unknown, make_client, png
 
 from serve.guard import CriticGuard, GuardConfig, PolicyContext, R3Config, RecoveryConfig
 
@@ -340,6 +340,26 @@ def test_r3_rebuild_failure_falls_back_to_the_policy_text():
     assert guard.r3_events[0]["gateway_rebuilt"] is False
     assert guard.events["r3_rebuild_failed"] == 1
     assert policy.contexts[5].history == ("go", "menu") and not decisions[-1].stop
+
+
+@pytest.mark.parametrize(("failures", "rebuilt"), [(1, True), (2, False)])
+def test_r3_rebuild_whose_recreate_fails_never_forces_a_gap(failures, rebuilt):
+    gw = FakeGateway(r3_k=2)
+    _closed_sessions_are_unknown(gw, create_failures=failures)
+    env = Env("A", dict(R3_ENV))
+    policy = dead_spot_policy()
+    guard = guard_for(gw, policy)
+    decisions = guard.run(env.execute, env.shot(), max_steps=7)
+    assert guard.r3_events[0]["gateway_rebuilt"] is rebuilt and not decisions[-1].stop
+    assert not any(b.get("force") for b in gw.bodies("/observe"))
+    steps = [st["intent"] for st in gw.sessions["s1"]["echo"]["steps"]]
+    if rebuilt:  # the create was retried: the loop is gone from the gateway
+        assert steps == ["go", "menu", "next"]
+    else:  # lost: re-created from the current echo, loop included, numbering unchanged
+        assert guard.events["r3_rebuild_lost"] == 1
+        assert steps == ["go", "dead", "dead", "dead", "menu", "next"]
+        assert gw.creates()[-1]["echo"]["step_idx"] == 5
+        assert "gateway_step" not in guard.log[6]
 
 
 def test_r3_trigger_needs_k_repeats():
