@@ -374,6 +374,7 @@ class CriticGuard:
         self.history: list[str] = []
         self._texts: dict[int, str] = {}
         self._text_base: str | None = None
+        self._text_base_version = 0
         self._since_restore: list[str] = []
         self._screens: dict[int, ImageInput] = {}
         self._echoes: dict[int, dict[str, Any]] = {}
@@ -426,6 +427,11 @@ class CriticGuard:
         if isinstance(obs.body.get("echo"), dict):
             self._echoes[idx] = obs.body["echo"]
         self._texts[idx] = obs.history.text()
+        if self._text_base is not None and self._history_advanced(obs):
+            # The gateway wrote a new history after the restored step: from here on the policy
+            # sees the gateway's own text again instead of a frozen pre-loop summary.
+            self._text_base, self._since_restore = None, []
+            self.events["r3_text_released"] += 1
         if self._text_base is not None and obs.ok and obs.history.last_action_result:
             # After a Restore the policy sees the restored history plus each new result.
             self._since_restore.append(
@@ -453,6 +459,11 @@ class CriticGuard:
         self._after_observe(obs, screenshot, record)
         record["mode"] = self._mode
         return obs
+
+    def _history_advanced(self, obs: Observation) -> bool:
+        """Whether ``obs`` brings a fresh gateway history newer than the one of the restore."""
+        fresh = obs.ok and not obs.history.stale and obs.status == "ok"
+        return fresh and obs.history.version > self._text_base_version
 
     def _keep_screen(self, idx: int, screenshot: ImageInput) -> None:
         self._screens[idx] = screenshot
@@ -530,6 +541,7 @@ class CriticGuard:
             # The policy still gets the restored history; the gateway's keeps the loop.
             result = obs.history.last_action_result
             self._text_base = rr.saved_text
+            self._text_base_version = obs.history.version
             self._since_restore = [f"Result of the last action: {result}"] if result else []
         else:
             self._text_base, self._since_restore = None, []
@@ -579,6 +591,8 @@ class CriticGuard:
     def _reroute_failed(self, rr: _Reroute, record: dict) -> None:
         self.history = list(rr.saved_history)
         self._text_base = rr.saved_text
+        obs = self._step.observation if self._step is not None else None
+        self._text_base_version = obs.history.version if obs is not None else 0
         self._since_restore = []
         self._mode, self._reroute = "normal", None
         event = {"event": "failed", **self._reroute_facts(rr)}

@@ -323,6 +323,20 @@ def test_r3_restore_without_the_gateway_rebuild_restores_the_policy_text():
     assert "gateway_step" not in guard.log[5]
 
 
+def test_r3_restored_text_is_dropped_once_the_gateway_history_moves_on():
+    gw = FakeGateway(r3_k=2)
+    env = Env("A", {**R3_ENV, ("D", "next"): "E", ("E", "next"): "F"})
+    policy = dead_spot_policy()
+    guard = guard_for(gw, policy, r3=R3Config(rebuild_gateway_history=False))
+    guard.run(env.execute, env.shot(), max_steps=8)
+    assert policy.contexts[5].history_text.startswith(guard._texts[1])  # restored at step 5
+    # The next history update is newer than the loop's: the gateway's own text again.
+    for ctx in policy.contexts[6:]:
+        assert ctx.history_text == guard._texts[ctx.step_idx]
+    assert "6 steps done" in policy.contexts[6].history_text
+    assert guard.events["r3_text_released"] == 1
+
+
 def test_r3_rebuild_failure_falls_back_to_the_policy_text():
     gw = FakeGateway(r3_k=2)
     env = Env("A", dict(R3_ENV))
