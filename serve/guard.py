@@ -679,8 +679,13 @@ class CriticGuard:
             v = self._session().critique(idx, action)
         except Exception as exc:  # noqa: BLE001 - a critic problem never stops the agent
             log.warning("critique failed: %s", exc)
-            return abstain("client_error")
-        return v if isinstance(v, Verdict) else abstain("bad_response")
+            return self._fail_open("client_error")
+        return v if isinstance(v, Verdict) else self._fail_open("bad_response")
+
+    def _fail_open(self, reason: str) -> Verdict:
+        """A guard-level abstention (the session gave no verdict), counted in ``events``."""
+        self.events[f"critique_{reason}"] += 1
+        return abstain(reason)
 
     def _text_of(self, proposal: Any, action: ActionInput | None) -> str:
         if self.describe is not None and proposal is not None:
@@ -709,7 +714,7 @@ class CriticGuard:
         """Rule on one proposal at the current step (critique, K, exhaustion, escalation)."""
         st = self._require_step()
         action = self._action_of(proposal)
-        screen = (st.observation.screen_key if st.observation else None) or f"step{st.idx}"
+        screen = _screen_key(st)
         skip_critic = self._mode == "reroute" and not self.config.r3.critique_reroutes
         if self._mode == "normal" and self._rejections[screen] >= self.config.escalate_after:
             self._rejections[screen] = 0
@@ -862,17 +867,21 @@ class CriticGuard:
 
     def _best_of_n(self, ctx: PolicyContext) -> Decision:
         st = self._require_step()
-        first = self.policy(ctx)
-        proposals = list(first) if isinstance(first, (list, tuple)) else [first]
-        while len(proposals) < ctx.n:
-            proposals.append(self.policy(ctx))
-        proposals = proposals[: ctx.n]
+        proposals = self._candidates(ctx)
         actions = [self._action_of(p) for p in proposals]
+        screen = _screen_key(st)
+        if self._rejections[screen] >= self.config.escalate_after:
+            # As in ``review``: after enough rejections at one screen the critic stands aside.
+            self._rejections[screen] = 0
+            self.events["escalation"] += 1
+            st.attempts.append((proposals[0], actions[0], None))
+            st.record["proposals"].append({"action": actions[0], "verdict": None, "rank": 0})
+            return self.commit(Review(True, proposals[0], actions[0], None, "escalated"))
         ranked = self._session().critique(st.gw, candidates=actions)
         if isinstance(ranked, Ranking) and len(ranked.results) == len(actions):
             verdicts = list(ranked.results)
         else:
-            verdicts = [abstain("bad_response") for _ in actions]
+            verdicts = [self._fail_open("bad_response") for _ in actions]
         order = rank_verdicts(verdicts)
         for i, (p, a, v) in enumerate(zip(proposals, actions, verdicts, strict=True)):
             st.attempts.append((p, a, v))
@@ -880,8 +889,42 @@ class CriticGuard:
                 {"action": a, "verdict": _verdict_dict(v), "rank": order.index(i)}
             )
         best = order[0]
-        outcome = "fail_open" if all(v.abstained for v in verdicts) else "ranked"
+        if all(v.is_bad for v in verdicts):
+            # Every candidate was rejected: the exhaustion policy decides, as for K proposals.
+            self._rejections[screen] += len(verdicts)
+            if self.config.on_exhausted == "stop":
+                self.events["critic_stopped"] += 1
+                return self._stop("stopped", verdicts[best])
+            self.events["critic_overridden"] += 1
+            outcome = "critic_overridden"
+        else:
+            outcome = "fail_open" if all(v.abstained for v in verdicts) else "ranked"
         return self.commit(Review(True, proposals[best], actions[best], verdicts[best], outcome))
+
+    def _candidates(self, ctx: PolicyContext) -> list[Any]:
+        """``ctx.n`` proposals: the policy's lists flattened, the policy called again (at most
+        ``n`` calls in all) while there are fewer."""
+        proposals: list[Any] = []
+        for _ in range(ctx.n):
+            proposals.extend(_flatten(self.policy(ctx)))
+            if len(proposals) >= ctx.n:
+                break
+        return proposals[: ctx.n] or [None]
+
+
+def _flatten(value: Any) -> list[Any]:
+    """A policy's answer as a flat list of proposals (nested lists unpacked)."""
+    if not isinstance(value, list):
+        return [value]  # a tuple is one proposal (a predict() output pair)
+    out: list[Any] = []
+    for item in value:
+        out.extend(_flatten(item))
+    return out
+
+
+def _screen_key(st: _Step) -> str:
+    """The screen a step's rejections are counted under."""
+    return (st.observation.screen_key if st.observation else None) or f"step{st.idx}"
 
 
 def _reseed(session: Any, echo: dict[str, Any]) -> str:

@@ -166,6 +166,72 @@ def test_best_of_n_calls_a_single_answer_policy_n_times():
     assert len(policy.contexts) == 2 and d.proposal in ("p", "q")
 
 
+def test_best_of_n_flattens_list_answers():
+    gw = FakeGateway()
+    gw.judge = judge_by({"c1": ("bad", 0.9)})
+    calls = iter([["c1"], [["c2"], "c3"], ["c4"]])
+    policy = Scripted(lambda ctx: next(calls))
+    d = guard_for(gw, policy, candidates=3).step(png("A"))
+    sent = [c["raw"] for c in gw.bodies("/critique")[0]["candidates"]]
+    assert sent == ["c1", "c2", "c3"] and len(policy.contexts) == 2
+    assert d.proposal in ("c2", "c3") and d.outcome == "ranked"
+
+
+def test_best_of_n_policy_that_returns_nothing_is_called_at_most_n_times():
+    gw = FakeGateway()
+    policy = Scripted(lambda ctx: [])
+    d = guard_for(gw, policy, candidates=3).step(png("A"))
+    assert len(policy.contexts) == 3 and d.proposal is None
+
+
+@pytest.mark.parametrize(
+    ("how", "expected", "stop"),
+    [("execute_last", "b", False), ("execute_first", "b", False), ("stop", None, True)],
+)
+def test_best_of_n_all_bad_follows_on_exhausted(how, expected, stop):
+    gw = FakeGateway()
+    gw.judge = judge_by({"a": ("bad", 0.9), "b": ("bad", 0.6), "c": ("bad", 0.8)})
+    guard = guard_for(gw, Scripted(lambda ctx: ["a", "b", "c"]), candidates=3, on_exhausted=how)
+    d = guard.step(png("A"))
+    assert d.proposal == expected and d.stop is stop  # the best-ranked (least sure bad)
+    assert d.outcome == ("stopped" if stop else "critic_overridden")
+    assert guard.events["critic_stopped" if stop else "critic_overridden"] == 1
+
+
+def test_best_of_n_rejections_count_towards_escalation():
+    gw = FakeGateway()
+    gw.judge = judge_by({"a": ("bad", 0.9), "b": ("bad", 0.6)})
+    env = Env("A", {})
+    guard = guard_for(
+        gw, Scripted(lambda ctx: ["a", "b"]), candidates=2, r3=R3Config(enabled=False)
+    )
+    decisions = guard.run(env.execute, env.shot(), max_steps=3)
+    assert [d.outcome for d in decisions] == [
+        "critic_overridden",
+        "critic_overridden",
+        "escalated",
+    ]
+    assert guard.events["escalation"] == 1 and len(gw.bodies("/critique")) == 2
+
+
+def test_guard_level_fail_opens_are_counted():
+    gw = FakeGateway()
+    guard = guard_for(gw, Scripted(lambda ctx: "go"))
+    guard.observe(png("A"))
+
+    class Broken:
+        def critique(self, *a, **k):
+            raise RuntimeError("boom")
+
+        def close(self):
+            return True
+
+    real, guard.session = guard.session, Broken()
+    d = guard.decide()
+    assert d.outcome == "fail_open" and guard.events["critique_client_error"] == 1
+    guard.session = real
+
+
 def test_critic_errors_fail_open():
     gw = FakeGateway()
     gw.faults = [("/critique", 500)]
