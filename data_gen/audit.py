@@ -240,7 +240,9 @@ def shortcut_audit(
         row: dict[str, Any] = {"dimensions": list(dims), "mask_rate": mask_rates(samples)}
         for probe in PROBES:
             if bads < settings.min_samples:
-                row[probe] = {"n": len(samples), "bad": bads, "auc": None, "note": "too few"}
+                good = len(samples) - bads
+                row[probe] = {"n": len(samples), "bad": bads, "good": good, "auc": None}
+                row[probe]["note"] = f"too few Bad samples to score (< {settings.min_samples})"
                 continue
             texts = [probe_text(r, probe) for r, _ in samples]
             row[probe] = probe_auc(
