@@ -499,3 +499,101 @@ def test_qwen_messages_carry_tools_screen_history_and_feedback():
     assert "Step 1: click app" in text and "Progress so far" in text and "Wrong Target" in text
     fresh = dataclasses.replace(ctx, history=(), history_text="", feedback=(), mode="reroute")
     assert qwen_messages(fresh, "ubuntu")[1]["content"][1]["text"] == "Open the menu"
+
+
+# ---------------------------------------------------------------------------------------------
+# R3 failure with on_failure: continue (scripted critic)
+
+
+class ScriptedSession:
+    """A session whose observe fires R3 at ``trigger`` and whose critiques follow a script."""
+
+    def __init__(self, verdicts: list[str], trigger: int = 2) -> None:
+        self.verdicts = verdicts
+        self.trigger = trigger
+        self.critiqued: list[Any] = []
+
+    def observe(self, i, png_, prev):
+        from serve.client import History, Observation
+
+        rec = {"r3_trigger": True, "same_key_no_effect_run": 2} if i == self.trigger else {}
+        return Observation(
+            i, "ok", None, History(), f"sha256:{i}", change={"no_effect": i > 0}, recurrence=rec
+        )
+
+    def critique(self, i, action=None, candidates=None):
+        from serve.client import Verdict
+
+        self.critiqued.append(action)
+        v = self.verdicts.pop(0)
+        return Verdict(v, explanation="no" if v == "bad" else "")
+
+    def reseed(self, echo):
+        return False
+
+    def close(self):
+        return True
+
+
+class ScriptedClient:
+    def __init__(self, session: ScriptedSession) -> None:
+        self.session = session
+
+    def start(self, *a, **k):
+        return self.session
+
+
+def test_osworld_failed_reroute_continue_keeps_the_agents_memory_equal_to_the_history():
+    from serve.guard import R3Config
+
+    count = [0]
+
+    def script(instruction, obs, agent):
+        count[0] += 1
+        return ("resp", [f"pyautogui.click({count[0]}, {count[0]})"])
+
+    agent = FakeOSWorldAgent(script)
+    session = ScriptedSession(["good", "good", "bad", "bad", "good", "good"])
+    cfg = GuardConfig(max_reproposals=1, r3=R3Config(reroute_attempts=2, on_failure="continue"))
+    guarded = GuardedOSWorldAgent(agent, ScriptedClient(session), config=cfg)
+    for step in range(4):
+        guarded.predict("t", {"screenshot": png(f"s{step}")})
+        # The agent's own memory holds exactly the steps the guard's history holds.
+        assert ["\n".join(a) for a in agent.actions] == guarded.guard.history
+    assert guarded.guard.events["r3_failed"] == 1
+    assert guarded.guard.history == ["pyautogui.click(5, 5)", "pyautogui.click(6, 6)"]
+
+
+class CountingM3A(FakeM3A):
+    """Clicks at a new x each call; its history names the click."""
+
+    def __init__(self, env: FakeEnv) -> None:
+        super().__init__(env, None)
+        self.calls = 0
+
+    def step(self, goal: str) -> Result:
+        self.goals.append(goal)
+        self.calls += 1
+        action = JSONAction("click", x=self.calls, y=1)
+        self.history.append(f"did {self.calls}")
+        self.env.execute_action(action)
+        return Result(False, {})
+
+
+def test_androidworld_failed_reroute_continue_memory_and_the_proposal_bound():
+    from serve.guard import R3Config
+
+    env = FakeEnv()
+    agent = CountingM3A(env)
+    # Steps 0, 1 accepted; step 2: three bad reroutes (N=3), then K + 1 = 3 normal proposals.
+    script = ["good", "good", "bad", "bad", "bad", "bad", "bad", "good"]
+    session = ScriptedSession(script)
+    r3 = R3Config(reroute_attempts=3, on_failure="continue")
+    cfg = GuardConfig(max_reproposals=2, escalate_after=10, r3=r3)
+    guarded = GuardedAndroidWorldAgent(agent, ScriptedClient(session), config=cfg)
+    for _ in range(3):
+        guarded.step("t")
+    assert agent.calls == 8 and [a.x for a in env.executed] == [1, 2, 8]
+    assert guarded.guard.events["r3_failed"] == 1
+    assert agent.history == ["did 8"]  # the loop gone, the step executed after it kept
+    assert len(guarded.guard.history) == 1

@@ -229,8 +229,15 @@ class EpisodeMemory(AgentMemory):
         """R3 reset: the agent proposes with an empty memory."""
         self.put(self.start)
 
-    def sync(self, guard: Any) -> None:
-        """Apply the guard's new R3 events to the agent's memory."""
+    def sync(self, guard: Any) -> bool:
+        """Apply the guard's new R3 events to the agent's memory; True when there were any.
+
+        Called after each observe and before each proposal: a reroute that fails in the middle
+        of a step (``on_failure: continue``) puts back the memory from before the loop at once,
+        so the step then decided in normal mode is added to that memory, as the guard adds it
+        to its history.
+        """
+        changed = False
         while self.seen_r3 < len(guard.r3_events):
             event = guard.r3_events[self.seen_r3]
             self.seen_r3 += 1
@@ -239,3 +246,14 @@ class EpisodeMemory(AgentMemory):
                 self.splice(base, self.start)
             else:
                 self.put(base)
+            changed = True
+        return changed
+
+    def rebase(self, guard: Any, idx: int, snap: dict[str, Any]) -> dict[str, Any]:
+        """Before a proposal at step ``idx``: ``snap`` (the step's starting memory) put back,
+        then any new R3 event applied; returns the step's starting memory from now on."""
+        self.put(snap)
+        if self.sync(guard):
+            snap = self.take()
+            self.snaps[idx] = snap
+        return snap

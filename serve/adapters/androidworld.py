@@ -186,13 +186,17 @@ class GuardedAndroidWorldAgent:
         start = self.memory.step(guard.step_idx)
         result = None
         proxy = _EnvProxy(env, self)
-        # The guard's rulings end the loop within K + 1 (or N reroute) proposals; the bound only
-        # guards against an agent that never calls execute_action.
-        bound = max(self.config.max_reproposals, self.config.r3.reroute_attempts) + 2
+        # The guard's rulings end the loop within N reroute proposals followed (on_failure:
+        # continue) by K + 1 normal ones; the bound only guards against an agent that never
+        # calls execute_action.
+        bound = self.config.r3.reroute_attempts + self.config.max_reproposals + 2
+        idx = guard.step_idx
         for _ in range(bound):
             proxy.review, proxy.executed = None, False
             ctx = guard.context()
-            self.memory.put(start)  # a rejected proposal leaves no trace in the agent
+            # A rejected proposal leaves no trace in the agent; a reroute that failed within
+            # this step puts back the memory from before the loop.
+            start = self.memory.rebase(guard, idx, start)
             if ctx.mode == "reroute":
                 self.memory.fresh()  # R3 reset: task and screen only
             self.agent.env = proxy

@@ -156,13 +156,16 @@ class _PredictWrapper:
         guard = self._guard(instruction, screenshot)
         guard.observe(screenshot)
         self.memory.sync(guard)
-        step_start = self.memory.step(guard.step_idx)
+        idx = guard.step_idx
+        step_start = self.memory.step(idx)
         outputs: list[Any] = []
         after: list[dict[str, Any]] = []
 
         def policy(ctx: PolicyContext) -> Any:
-            if outputs:
-                self.memory.put(step_start)  # a rejected proposal leaves no trace
+            nonlocal step_start
+            # A rejected proposal leaves no trace; a reroute that failed within this step puts
+            # back the memory from before the loop.
+            step_start = self.memory.rebase(guard, idx, step_start)
             if ctx.mode == "reroute":
                 self.memory.fresh()  # Reset: task and screen only
             text = prompt_for(self.agent, instruction, ctx, self.prompt_hook, self.feedback_hook)
