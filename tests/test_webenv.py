@@ -344,6 +344,13 @@ def report_wait(env):
         state, sig = update(state, _frame(obs["screenshot"]), [Wait(0.3)], cfg)
         if env.bounding_box("#report-content") is not None:
             run["loaded_at"] = time.monotonic() - t0
+            shot = env.screenshot()
+            if shot != obs["screenshot"]:
+                # The table arrived between the step's screenshot and this check: the step's frame
+                # still shows the spinner, so the arrival is the next (waiting) frame.
+                run["waiting"].append(obs["screenshot"])
+                run["spinning"].append(sig)
+                state, sig = update(state, _frame(shot), [Wait(0.3)], cfg)
             run["loaded"] = sig
             break
         run["waiting"].append(obs["screenshot"])
