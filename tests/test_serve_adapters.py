@@ -597,3 +597,51 @@ def test_androidworld_failed_reroute_continue_memory_and_the_proposal_bound():
     assert guarded.guard.events["r3_failed"] == 1
     assert agent.history == ["did 8"]  # the loop gone, the step executed after it kept
     assert len(guarded.guard.history) == 1
+
+
+class StatusM3A(FakeM3A):
+    """Like M3A: a status report returns without execute_action, its step data (history entry
+    and result data) holding ``action_output_json``."""
+
+    def step(self, goal: str) -> Result:
+        self.goals.append(goal)
+        action = self.choose(goal, self)
+        data = {"action_output_json": action, "summary": f"did {action.action_type}"}
+        self.history.append(data)
+        if action.action_type == "status":
+            return Result(True, data)
+        self.env.execute_action(action)
+        return Result(False, data)
+
+
+@pytest.mark.parametrize(
+    ("goal_status", "status"), [("complete", "success"), ("infeasible", "failure")]
+)
+def test_androidworld_status_report_is_critiqued_as_terminate(goal_status, status):
+    gw = FakeGateway()
+    env = FakeEnv()
+    agent = StatusM3A(env, lambda g, a: JSONAction("status", goal_status=goal_status))
+    guarded = GuardedAndroidWorldAgent(agent, make_client(gw))
+    result = guarded.step("t")
+    assert result.done and env.executed == []
+    raw = critiqued(gw)[0]["raw"]
+    assert '"action": "terminate"' in raw and f'"status": "{status}"' in raw
+    assert guarded.log[0]["outcome"] == "accepted"
+
+
+def test_androidworld_rejected_status_report_is_rolled_back_and_the_step_rerun():
+    gw = FakeGateway()
+    gw.judge = judge_raw({"terminate"})
+    env = FakeEnv()
+
+    def choose(goal, agent):
+        if "critic judged" in goal:
+            return JSONAction("click", x=54, y=120)
+        return JSONAction("status", goal_status="complete")
+
+    agent = StatusM3A(env, choose)
+    guarded = GuardedAndroidWorldAgent(agent, make_client(gw))
+    result = guarded.step("Open the clock")
+    assert not result.done and env.executed == [JSONAction("click", x=54, y=120)]
+    assert [h["summary"] for h in agent.history] == ["did click"]  # the status rolled back
+    assert len(critiqued(gw)) == 2 and len(agent.goals) == 2

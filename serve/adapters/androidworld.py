@@ -4,7 +4,9 @@
 own ``step`` with its ``env`` swapped for a proxy. The proxy's ``execute_action`` is where the
 agent hands over its chosen action: the guard reviews it there; an accepted action is executed
 on the real environment, a rejected one is not, and the agent's step is run again (its memory
-rolled back, the critic's feedback appended to the goal) up to K times.
+rolled back, the critic's feedback appended to the goal) up to K times. A goal-status report
+(``complete`` / ``infeasible``), which the agents return without calling ``execute_action``, is
+read from the step's data and reviewed the same way, as a terminate action.
 """
 
 from __future__ import annotations
@@ -206,6 +208,15 @@ class GuardedAndroidWorldAgent:
             finally:
                 self.agent.env = env
             review = proxy.review
+            if review is None and not proxy.executed:
+                # M3A/T3A report the goal status without calling execute_action: that report
+                # is the step's action, judged as terminate.
+                status = status_action(result, self.agent)
+                if status is not None:
+                    review = guard.review(status)
+                    if review.accept:
+                        guard.commit(review)
+                        return result
             if review is None or proxy.executed:
                 break
             if review.stop:
@@ -216,6 +227,31 @@ class GuardedAndroidWorldAgent:
             # rejected actions): the next observe says so.
             guard.commit(Review(True, None, dict(NO_ACTION), None, "no_action"))
         return result
+
+
+def status_action(result: Any, agent: Any) -> dict[str, Any] | None:
+    """The status action (``complete`` / ``infeasible``) an agent step ended with, if any.
+
+    Read from the step's ``result.data["action_output_json"]``, else from the agent's last
+    history entry (where M3A and T3A keep the same step data); ``None`` for anything else.
+    """
+    data = getattr(result, "data", None)
+    candidates = [data.get("action_output_json")] if isinstance(data, dict) else []
+    history = getattr(agent, "history", None)
+    if isinstance(history, list) and history and isinstance(history[-1], dict):
+        candidates.append(history[-1].get("action_output_json"))
+    for value in candidates:
+        if value is None:
+            continue
+        action = action_dict(value)
+        if isinstance(action, str):
+            try:
+                action = json.loads(action)
+            except ValueError:
+                continue
+        if isinstance(action, dict) and action.get("action_type") == "status":
+            return {k: v for k, v in action.items() if v is not None}
+    return None
 
 
 def _mark_done(result: Any) -> Any:
