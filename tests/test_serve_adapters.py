@@ -285,10 +285,43 @@ def test_scalecua_mobile_calls_on_android():
     gw = FakeGateway()
     text = "<action>\nmobile.swipe(from_coord=[0.5, 0.9], to_coord=[0.5, 0.1])\n</action>"
     agent = FakeOSWorldAgent(lambda i, o, a: (text, []))
-    guarded = GuardedScaleCUAAgent(agent, make_client(gw), platform="android", screen=(1080, 2400))
+    guarded = GuardedScaleCUAAgent(
+        agent, make_client(gw), platform="android", screen=(1080, 2400), coord_space="norm01"
+    )
     guarded.predict("Scroll", obs_of("A"))
     raw = critiqued(gw)[0]["raw"]
     assert '"name": "mobile_use"' in raw and '"coordinate2": [500, 100]' in raw
+
+
+def test_scalecua_default_reads_resized_pixels_the_same_way_every_step():
+    gw = FakeGateway()
+    outputs = iter(
+        [
+            "<action>\npyautogui.click(x=966, y=546)\n</action>",
+            "<action>\npyautogui.click(x=1200, y=546)\n</action>",
+        ]
+    )
+    agent = FakeOSWorldAgent(lambda i, o, a: (next(outputs), []))
+    guarded = GuardedScaleCUAAgent(agent, make_client(gw), screen=(1920, 1080))
+    guarded.predict("t", obs_of("A"))
+    guarded.predict("t", obs_of("B"))
+    # 1920x1080 is shown to the agent as 1932x1092 (smart_resize, factor 28): both points are
+    # pixels of that frame, never one read as the 0-1000 grid and the other as pixels.
+    raws = [a["raw"] for a in critiqued(gw)]
+    assert '"coordinate": [500, 500]' in raws[0] and '"coordinate": [621, 500]' in raws[1]
+    assert gw.creates()[0]["coord_space"] == "resized_px"
+    assert gw.creates()[0]["frame"] == {"w": 1932, "h": 1092}
+
+
+def test_scalecua_explicit_space_is_kept():
+    gw = FakeGateway()
+    agent = FakeOSWorldAgent(lambda i, o, a: ("<action>\nclick(x=0.25, y=0.5)\n</action>", []))
+    guarded = GuardedScaleCUAAgent(
+        agent, make_client(gw), screen=(1920, 1080), coord_space="norm01"
+    )
+    guarded.predict("t", obs_of("A"))
+    assert '"coordinate": [250, 500]' in critiqued(gw)[0]["raw"]
+    assert "frame" not in gw.creates()[0]
 
 
 def test_scalecua_prose_inside_press_is_sent_raw():

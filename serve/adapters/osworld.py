@@ -31,6 +31,12 @@ from serve.adapters._common import (
 from serve.client import CriticClient
 from serve.guard import CriticGuard, Decision, GuardConfig, PolicyContext
 
+SCALECUA_FACTOR = 28
+SCALECUA_MIN_PIXELS = 3_136
+SCALECUA_MAX_PIXELS = 2_109_744
+"""ScaleCUA's released agents resize screenshots with Qwen2.5-VL ``smart_resize`` (factor 28)
+to at most this many pixels before the model sees them."""
+
 STOP_ACTIONS = ["FAIL"]
 """The actions returned when the guard stops the episode (OSWorld's failure string)."""
 
@@ -128,9 +134,13 @@ class _PredictWrapper:
 
     # -- the step ------------------------------------------------------------------------
 
+    def _coords(self) -> None:
+        """Settle the coordinate space once the screen size is known (subclasses)."""
+
     def _guard(self, instruction: str, screenshot: Any) -> CriticGuard:
         if self.guard is None:
             self.screen = self.screen or png_size(screenshot) or DEFAULT_SCREEN
+            self._coords()
             kwargs: dict[str, Any] = {"action_format": self.fmt}
             if self.frame is not None:
                 kwargs["frame"] = self.frame
@@ -190,6 +200,17 @@ class _PredictWrapper:
         return decision.proposal
 
 
+def scalecua_frame(screen: tuple[int, int]) -> tuple[int, int]:
+    """``(w, h)`` of the image a ScaleCUA agent sees for a ``screen`` of ``(w, h)`` pixels."""
+    # Deferred: the image stack is not needed to wrap an agent until a frame is computed.
+    from hivig.vision import smart_resize
+
+    h, w = smart_resize(
+        screen[1], screen[0], SCALECUA_FACTOR, SCALECUA_MIN_PIXELS, SCALECUA_MAX_PIXELS
+    )
+    return (w, h)
+
+
 def _is_pair(output: Any) -> bool:
     return isinstance(output, tuple) and len(output) >= 2
 
@@ -224,12 +245,25 @@ class GuardedScaleCUAAgent(_PredictWrapper):
 
     The critique text is the response's ``<action>`` block when present (calls with
     ``pyautogui.``/``mobile.`` prefixes, ``+``-joined combos), else the returned actions; the
-    ``<operation>`` text is sent as the intent. Coordinates are read by their magnitude unless
-    ``coord_space`` says otherwise (``resized_px`` with ``frame`` for the released agents).
-    Arguments as ``GuardedOSWorldAgent``.
+    ``<operation>`` text is sent as the intent.
+
+    Coordinates are read in one space for the whole episode, never guessed per step from their
+    magnitude (``click(x=960, y=540)`` and ``click(x=1200, y=540)`` must mean the same kind of
+    point). The released ScaleCUA agents write pixels of the image they were shown, so the
+    default is ``resized_px`` with the frame ScaleCUA's Qwen2.5-VL ``smart_resize`` gives the
+    screen (``scalecua_frame``: factor 28, max 2,109,744 pixels; 1920x1080 -> 1932x1092). Pass
+    ``coord_space`` (``norm01`` for data-style fractions, ``screen_px``, ...) for other agents,
+    and ``frame`` for ``resized_px`` when the agent resizes differently. Arguments as
+    ``GuardedOSWorldAgent``.
     """
 
     fmt = "scalecua"
+
+    def _coords(self) -> None:
+        if self.coord_space is None:
+            self.coord_space = "resized_px"
+        if self.coord_space == "resized_px" and self.frame is None:
+            self.frame = scalecua_frame(self.screen or DEFAULT_SCREEN)
 
     def action_text(self, response: Any, actions: Any) -> Any:
         """The ``<action>`` block of the response, else the returned actions."""
