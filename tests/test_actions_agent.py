@@ -79,6 +79,16 @@ def test_osworld_quote_repair_gives_up_on_text_holding_code():
     assert isinstance(got, ActionError)
 
 
+def test_wheel_scroll_counts_clicks_the_same_in_osworld_and_scalecua():
+    want = [Scroll(-500)]
+    assert osw("pyautogui.scroll(-5)") == want
+    assert (
+        parse_agent_output("<action>\nscroll(clicks=-5)\n</action>", "scalecua", width=W, height=H)
+        == want
+    )
+    assert parse_agent_output("pyautogui.scroll(clicks=-5)", "scalecua", width=W, height=H) == want
+
+
 def test_osworld_other_coordinate_spaces():
     assert osw("pyautogui.click(0.5, 0.25)", coord_space="norm01") == [LeftClick((500, 250))]
     assert osw("pyautogui.click(999, 0)", coord_space="norm999") == [LeftClick((1000, 0))]

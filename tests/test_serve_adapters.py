@@ -324,6 +324,16 @@ def test_scalecua_explicit_space_is_kept():
     assert "frame" not in gw.creates()[0]
 
 
+def test_osworld_and_scalecua_adapters_send_one_wheel_scroll_magnitude():
+    gw = FakeGateway()
+    osworld = FakeOSWorldAgent(lambda i, o, a: ("", ["pyautogui.scroll(-5)"]))
+    scalecua = FakeOSWorldAgent(lambda i, o, a: ("<action>\nscroll(clicks=-5)\n</action>", []))
+    GuardedOSWorldAgent(osworld, make_client(gw), screen=(1920, 1080)).predict("t", obs_of("A"))
+    GuardedScaleCUAAgent(scalecua, make_client(gw), screen=(1920, 1080)).predict("t", obs_of("A"))
+    raws = [a["raw"] for a in critiqued(gw)]
+    assert raws[0] == raws[1] and '"pixels": -500' in raws[0]
+
+
 def test_scalecua_prose_inside_press_is_sent_raw():
     gw = FakeGateway()
     block = 'press(keys="click on the submit button")'

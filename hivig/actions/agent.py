@@ -418,6 +418,10 @@ def parse_agent_output(
     Returns:
         The step's actions in order, or an ``ActionError`` for text that stays unreadable after
         the repairs (the caller then sends it as raw text). Never raises.
+
+    A pyautogui-style wheel scroll (``scroll(-5)`` in OSWorld code, ``scroll(clicks=-5)`` from
+    ScaleCUA) counts wheel clicks in every format: ``SCROLL_PIXELS_PER_CLICK`` (100) Qwen
+    ``scroll`` pixels per click.
     """
     if fmt not in AGENT_FORMATS:
         return ActionError("bad_argument", f"format must be one of {AGENT_FORMATS}, got {fmt!r}")
@@ -439,15 +443,16 @@ def parse_agent_output(
     scale, w, h = scaled
     if fmt == "qwen":
         return _parse_qwen(output, space, scale, w, h)  # type: ignore[arg-type]
+    # One wheel rule for every pyautogui-style format: ``scroll(-5)`` in OSWorld code and
+    # ``scroll(clicks=-5)`` from a ScaleCUA agent are the same five wheel clicks, 100 pixels
+    # each on the Qwen ``scroll`` scale (the training data's and the reference's magnitude).
+    pixels_per_click = SCROLL_PIXELS_PER_CLICK
     if fmt == "osworld":
         calls = _osworld_calls(output)  # type: ignore[arg-type]
-        pixels_per_click = 1  # Qwen-style agents write pyautogui.scroll(pixels)
     elif fmt == "scalecua":
         calls = _scalecua_calls(output)  # type: ignore[arg-type]
-        pixels_per_click = SCROLL_PIXELS_PER_CLICK
     else:
         calls = _androidworld_calls_of(output)
-        pixels_per_click = SCROLL_PIXELS_PER_CLICK
     if isinstance(calls, ActionError):
         return calls
     if space == MOBILE and fmt == "osworld":
