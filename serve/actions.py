@@ -30,6 +30,7 @@ from hivig.actions import (
     render_tool_calls,
     space_for_platform,
 )
+from hivig.actions._normalise import SCROLL_PIXELS_PER_CLICK
 from hivig.actions.model import round_half_up
 from hivig.media import Mark
 from hivig.prompts import format_raw_step, format_step
@@ -279,7 +280,10 @@ def _parse_text(
         return _parse_qwen(raw, frame, space)
     if fmt == "osworld":
         text = raw.strip()
-        return parse_osworld(text if text in _OSWORLD_SPECIAL else raw, width, height)
+        # pyautogui scrolls in wheel clicks, 100 Qwen pixels each, as ScaleCUA's scroll(clicks=)
+        # is read for the training data and as the adapters read it.
+        code = text if text in _OSWORLD_SPECIAL else raw
+        return parse_osworld(code, width, height, pixels_per_click=SCROLL_PIXELS_PER_CLICK)
     if fmt == "androidworld":
         return parse_androidworld(raw, width, height)
     out = parse_scalecua(raw, platform, frame.width, frame.height, scale=scale)

@@ -283,3 +283,14 @@ def test_contract_details(tmp_path):
         assert (r.status_code, r.json()["error"]["code"]) == (409, "session_conflict")
         assert _start(c, session_id=sid) == sid  # the same episode again: the same session
         assert BAD  # the scripted backend answers Bad here
+
+
+def test_osworld_scroll_clicks_read_like_scalecua_clicks(tmp_path):
+    backend = ScriptedBackend()
+    with _client(tmp_path, backend) as c:
+        sid = _start(c)
+        _observe(c, sid, 0)
+        for raw, fmt in (("pyautogui.scroll(-5)", "osworld"), ("scroll(clicks=-5)", "scalecua")):
+            v = _critique(c, sid, 0, {"raw": raw, "format": fmt}).json()
+            assert v["parse_error"] is None, v
+            assert '"pixels": -500' in v["action_text"], (raw, v["action_text"])
