@@ -55,6 +55,7 @@ import numpy as np
 from PIL import Image
 
 from hivig.actions.model import (
+    PLATFORM_ALIASES,
     Action,
     Answer,
     CallUser,
@@ -70,6 +71,7 @@ from hivig.actions.model import (
     Terminate,
     Type,
     Wait,
+    platform_name,
 )
 from hivig.config import ConfigError
 from hivig.vision._fingerprint import (
@@ -100,9 +102,6 @@ PLATFORM_MASKS: dict[str, tuple[GridBox, ...]] = {
 }
 """Default volatile regions per platform, on the 0–1000 grid."""
 
-PLATFORM_ALIASES = {"macos": "mac", "linux": "ubuntu"}
-"""Other platform names the gateway accepts, mapped to ``PLATFORM_MASKS`` keys."""
-
 
 def platform_masks(platform: str | None) -> tuple[GridBox, ...]:
     """The default volatile regions of a platform (``None``: no defaults).
@@ -118,7 +117,7 @@ def platform_masks(platform: str | None) -> tuple[GridBox, ...]:
     """
     if platform is None:
         return ()
-    name = PLATFORM_ALIASES.get(platform, platform)
+    name = platform_name(platform)
     if name not in PLATFORM_MASKS:
         known = ", ".join(sorted([*PLATFORM_MASKS, *PLATFORM_ALIASES]))
         raise ValueError(f"unknown platform {platform!r}; use one of: {known}")

@@ -24,13 +24,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hivig.actions import PLATFORM_ALIASES
 from hivig.backends import InferenceBackend, build_backend
 from hivig.config import FrameConfig
 from hivig.prompts import CRITIC_PROMPTS, load_prompt_dir
 from hivig.taxonomy import DIMENSIONS
 from serve.config import ACTION_FORMATS, COORD_SPACES, ServeConfig
 from serve.errors import ApiError
-from serve.gateway import PLATFORMS, SCHEMA_VERSION, Gateway
+from serve.gateway import SCHEMA_VERSION, Gateway
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ def _add_routes(app: FastAPI, cfg: ServeConfig) -> None:
             },
             "coord_spaces": list(COORD_SPACES),
             "action_formats": list(ACTION_FORMATS),
-            "platforms": sorted(PLATFORMS),
+            "platforms": sorted(PLATFORM_ALIASES),
             "limits": {
                 "max_body_bytes": cfg.limits.max_body_bytes,
                 "max_image_bytes": cfg.limits.max_image_bytes,

@@ -94,13 +94,7 @@ class QueueGate:
 
     def enter(self, n: int = 1) -> None:
         """Take ``n`` places or raise 429 ``overloaded``."""
-        if self.depth + n > self.limit:
-            raise ApiError(
-                429,
-                "overloaded",
-                f"{self.depth} model calls queued (limit {self.limit}); retry later",
-                {"Retry-After": str(self.retry_after_s)},
-            )
+        self.check(n)
         self.depth += n
         self._metrics.queue_depth.set(self.depth)
 

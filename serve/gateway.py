@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hivig.actions import ActionError, action_from_arguments, pointer_after, space_for_platform
+from hivig.actions import (
+    PLATFORM_ALIASES,
+    ActionError,
+    action_from_arguments,
+    platform_name,
+    pointer_after,
+    space_for_platform,
+)
 from hivig.backends import InferenceBackend
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
 from hivig.media import ArrowMark
@@ -38,15 +45,6 @@ logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1"
 _RETRYABLE = ("timeout", "backend", "missing_image")
-PLATFORMS = {
-    "windows": "windows",
-    "mac": "mac",
-    "macos": "mac",
-    "ubuntu": "ubuntu",
-    "linux": "ubuntu",
-    "web": "web",
-    "android": "android",
-}
 _GROUNDING = "Grounding/Spatial Error"
 _OFF_SCREEN = (
     "The proposed target lies outside the visible screen, so the step cannot act on any element "
@@ -721,9 +719,9 @@ def new_state(body: dict[str, Any]) -> SessionState:
     task = body.get("task")
     if not isinstance(task, str) or not task.strip():
         raise ApiError(422, "bad_request", "`task` must be a non-empty string")
-    platform = PLATFORMS.get(str(body.get("platform", "")).lower())
+    platform = platform_name(body.get("platform"))
     if platform is None:
-        raise ApiError(422, "bad_request", f"`platform` must be one of {sorted(PLATFORMS)}")
+        raise ApiError(422, "bad_request", f"`platform` must be one of {sorted(PLATFORM_ALIASES)}")
     w, h = _size(body.get("screen"), "screen")
     space = body.get("coord_space", "screen_px")
     if space not in ("screen_px", "norm1000", "norm999", "norm01", "resized_px"):

@@ -139,3 +139,34 @@ CLICK = {"type": "left_click", "x": 80, "y": 60, "intent": "Click the settings b
 
 class LiveServer(BackgroundServer):
     """A real uvicorn server on 127.0.0.1 for tests (``serve.server.BackgroundServer``)."""
+
+
+def gateway_client(
+    tmp_path: Path,
+    backend: Any = None,
+    *overrides: str,
+    name: str = "state",
+    raise_server_exceptions: bool = True,
+) -> Any:
+    """A FastAPI test client of a gateway with ``backend`` (a ``ScriptedBackend`` by default)."""
+    from fastapi.testclient import TestClient
+
+    from serve.app import create_app
+
+    app = create_app(serve_config(tmp_path / name, *overrides), backend or ScriptedBackend())
+    return TestClient(app, raise_server_exceptions=raise_server_exceptions)
+
+
+def start_session(c: Any, **extra: Any) -> str:
+    """Open a session (``session_body`` plus ``extra``); its id."""
+    r = c.post("/v1/sessions", json=session_body(**extra))
+    assert r.status_code == 201, r.text
+    return r.json()["session_id"]
+
+
+def observe(c: Any, sid: str, k: int, prev: Any = None, **img: Any) -> Any:
+    """Observe step ``k`` (a synthetic screen unless ``screenshot=``/``image_ref=`` is given)."""
+    body = {"step_idx": k, **(img or {"screenshot": b64(screen(seed=k))})}
+    if prev is not None:
+        body["prev_action"] = prev
+    return c.post(f"/v1/sessions/{sid}/observe", json=body)

@@ -15,28 +15,18 @@ from tests._serve import (
     SUMMARY,
     ScriptedBackend,
     b64,
+    gateway_client,
+    observe,
     screen,
     serve_config,
     session_body,
+    start_session,
 )
 
-
-def _client(tmp_path, backend=None, *overrides):
-    app = create_app(serve_config(tmp_path / "state", *overrides), backend or ScriptedBackend())
-    return TestClient(app)
+_client = gateway_client
 
 
-def _start(c, **extra):
-    r = c.post("/v1/sessions", json=session_body(**extra))
-    assert r.status_code == 201, r.text
-    return r.json()["session_id"]
-
-
-def _observe(c, sid, k, prev=None, **img):
-    body = {"step_idx": k, **(img or {"screenshot": b64(screen(seed=k))})}
-    if prev is not None:
-        body["prev_action"] = prev
-    return c.post(f"/v1/sessions/{sid}/observe", json=body)
+_start, _observe = start_session, observe
 
 
 def _code(r):

@@ -21,6 +21,7 @@ from hivig.actions.model import (
     COMPUTER,
     MAX_SECONDS,
     MOBILE,
+    PLATFORM_ALIASES,
     PLATFORMS,
     Action,
     ActionError,
@@ -50,6 +51,7 @@ from hivig.actions.model import (
     Wait,
     action_from_arguments,
     in_space,
+    platform_name,
     space_for_platform,
 )
 from hivig.actions.osworld import parse_osworld
@@ -92,6 +94,8 @@ __all__ = [
     "MAX_SECONDS",
     "MOBILE",
     "PLATFORMS",
+    "PLATFORM_ALIASES",
+    "platform_name",
     "PYAUTOGUI_KEYS",
     "Action",
     "ActionError",

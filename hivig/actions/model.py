@@ -38,6 +38,21 @@ DESKTOP_PLATFORMS = frozenset({"windows", "mac", "ubuntu"})
 PLATFORMS = tuple(_PLATFORM_SPACE)
 """Every platform, in a stable order (CLI choices, reports); the one list the project uses."""
 
+PLATFORM_ALIASES: dict[str, Platform] = {
+    **{p: p for p in PLATFORMS},  # type: ignore[misc]
+    "win": "windows",
+    "macos": "mac",
+    "linux": "ubuntu",
+    "mobile": "android",
+}
+"""Platform names as data, runners and meta keys write them -> the platform they mean."""
+
+
+def platform_name(name: object) -> Platform | None:
+    """The platform a name means (case-insensitive; ``None`` when it names none)."""
+    return PLATFORM_ALIASES.get(str(name).strip().lower()) if name is not None else None
+
+
 TERMINATE_STATUSES = ("success", "failure")
 SYSTEM_BUTTONS = ("Back", "Home", "Menu", "Enter")
 
