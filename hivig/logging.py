@@ -14,6 +14,25 @@ _CONFIGURED = False
 _FORMAT = "%(asctime)s %(levelname)s [rank%(rank)s] %(name)s: %(message)s"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record, not at configuration.
+
+    A handler bound to the stream of its day keeps writing to it after it was replaced and
+    closed (a test's captured stderr, a redirected CLI), which loses records or raises.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201 - the stream of the moment
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        del value
+
+
 class _RankFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.rank = rank_and_world()[0]
@@ -32,7 +51,7 @@ def configure_logging(level: int | None = None) -> None:
         level = logging.INFO if rank == 0 else logging.WARNING
     root = logging.getLogger()
     if not _CONFIGURED:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
         handler.addFilter(_RankFilter())
         root.addHandler(handler)

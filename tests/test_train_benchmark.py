@@ -571,6 +571,7 @@ def test_train_evaluate_dispatches_here(generated, tmp_path, capsys):
     argv = ["evaluate", "--data", str(generated), "--backend", "oracle", "--out", str(out)]
     assert train_main([*argv, "--limit", "3"]) == 0
     assert _metrics(out)["backends"]["oracle"]["n"] == 3
+    capsys.readouterr()  # the first run's progress lines
     assert (
         train_main(
             ["evaluate", "--data", str(tmp_path / "nope"), "--backend", "oracle", "--out", str(out)]
