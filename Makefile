@@ -51,7 +51,7 @@ demo: venv
 	$(PY) -m data_gen run --config configs/data_gen/demo.yaml corpus=$(DEMO)/corpus out=$(DEMO)/data
 	@echo "== 3/4 a few SFT steps of a tiny random-weight Qwen3-VL on CPU (a loss line per step)"
 	$(PY) -m train --config configs/train/tiny_cpu.yaml data=$(DEMO)/data out=$(DEMO)/train \
-		dataset.token_budget=16384 dataset.max_samples=16 optim.global_batch_samples=4 loop.max_steps=3
+		dataset.max_samples=16 optim.global_batch_samples=4 loop.max_steps=3
 	@echo "== 4/4 the gateway on that checkpoint, a guarded agent episode, its diagnosis, the pages"
 	$(PY) -m serve.demo --data $(DEMO)/data --train $(DEMO)/train --out $(DEMO) \
 		--serve-config $(SERVE_CONFIG) $(if $(CRITIC),--critic $(CRITIC)) $(SERVE_ARGS)

@@ -59,7 +59,6 @@ def test_demo_pages_and_everything_they_link(tmp_path):
         "configs/train/tiny_cpu.yaml",
         f"data={demo / 'data'}",
         f"out={demo / 'train'}",
-        "dataset.token_budget=16384",
         "dataset.max_samples=8",
         "optim.global_batch_samples=4",
         "loop.max_steps=2",
