@@ -84,7 +84,7 @@ class WebApp:
     Use as a context manager or call ``start``/``close``::
 
         with WebApp() as app:
-            print(app.url("form.html"))
+            page_url = app.url("form.html")
 
     Args:
         port: TCP port; 0 picks a free one.
