@@ -18,7 +18,7 @@ from hivig.actions import (
     render_tool_calls,
     space_for_platform,
 )
-from serve.guard import PolicyContext
+from serve.guard import CriticGuard, PolicyContext
 
 log = logging.getLogger(__name__)
 
@@ -257,3 +257,31 @@ class EpisodeMemory(AgentMemory):
             snap = self.take()
             self.snaps[idx] = snap
         return snap
+
+
+class GuardedAgent:
+    """What every runner wrapper shares: attribute pass-through, the episode log and ``reset``.
+
+    Subclasses set ``self.agent`` and ``self.guard`` (the episode's ``CriticGuard`` or ``None``).
+    """
+
+    agent: Any
+    guard: CriticGuard | None
+
+    def __getattr__(self, name: str) -> Any:
+        # Harnesses read agent attributes (e.g. ``agent.action_space``); pass them through.
+        if name == "agent":
+            raise AttributeError(name)
+        return getattr(self.agent, name)
+
+    @property
+    def log(self) -> list[dict[str, Any]]:
+        """The critic exchange of the current episode (one dict per step)."""
+        return self.guard.log if self.guard is not None else []
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        """Reset the wrapped agent and start a new critic episode."""
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
+        return self.agent.reset(*args, **kwargs) if hasattr(self.agent, "reset") else None

@@ -22,6 +22,7 @@ from serve.adapters._common import (
     NO_ACTION,
     EpisodeMemory,
     FeedbackHook,
+    GuardedAgent,
     PromptHook,
     action_payload,
     default_prompt,
@@ -90,7 +91,7 @@ class _EnvProxy:
         return self._env.execute_action(review.proposal, *args, **kwargs)
 
 
-class GuardedAndroidWorldAgent:
+class GuardedAndroidWorldAgent(GuardedAgent):
     """An AndroidWorld agent behind the critic, exposing the agent's own ``step(goal)``.
 
     Args:
@@ -129,23 +130,6 @@ class GuardedAndroidWorldAgent:
         self.memory = EpisodeMemory(agent, memory_attrs)
         self.screenshot = screenshot
         self.guard: CriticGuard | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "agent":
-            raise AttributeError(name)
-        return getattr(self.agent, name)
-
-    @property
-    def log(self) -> list[dict[str, Any]]:
-        """The critic exchange of the current episode."""
-        return self.guard.log if self.guard is not None else []
-
-    def reset(self, *args: Any, **kwargs: Any) -> Any:
-        """Reset the wrapped agent and start a new critic episode."""
-        if self.guard is not None:
-            self.guard.close()
-            self.guard = None
-        return self.agent.reset(*args, **kwargs) if hasattr(self.agent, "reset") else None
 
     def to_action(self, action: Any) -> dict[str, Any]:
         """A ``JSONAction`` -> the API action object."""

@@ -21,6 +21,7 @@ from serve.adapters._common import (
     MEMORY_ATTRS,
     EpisodeMemory,
     FeedbackHook,
+    GuardedAgent,
     PromptHook,
     action_payload,
     default_prompt,
@@ -47,7 +48,7 @@ def _screenshot(obs: Any) -> Any:
     return getattr(obs, "screenshot", None)
 
 
-class _PredictWrapper:
+class _PredictWrapper(GuardedAgent):
     """The shared ``reset`` / ``predict`` machinery; subclasses say how to read the output."""
 
     fmt = "auto"
@@ -78,24 +79,6 @@ class _PredictWrapper:
         self.memory = EpisodeMemory(agent, memory_attrs)
         self.guard: CriticGuard | None = None
         self.logs: list[list[dict[str, Any]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        # Harnesses read agent attributes (e.g. ``agent.action_space``); pass them through.
-        if name == "agent":
-            raise AttributeError(name)
-        return getattr(self.agent, name)
-
-    @property
-    def log(self) -> list[dict[str, Any]]:
-        """The critic exchange of the current episode (one dict per step)."""
-        return self.guard.log if self.guard is not None else []
-
-    def reset(self, *args: Any, **kwargs: Any) -> Any:
-        """Reset the wrapped agent and start a new critic episode."""
-        if self.guard is not None:
-            self.guard.close()
-            self.guard = None
-        return self.agent.reset(*args, **kwargs) if hasattr(self.agent, "reset") else None
 
     # -- output reading (per runner style) ---------------------------------------------
 
