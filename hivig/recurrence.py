@@ -82,6 +82,7 @@ from hivig.vision._fingerprint import (
     mask_array,
     screen_thumbnail,
 )
+from hivig.vision._frame import deflate
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ class DetectorState:
                 obj[f.name] = getattr(self, f.name)
         if self.thumb is not None:
             h, w, _c = self.thumb.shape
-            raw = zlib.compress(np.ascontiguousarray(self.thumb).tobytes(), 1)
+            raw = deflate(np.ascontiguousarray(self.thumb).data, 1)
             obj["thumb"] = {"w": w, "h": h, "rgb_zlib_b64": base64.b64encode(raw).decode()}
         return json.dumps(obj, separators=(",", ":"))
 

@@ -16,14 +16,18 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse as _StarletteJSONResponse
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hivig import jsonio
 from hivig.actions import PLATFORM_ALIASES
 from hivig.backends import InferenceBackend, build_backend
 from hivig.config import FrameConfig
@@ -36,6 +40,13 @@ from serve.gateway import SCHEMA_VERSION, Gateway
 logger = logging.getLogger(__name__)
 
 _OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json")
+
+
+class JSONResponse(_StarletteJSONResponse):
+    """A JSON response rendered by orjson (compact UTF-8, as Starlette's but faster)."""
+
+    def render(self, content: Any) -> bytes:
+        return jsonio.dumps(content)
 
 
 def checkpoint_frame(path: str) -> FrameConfig | None:
@@ -115,19 +126,41 @@ def _error(
     return JSONResponse({"error": {"code": code, "message": message}}, status, headers=headers)
 
 
-def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
-    @app.middleware("http")
-    async def guard(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > cfg.limits.max_body_bytes:
-            return _error(413, "image_too_large", f"body over {cfg.limits.max_body_bytes} bytes")
-        if token and not request.url.path.startswith(_OPEN_PATHS):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+class _Guard:
+    """Body-size limit and bearer auth before any route runs.
+
+    Plain ASGI rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware`` runs
+    every request in a task group of its own and streams the response through a queue, which
+    cost more per request than the session store.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_body: int, token: str) -> None:
+        self.app = app
+        self.max_body = max_body
+        self.expected = f"Bearer {token}".encode() if token else b""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            rejected = self._reject(scope)
+            if rejected is not None:
+                await rejected(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _reject(self, scope: Scope) -> JSONResponse | None:
+        headers = Headers(scope=scope)
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return _error(413, "image_too_large", f"body over {self.max_body} bytes")
+        if self.expected and not scope["path"].startswith(_OPEN_PATHS):
+            given = headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, self.expected):
                 return _error(401, "unauthorized", "missing or wrong bearer token")
-        return await call_next(request)
+        return None
+
+
+def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
+    app.add_middleware(_Guard, max_body=cfg.limits.max_body_bytes, token=token)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -146,11 +179,6 @@ def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
         return _error(exc.status, exc.code, exc.message, exc.headers)
 
 
-def _reject_constant(name: str) -> Any:
-    """``NaN`` and ``Infinity`` are not JSON; no coordinate or number may be one."""
-    raise ValueError(f"{name} is not a JSON number")
-
-
 async def _body(request: Request, limit: int) -> dict[str, Any]:
     """The JSON object of a request, read with the size limit (chunked bodies too)."""
     chunks, size = [], 0
@@ -160,8 +188,10 @@ async def _body(request: Request, limit: int) -> dict[str, Any]:
             raise ApiError(413, "image_too_large", f"body over {limit} bytes")
         chunks.append(chunk)
     try:
-        body = json.loads(b"".join(chunks) or b"{}", parse_constant=_reject_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        # Strict: ``NaN``, ``Infinity`` and overflowing numbers are not JSON, so no coordinate
+        # can be one.
+        body = jsonio.loads(b"".join(chunks) or b"{}")
+    except jsonio.JSONDecodeError as e:
         raise ApiError(422, "bad_request", f"body is not JSON: {e}") from None
     if not isinstance(body, dict):
         raise ApiError(422, "bad_request", "body must be a JSON object")

@@ -83,7 +83,9 @@ class Gateway:
         self.traces = TraceWriter(state_dir / "traces")
         self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
         self.critic = Critic(backend, cfg, self.images, self.metrics, self.queue)
-        self.detector = Detector()
+        # A decoded detector state is about half a megabyte (its thumbnails): keep one for each
+        # session whose frames are likely still cached (about two frames per session).
+        self.detector = Detector(cache_size=max(1, cfg.sessions.frame_cache // 4))
         self._locks: dict[str, asyncio.Lock] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
         self._job_tasks: set[asyncio.Task[None]] = set()
@@ -267,9 +269,8 @@ class Gateway:
             if prev_shot is not None and k > 0:
                 state.screens[str(k - 1)] = prev_shot.ref
             response, event = await self._observe(state, k, shot, body.get("prev_action"), timer)
-            self.store.save(state, StoredResponse("observe", k, "", response))
             # Retries only ever ask for the latest steps again: older answers are dropped.
-            self.store.prune(sid, k - 1)
+            self.store.save(state, StoredResponse("observe", k, "", response), prune_before=k - 1)
             self.traces.write(sid, "observe", **event)
             return response
 

@@ -7,6 +7,8 @@ the same step reads the latest signals (and their one-line note for the prompt).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,16 +36,38 @@ _EMPTY_RECURRENCE = {
 
 
 class Detector:
-    """Runs ``hivig.recurrence.update`` on a session's state."""
+    """Runs ``hivig.recurrence.update`` on a session's state.
 
-    def __init__(self, config: DetectorConfig | None = None) -> None:
-        """Thresholds from ``config`` (the defaults otherwise)."""
+    The state a step produced is kept in memory next to its JSON, so the next step of the same
+    session skips the decode (the session document stays the only truth: a state is reused only
+    while the document holds exactly the JSON it was saved as).
+    """
+
+    def __init__(self, config: DetectorConfig | None = None, cache_size: int = 1024) -> None:
+        """Thresholds from ``config`` (the defaults otherwise); decoded states of up to
+        ``cache_size`` recent sessions kept."""
         self.config = config or DetectorConfig()
+        self._cache: OrderedDict[str, tuple[str, DetectorState]] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()  # updates run on the image threads
 
     def _state(self, session: SessionState) -> DetectorState:
-        if session.detector:
-            return DetectorState.from_json(session.detector)
-        return new_state(session.platform, [tuple(r) for r in session.volatile_regions])
+        if not session.detector:
+            return new_state(session.platform, [tuple(r) for r in session.volatile_regions])
+        with self._lock:
+            hit = self._cache.get(session.session_id)
+        if hit is not None and hit[0] == session.detector:
+            return hit[1]
+        return DetectorState.from_json(session.detector)
+
+    def _keep(self, session_id: str, text: str, state: DetectorState) -> None:
+        if self._cache_size <= 0:
+            return
+        with self._lock:
+            self._cache[session_id] = (text, state)
+            self._cache.move_to_end(session_id)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
 
     def update(
         self, session: SessionState, frame: Image.Image, actions: Sequence[Action | str] | None
@@ -51,6 +75,7 @@ class Detector:
         """Judge the step's new screen; the session keeps the new state and signals."""
         state, signals = update(self._state(session), frame, actions, self.config)
         session.detector = state.to_json()
+        self._keep(session.session_id, session.detector, state)
         session.signals = {
             "change": signals.change,
             "recurrence": signals.recurrence,

@@ -10,7 +10,6 @@ loses no committed step (an operating-system crash may lose the last few commits
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from hivig import jsonio
 from hivig.contracts import INITIAL_HISTORY
 
 
@@ -91,12 +91,12 @@ class SessionState:
         # A shallow field map: ``asdict`` deep-copies every step first, which cost more than the
         # whole rest of a request once a session has a few dozen steps.
         state = {f.name: getattr(self, f.name) for f in fields(self)}
-        return json.dumps(state, ensure_ascii=False, separators=(",", ":"))
+        return jsonio.dumps(state).decode()
 
     @classmethod
     def from_json(cls, text: str) -> SessionState:
         """Inverse of ``to_json``."""
-        return cls(**json.loads(text))
+        return cls(**jsonio.loads(text))
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,16 @@ class SessionStore(Protocol):
         """The session, or ``None``."""
         ...
 
-    def save(self, state: SessionState, response: StoredResponse | None = None) -> None:
-        """Write the state (and the response it produced) atomically."""
+    def save(
+        self,
+        state: SessionState,
+        response: StoredResponse | None = None,
+        *,
+        prune_before: int | None = None,
+    ) -> None:
+        """Write the state (and the response it produced) atomically; with ``prune_before``,
+        drop the session's stored responses of earlier steps in the same write (no retry asks
+        for them any more)."""
         ...
 
     def response(
@@ -133,10 +141,6 @@ class SessionStore(Protocol):
 
     def forget(self, session_id: str) -> None:
         """Drop a session's stored responses (it is being re-created, or it closed)."""
-        ...
-
-    def prune(self, session_id: str, before_step: int) -> None:
-        """Drop stored responses of steps before ``before_step`` (no retry asks for them)."""
         ...
 
     def count_open(self) -> int:
@@ -162,19 +166,29 @@ class MemoryStore:
             text = self._states.get(session_id)
         return SessionState.from_json(text) if text is not None else None
 
-    def save(self, state: SessionState, response: StoredResponse | None = None) -> None:
+    def save(
+        self,
+        state: SessionState,
+        response: StoredResponse | None = None,
+        *,
+        prune_before: int | None = None,
+    ) -> None:
         with self._lock:
             self._states[state.session_id] = state.to_json()
+            if prune_before is not None:
+                sid = state.session_id
+                for key in [k for k in self._responses if k[0] == sid and k[2] < prune_before]:
+                    del self._responses[key]
             if response is not None:
                 key = (state.session_id, response.kind, response.step_idx, response.key)
-                self._responses[key] = json.dumps(response.body)
+                self._responses[key] = jsonio.dumps(response.body)
 
     def response(
         self, session_id: str, kind: str, step_idx: int, key: str
     ) -> dict[str, Any] | None:
         with self._lock:
             text = self._responses.get((session_id, kind, step_idx, key))
-        return json.loads(text) if text is not None else None
+        return jsonio.loads(text) if text is not None else None
 
     def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
         gone = []
@@ -193,15 +207,10 @@ class MemoryStore:
             for key in [k for k in self._responses if k[0] == session_id]:
                 del self._responses[key]
 
-    def prune(self, session_id: str, before_step: int) -> None:
-        with self._lock:
-            for key in [k for k in self._responses if k[0] == session_id and k[2] < before_step]:
-                del self._responses[key]
-
     def count_open(self) -> int:
         with self._lock:
             texts = list(self._states.values())
-        return sum(not json.loads(t)["closed"] for t in texts)
+        return sum(not jsonio.loads(t)["closed"] for t in texts)
 
     def close(self) -> None:
         return None
@@ -239,15 +248,28 @@ class SQLiteStore:
             ).fetchone()
         return SessionState.from_json(row[0]) if row else None
 
-    def save(self, state: SessionState, response: StoredResponse | None = None) -> None:
+    def save(
+        self,
+        state: SessionState,
+        response: StoredResponse | None = None,
+        *,
+        prune_before: int | None = None,
+    ) -> None:
+        text = state.to_json()  # serialised before the lock: other sessions' writes go on
+        body = jsonio.dumps(response.body).decode() if response is not None else None
         with self._lock:
             self._db.execute("BEGIN")
             try:
                 self._db.execute(
                     "INSERT OR REPLACE INTO sessions (id, state, last_seen, closed)"
                     " VALUES (?, ?, ?, ?)",
-                    (state.session_id, state.to_json(), state.last_seen, int(state.closed)),
+                    (state.session_id, text, state.last_seen, int(state.closed)),
                 )
+                if prune_before is not None:
+                    self._db.execute(
+                        "DELETE FROM responses WHERE session_id = ? AND step_idx < ?",
+                        (state.session_id, prune_before),
+                    )
                 if response is not None:
                     self._db.execute(
                         "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
@@ -256,7 +278,7 @@ class SQLiteStore:
                             response.kind,
                             response.step_idx,
                             response.key,
-                            json.dumps(response.body, ensure_ascii=False),
+                            body,
                         ),
                     )
                 self._db.execute("COMMIT")
@@ -273,7 +295,7 @@ class SQLiteStore:
                 " WHERE session_id = ? AND kind = ? AND step_idx = ? AND key = ?",
                 (session_id, kind, step_idx, key),
             ).fetchone()
-        return json.loads(row[0]) if row else None
+        return jsonio.loads(row[0]) if row else None
 
     def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
         with self._lock:
@@ -294,13 +316,6 @@ class SQLiteStore:
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM responses WHERE session_id = ?", (session_id,))
-
-    def prune(self, session_id: str, before_step: int) -> None:
-        with self._lock:
-            self._db.execute(
-                "DELETE FROM responses WHERE session_id = ? AND step_idx < ?",
-                (session_id, before_step),
-            )
 
     def count_open(self) -> int:
         with self._lock:

@@ -8,13 +8,13 @@ Images are referenced by ``image_ref`` (stored once under ``images/``), never in
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from hivig import jsonio
 from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -58,8 +58,8 @@ class TraceWriter:
             "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
             **fields,
         }
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
-        with self._lock, self.path(session_id).open("a", encoding="utf-8") as f:
+        line = jsonio.dumps(record, default=str) + b"\n"
+        with self._lock, self.path(session_id).open("ab") as f:
             f.write(line)
 
 

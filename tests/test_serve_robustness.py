@@ -55,14 +55,11 @@ def test_non_finite_numbers_are_refused_not_crashed_on(tmp_path):
         for raw in (
             '{"step_idx": 0, "action": {"type": "left_click", "x": NaN, "y": 1}}',
             '{"step_idx": 0, "action": {"type": "left_click", "x": Infinity, "y": 1}}',
+            # Overflows a double: infinity by another spelling.
+            '{"step_idx": 0, "action": {"type": "left_click", "x": 1e400, "y": 1}}',
         ):
             r = c.post(f"/v1/sessions/{sid}/critique", content=raw)
             assert (r.status_code, r.json()["error"]["code"]) == (422, "bad_request")
-        r = c.post(
-            f"/v1/sessions/{sid}/critique",
-            content='{"step_idx": 0, "action": {"type": "left_click", "x": 1e400, "y": 1}}',
-        )
-        assert r.status_code == 200 and r.json()["parse_error"]  # judged as written, no 500
         raw = (
             '<tool_call>\n{"name": "computer_use", "arguments": {"action": "left_click", '
             '"coordinate": [1e400, 1]}}\n</tool_call>'

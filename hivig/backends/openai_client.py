@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from hivig import jsonio
 from hivig.backends.base import (
     BackendBadResponse,
     BackendError,
@@ -436,7 +437,7 @@ def _check_args(
 
 
 def _json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return jsonio.dumps(value)
 
 
 def _message_json(
