@@ -211,7 +211,13 @@ class RawConnection:
 
 
 def _client_process(
-    url: str, sessions: int, steps: int, size: tuple[int, int], client: str, queue: mp.Queue
+    url: str,
+    sessions: int,
+    steps: int,
+    size: tuple[int, int],
+    client: str,
+    spread_s: float,
+    queue: mp.Queue,
 ) -> None:
     shots = [base64.b64encode(screenshot(*size, seed)).decode() for seed in range(steps)]
     # On screen at every size: an off-screen click is answered by a rule, without the model.
@@ -227,7 +233,9 @@ def _client_process(
     ]
     critiques = [json.dumps({"step_idx": k, "action": click}).encode() for k in range(steps)]
 
-    async def episode(post: Any) -> int:
+    async def episode(post: Any, delay: float) -> tuple[float, int]:
+        await asyncio.sleep(delay)
+        start = time.perf_counter()
         status, data = await post("/v1/sessions", create)
         sid = json.loads(data)["session_id"]
         errors = int(status != 201)
@@ -235,12 +243,12 @@ def _client_process(
             s1, _ = await post(f"/v1/sessions/{sid}/observe", observes[k])
             s2, _ = await post(f"/v1/sessions/{sid}/critique", critiques[k])
             errors += (s1 != 200) + (s2 != 200)
-        return errors
+        return time.perf_counter() - start, errors
 
-    async def raw_episode() -> int:
+    async def raw_episode(delay: float) -> tuple[float, int]:
         host, port = url.removeprefix("http://").split(":")
         async with RawConnection(host, int(port)) as conn:
-            return await episode(conn.post)
+            return await episode(conn.post, delay)
 
     async def main() -> tuple[float, int, float]:
         limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
@@ -250,16 +258,24 @@ def _client_process(
                 r = await c.post(path, content=body, headers={"content-type": "application/json"})
                 return r.status_code, r.content
 
-            t, cpu = time.perf_counter(), time.process_time()
-            runs = (raw_episode() if client == "raw" else episode(post) for _ in range(sessions))
-            errors = await asyncio.gather(*runs)
-            return time.perf_counter() - t, sum(errors), time.process_time() - cpu
+            cpu = time.process_time()
+            starts = [i * spread_s / sessions for i in range(sessions)]
+            runs = (raw_episode(d) if client == "raw" else episode(post, d) for d in starts)
+            done = await asyncio.gather(*runs)
+            mean_episode = statistics.mean(took for took, _ in done)
+            return mean_episode, sum(e for _, e in done), time.process_time() - cpu
 
     queue.put(asyncio.run(main()))
 
 
 def bench_throughput(
-    runs: int, sessions: int, steps: int, size: tuple[int, int], delay: float, client: str
+    runs: int,
+    sessions: int,
+    steps: int,
+    size: tuple[int, int],
+    delay: float,
+    client: str,
+    start: str,
 ) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from tests._serve import LiveServer
@@ -275,8 +291,12 @@ def bench_throughput(
             with LiveServer(app) as srv:
                 ctx = mp.get_context("spawn")
                 q: mp.Queue = ctx.Queue()
+                # Staggered: session i starts i/32 of a step (two calls) after the first, as
+                # independent agents do; burst: all at once, every step in lockstep.
+                spread = 2 * delay if start == "staggered" else 0.0
                 p = ctx.Process(
-                    target=_client_process, args=(srv.url, sessions, steps, size, client, q)
+                    target=_client_process,
+                    args=(srv.url, sessions, steps, size, client, spread, q),
                 )
                 p.start()
                 cpu0 = time.process_time()
@@ -298,6 +318,7 @@ def bench_throughput(
         "size": f"{size[0]}x{size[1]}",
         "backend_delay_s": delay,
         "client": client,
+        "start": start,
         "fraction_of_ideal_median": round(statistics.median(fractions), 3),
         "fractions": [round(f, 3) for f in fractions],
         # Gateway process CPU per agent step (observe + critique), whatever the machine's load.
@@ -384,6 +405,13 @@ def main() -> None:
         help="throughput load generator: pre-encoded requests on raw keep-alive connections "
         "(cheap, so the gateway gets the machine's CPU) or httpx (what serve.client uses)",
     )
+    parser.add_argument(
+        "--start",
+        choices=("staggered", "burst"),
+        default="staggered",
+        help="throughput sessions start spread over one step (independent agents) or all at "
+        "once (lockstep: every request of a step arrives together, the worst case)",
+    )
     args = parser.parse_args()
     size = tuple(int(v) for v in args.size.split("x"))
     out = {}
@@ -392,7 +420,7 @@ def main() -> None:
         print(json.dumps({"overhead": out["overhead"]}, indent=1), flush=True)
     if args.only in (None, "throughput"):
         out["throughput"] = bench_throughput(
-            args.runs, args.sessions, args.steps, size, args.delay, args.client
+            args.runs, args.sessions, args.steps, size, args.delay, args.client, args.start
         )
         print(json.dumps({"throughput": out["throughput"]}, indent=1), flush=True)
     if args.only in (None, "tiny"):
