@@ -291,7 +291,7 @@ def bench_throughput(
             with LiveServer(app) as srv:
                 ctx = mp.get_context("spawn")
                 q: mp.Queue = ctx.Queue()
-                # Staggered: session i starts i/32 of a step (two calls) after the first, as
+                # Staggered: session i starts i/sessions of a step (two calls) after the first, as
                 # independent agents do; burst: all at once, every step in lockstep.
                 spread = 2 * delay if start == "staggered" else 0.0
                 p = ctx.Process(

@@ -14,7 +14,9 @@ from typing import Any
 
 import orjson
 
-_OPTIONS = orjson.OPT_NON_STR_KEYS
+# numpy scalars and arrays are written as their values, as the standard library writes a
+# numpy float (a float subclass); other numpy values it refused.
+_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 JSONDecodeError = orjson.JSONDecodeError
 """Raised by ``loads`` (a ``ValueError`` and a ``json.JSONDecodeError``)."""

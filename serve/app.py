@@ -189,13 +189,35 @@ async def _body(request: Request, limit: int) -> dict[str, Any]:
         chunks.append(chunk)
     try:
         # Strict: ``NaN``, ``Infinity`` and overflowing numbers are not JSON, so no coordinate
-        # can be one.
-        body = jsonio.loads(b"".join(chunks) or b"{}")
+        # can be one. A UTF-8 byte-order mark (some Windows clients send one) is dropped.
+        body = jsonio.loads(b"".join(chunks).removeprefix(_BOM) or b"{}")
     except jsonio.JSONDecodeError as e:
         raise ApiError(422, "bad_request", f"body is not JSON: {e}") from None
     if not isinstance(body, dict):
         raise ApiError(422, "bad_request", "body must be a JSON object")
+    if _too_deep(body, _MAX_DEPTH):
+        # Anything the gateway keeps is written back as JSON, which allows less nesting than
+        # it reads; no request field needs more than a few levels.
+        raise ApiError(422, "bad_request", f"body nests deeper than {_MAX_DEPTH} levels")
     return body
+
+
+_BOM = b"\xef\xbb\xbf"
+_MAX_DEPTH = 32
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests lists and objects deeper than ``limit``."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -83,8 +83,8 @@ class Gateway:
         self.traces = TraceWriter(state_dir / "traces")
         self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
         self.critic = Critic(backend, cfg, self.images, self.metrics, self.queue)
-        # A decoded detector state is about half a megabyte (its thumbnails): keep one for each
-        # session whose frames are likely still cached (about two frames per session).
+        # A decoded detector state holds up to about a megabyte (its JSON and thumbnails): keep
+        # one for each session whose frames are likely still cached (about two per session).
         self.detector = Detector(cache_size=max(1, cfg.sessions.frame_cache // 4))
         self._locks: dict[str, asyncio.Lock] = {}
         self.jobs: dict[str, dict[str, Any]] = {}

@@ -10,6 +10,8 @@ loses no committed step (an operating-system crash may lose the last few commits
 
 from __future__ import annotations
 
+import json
+import logging
 import sqlite3
 import threading
 import time
@@ -19,6 +21,17 @@ from typing import Any, Protocol
 
 from hivig import jsonio
 from hivig.contracts import INITIAL_HISTORY
+
+logger = logging.getLogger(__name__)
+
+
+def _document(text: str | bytes) -> Any:
+    """A stored JSON document. Earlier builds could store ``Infinity``/``NaN`` (the strict
+    parser refuses them), so such a document is read with the standard library instead."""
+    try:
+        return jsonio.loads(text)
+    except jsonio.JSONDecodeError:
+        return json.loads(text)
 
 
 @dataclass
@@ -96,7 +109,7 @@ class SessionState:
     @classmethod
     def from_json(cls, text: str) -> SessionState:
         """Inverse of ``to_json``."""
-        return cls(**jsonio.loads(text))
+        return cls(**_document(text))
 
 
 @dataclass(frozen=True)
@@ -188,7 +201,7 @@ class MemoryStore:
     ) -> dict[str, Any] | None:
         with self._lock:
             text = self._responses.get((session_id, kind, step_idx, key))
-        return jsonio.loads(text) if text is not None else None
+        return _document(text) if text is not None else None
 
     def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
         gone = []
@@ -295,7 +308,7 @@ class SQLiteStore:
                 " WHERE session_id = ? AND kind = ? AND step_idx = ? AND key = ?",
                 (session_id, kind, step_idx, key),
             ).fetchone()
-        return jsonio.loads(row[0]) if row else None
+        return _document(row[0]) if row else None
 
     def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
         with self._lock:
@@ -306,7 +319,15 @@ class SQLiteStore:
         for (sid,) in rows:
             if sid in busy:
                 continue
-            state = self.load(sid)
+            try:
+                state = self.load(sid)
+            except (ValueError, TypeError) as e:
+                # An unreadable document must not stop the sweep for every session after it.
+                logger.warning("session %s: unreadable state (%s); closed", sid, e)
+                with self._lock:
+                    self._db.execute("UPDATE sessions SET closed = 1 WHERE id = ?", (sid,))
+                gone.append(sid)
+                continue
             if state is not None:
                 state.closed = True
                 self.save(state)

@@ -50,6 +50,7 @@ def test_jsonio_is_compact_utf8_and_strict():
             jsonio.loads(bad)
     with pytest.raises(ValueError):  # what callers catch
         jsonio.loads(b"{")
+    assert jsonio.dumps({"x": np.float64(0.5), "n": np.int64(3)}) == b'{"x":0.5,"n":3}'
 
 
 def _frame_of(seed: int, box: bool) -> Image.Image:

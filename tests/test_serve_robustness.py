@@ -279,3 +279,39 @@ def test_osworld_scroll_clicks_read_like_scalecua_clicks(tmp_path):
             v = _critique(c, sid, 0, {"raw": raw, "format": fmt}).json()
             assert v["parse_error"] is None, v
             assert '"pixels": -500' in v["action_text"], (raw, v["action_text"])
+
+
+def test_bodies_with_a_bom_are_read_and_deep_nesting_is_refused(tmp_path):
+    import json
+
+    with _client(tmp_path) as c:
+        r = c.post("/v1/sessions", content=b"\xef\xbb\xbf" + json.dumps(session_body()).encode())
+        assert r.status_code == 201, r.text
+        step = {"step_idx": 0, "step_text": "click", "actions": [{"action": "left_click"}]}
+        nested: object = 1
+        for _ in range(300):  # readable, but more than the session document could write back
+            nested = [nested]
+        step["actions"][0]["extra"] = nested
+        echo = {**r.json()["echo"], "session_id": "deep", "step_idx": 1, "steps": [step]}
+        r = c.post("/v1/sessions", json={**session_body(), "session_id": "deep", "echo": echo})
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "bad_request")
+        assert "nests deeper" in r.json()["error"]["message"]
+
+
+def test_documents_of_earlier_builds_stay_readable_and_bad_ones_do_not_stop_expiry(tmp_path):
+    from serve.sessions import SQLiteStore
+
+    with _client(tmp_path) as c:
+        old, broken, fine = (_start(c) for _ in range(3))
+    db = SQLiteStore(tmp_path / "state" / "sessions.sqlite")
+    (text,) = db._db.execute("SELECT state FROM sessions WHERE id = ?", (old,)).fetchone()
+    # The standard library wrote non-finite numbers as ``Infinity``; orjson refuses to read them.
+    legacy = text.replace('"pointer":null', '"pointer":[Infinity,1]')
+    assert legacy != text
+    db._db.execute("UPDATE sessions SET state = ? WHERE id = ?", (legacy, old))
+    db._db.execute("UPDATE sessions SET state = '{' WHERE id = ?", (broken,))
+    assert db.load(old).pointer[0] == float("inf")
+    gone = db.expire(idle_before=time.time() + 10)
+    assert sorted(gone) == sorted([old, broken, fine])
+    assert db.count_open() == 0
+    db.close()
