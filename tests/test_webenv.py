@@ -345,7 +345,8 @@ def report_wait(env):
         if env.bounding_box("#report-content") is not None:
             run["loaded_at"] = time.monotonic() - t0
             shot = env.screenshot()
-            if shot != obs["screenshot"]:
+            # Compared outside the clock: a clock tick between the two screenshots is no arrival.
+            if not _same_outside(shot, obs["screenshot"], [_xyxy(run["clock"])]):
                 # The table arrived between the step's screenshot and this check: the step's frame
                 # still shows the spinner, so the arrival is the next (waiting) frame.
                 run["waiting"].append(obs["screenshot"])
