@@ -1,6 +1,6 @@
 """Parsers stay fast on large hostile input: no quadratic rescans, no per-statement re-splitting.
 
-Each case is about 100 KB or more and must parse in under half a second of CPU time. The quadratic
+Each case is about 100 KB or more and must parse in under a second of CPU time. The quadratic
 versions took seconds (an unclosed-tag regex rescanning the rest of the text from every open tag)
 to minutes (the source re-split for every statement of long OSWorld code). CPU time, not wall
 time, and the best of a few tries, so that other work on a shared machine (which only ever adds
@@ -24,8 +24,11 @@ from hivig.actions import (
     parse_tool_calls,
 )
 
-BUDGET_S = 0.5
-TRIES = 3
+# CPU seconds for about 100 KB: linear parsing takes a fraction of this (the slowest case, 8,000
+# valid OSWorld clicks, 0.40-0.61 s on 2 shared cores), a quadratic scan or backtracking regex
+# minutes. The bound is loose so that a busy machine does not fail it; the best of a few tries.
+BUDGET_S = 1.0
+TRIES = 5
 N = 100_000
 VALID_TOOL_CALL = (
     '<tool_call>{"name": "computer_use", "arguments": {"action": "left_click", '
