@@ -387,6 +387,14 @@ def bench_tiny(runs: int) -> dict:
     }
 
 
+def _size(text: str) -> tuple[int, int]:
+    """``WxH`` -> ``(W, H)``; argparse turns an error into one usage line and exit 2."""
+    w, sep, h = text.lower().partition("x")
+    if not (sep and w.isdigit() and h.isdigit() and int(w) >= 32 and int(h) >= 32):
+        raise argparse.ArgumentTypeError(f"{text!r} is not WxH with sides >= 32, e.g. 1280x800")
+    return int(w), int(h)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -396,7 +404,9 @@ def main() -> None:
     parser.add_argument("--only", choices=("overhead", "throughput", "tiny"))
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--size", default="1920x1080", help="throughput screenshot size WxH")
+    parser.add_argument(
+        "--size", default="1920x1080", type=_size, help="throughput screenshot size WxH"
+    )
     parser.add_argument("--delay", type=float, default=0.2, help="backend latency per call, s")
     parser.add_argument(
         "--client",
@@ -413,7 +423,7 @@ def main() -> None:
         "once (lockstep: every request of a step arrives together, the worst case)",
     )
     args = parser.parse_args()
-    size = tuple(int(v) for v in args.size.split("x"))
+    size = args.size
     out = {}
     if args.only in (None, "overhead"):
         out["overhead"] = bench_overhead(args.runs, args.iterations)

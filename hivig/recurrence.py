@@ -120,7 +120,7 @@ def platform_masks(platform: str | None) -> tuple[GridBox, ...]:
         return ()
     name = platform_name(platform)
     if name not in PLATFORM_MASKS:
-        known = ", ".join(sorted([*PLATFORM_MASKS, *PLATFORM_ALIASES]))
+        known = ", ".join(sorted({*PLATFORM_MASKS, *PLATFORM_ALIASES}))
         raise ValueError(f"unknown platform {platform!r}; use one of: {known}")
     return PLATFORM_MASKS[name]
 

@@ -658,8 +658,10 @@ def test_platform_masks_and_aliases():
     assert platform_masks("web") == ()
     for name in ("windows", "mac", "ubuntu", "android"):
         assert platform_masks(name)
-    with pytest.raises(ValueError, match="unknown platform"):
+    with pytest.raises(ValueError, match="unknown platform") as err:
         new_state("amiga")
+    known = str(err.value).split("use one of: ")[1].split(", ")
+    assert len(known) == len(set(known)) and {"linux", "windows"} <= set(known)
     with pytest.raises(ValueError, match="mask"):
         new_state("web", volatile_regions=[(10, 10, 5, 20)])
 
