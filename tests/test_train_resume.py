@@ -136,14 +136,27 @@ def test_replayed_steps_are_not_logged_twice(data_dir, trained, tmp_path):
     assert _steps(out / "ledger" / "rank_0.jsonl") == [1, 2, 3]
 
 
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGTERM (Linux: ``SigCgt`` in its status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
 def test_a_signal_during_start_up_exits_with_the_preempted_status(data_dir, tmp_path):
     out = tmp_path / "early"
     cmd = [sys.executable, "-m", "train", "--config", str(TINY_YAML), f"data={data_dir}",
            f"out={out}", "loop.max_steps=50"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # importing torch and transformers takes longer than this
-    assert proc.poll() is None
+    # Signal as soon as the handler is in place (the process catches SIGTERM), which is before
+    # torch and transformers are imported; a fixed sleep raced a slow interpreter start on a
+    # busy machine (the signal then killed it outright).
+    deadline = time.monotonic() + 60
+    while not _catches_sigterm(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, "no handler was installed"
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     stdout = proc.communicate(timeout=300)[0]
     assert proc.returncode == EXIT_PREEMPTED, stdout
