@@ -37,8 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hivig.backends import Generation, Usage  # noqa: E402
-from hivig.backends.images import ImagePayloadCache  # noqa: E402
-from hivig.backends.openai_client import chat_request_body  # noqa: E402
+from hivig.backends.openai_client import encode_request  # noqa: E402
 from hivig.config import FrameConfig, load_config  # noqa: E402
 from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png  # noqa: E402
 from serve.app import create_app  # noqa: E402
@@ -53,18 +52,18 @@ CLICK = {"type": "left_click", "x": 960, "y": 540, "intent": "Open the menu"}
 
 
 class EncodingBackend:
-    """Builds the OpenAI request body (PNG-encodes every image) and answers after ``delay_s``."""
+    """Builds the OpenAI request body as ``OpenAIBackend`` does (every image PNG-encoded once,
+    on a worker thread while any is new) and answers after ``delay_s``."""
 
     model_name = "bench"
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
-        self.cache = ImagePayloadCache()
         self.calls = 0
 
     async def generate(self, messages, sampling, *, request_hash=None):
         self.calls += 1
-        chat_request_body("bench", messages, sampling, images=self.cache)
+        await encode_request("bench", messages, sampling, known_hash=request_hash)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         kind = "critique" if "Current Proposed Step" in messages[-1].text() else "history"

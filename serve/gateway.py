@@ -285,28 +285,20 @@ class Gateway:
             if prev is None:
                 raise ApiError(422, "bad_action", "observe of step_idx > 0 needs `prev_action`")
             executed = resolve(prev, state.platform, session_frame(state), state.action_format)
-        if executed is not None and before is not None and not self.images.has(before):
-            # Known by reference only (a session re-created on another gateway): the history
-            # update needs both screens, so it is skipped, openly, and the history kept.
-            result = ModelResult(status="degraded", reason="missing_before")
-            self.metrics.degraded.labels("observe", "missing_before").inc()
-            state.stale = True
-        elif executed is not None and before is not None:
-            space = space_for_platform(state.platform)
-            messages = self.critic.history_messages(
-                state.task,
-                state.platform,
-                state.summary,
-                before,
-                shot.ref,
-                executed.step_text(space),
-            )
-            prompt = messages_json(list(messages))
-            result = await self.critic.history(messages)
-            self._apply_history(state, result)
+        # The detector reads the new screen and its own state only, never the history: it
+        # runs on an image thread while the history call waits for the model.
+        detect = asyncio.ensure_future(
+            self._cpu(self._detect, state, shot.ref, _detector_actions(executed))
+        )
+        try:
+            if executed is not None and before is not None:
+                result, prompt = await self._history(state, before, shot.ref, executed)
+        except BaseException:
+            detect.cancel()
+            raise
         if executed is not None:
             self._append_step(state, k - 1, executed, before)
-        signals = await self._cpu(self._detect, state, shot.ref, _detector_actions(executed))
+        signals = await detect
         for name in fired(signals):
             self.metrics.recurrence.labels(name).inc()
         state.screens[str(k)] = shot.ref
@@ -352,6 +344,24 @@ class Gateway:
             "timing_ms": response["timing_ms"],
         }
         return response, event
+
+    async def _history(
+        self, state: SessionState, before: str, after: str, executed: ResolvedAction
+    ) -> tuple[ModelResult, list[dict[str, Any]]]:
+        """The history update of an executed step: the model's result and the prompt sent."""
+        if not self.images.has(before):
+            # Known by reference only (a session re-created on another gateway): the history
+            # update needs both screens, so it is skipped, openly, and the history kept.
+            self.metrics.degraded.labels("observe", "missing_before").inc()
+            state.stale = True
+            return ModelResult(status="degraded", reason="missing_before"), []
+        space = space_for_platform(state.platform)
+        messages = self.critic.history_messages(
+            state.task, state.platform, state.summary, before, after, executed.step_text(space)
+        )
+        result = await self.critic.history(messages)
+        self._apply_history(state, result)
+        return result, messages_json(list(messages))
 
     def _detect(self, state: SessionState, ref: str, actions: list[Any] | None) -> Any:
         return self.detector.update(state, self.images.clean_frame(ref), actions)

@@ -193,7 +193,7 @@ class OpenAIClient:
             # The slot covers encoding, attempts and backoff, so at most `concurrency` requests
             # hold encoded images in memory and an overloaded server sees its load drop.
             async with pools.slot() as http:
-                body, rhash = await _encode_request(
+                body, rhash = await encode_request(
                     self.model,
                     messages,
                     sampling,
@@ -527,7 +527,7 @@ def _images_of(messages: Sequence[ChatMessage]) -> list[Any]:
     return [p.image for m in messages for p in m.content if isinstance(p, ImagePart)]
 
 
-async def _encode_request(
+async def encode_request(
     model: str,
     messages: Sequence[ChatMessage],
     sampling: Sampling,
@@ -535,6 +535,20 @@ async def _encode_request(
     jpeg_quality: int = 95,
     known_hash: str | None = None,
 ) -> tuple[bytes, str]:
+    """The request body and its cache key, as ``OpenAIBackend`` sends them.
+
+    Images are encoded through the process-wide payload cache, on a worker thread when any of
+    them is not encoded yet.
+
+    Args:
+        model: Served model name.
+        messages: The chat; image parts hold PIL images.
+        sampling: Sampling parameters.
+        image_format: Transport format of the images (``png`` or ``jpeg``).
+        jpeg_quality: JPEG quality (1-100) for ``jpeg``.
+        known_hash: The caller's content address of the request (hashed here otherwise).
+    """
+
     def encode() -> tuple[bytes, str]:
         body = chat_request_body(model, messages, sampling, None, image_format, jpeg_quality)
         # Over pixels, not transport bytes: the format never changes a cache key. A caller's
