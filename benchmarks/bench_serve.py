@@ -11,7 +11,10 @@
     ``canonical_frame`` + ``encode_png`` of the same screenshot. p50 and p99, and their ratio.
 (b) throughput: 32 concurrent sessions over a real uvicorn server on 127.0.0.1, the client in its
     own process, each step an observe (inline PNG) and a critique (by image_ref), against a
-    backend adding 200 ms per call; achieved calls/s as a fraction of 32 x 2 / 0.4 s.
+    backend adding 200 ms per call; achieved calls/s as a fraction of 32 x 2 / 0.4 s. The gateway
+    is the app in this process with an in-process backend (``--transport inproc``) or
+    ``python -m serve`` with its OpenAI client against a loopback OpenAI-compatible server
+    (``--transport openai``: what a vLLM deployment runs, the HTTP calls included).
 (c) latency with the tiny random Qwen3-VL (in-process transformers backend, CPU).
 """
 
@@ -23,6 +26,7 @@ import base64
 import io
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -267,6 +271,116 @@ def _client_process(
     queue.put(asyncio.run(main()))
 
 
+def _drive(
+    url: str,
+    sessions: int,
+    steps: int,
+    size: tuple[int, int],
+    client: str,
+    start: str,
+    delay: float,
+    gateway_cpu: Any,
+) -> tuple[float, int, float, float]:
+    """Run the load generator against ``url``: mean episode time, errors, gateway and client CPU."""
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()
+    # Staggered: session i starts i/sessions of a step (two calls) after the first, as
+    # independent agents do; burst: all at once, every step in lockstep.
+    spread = 2 * delay if start == "staggered" else 0.0
+    p = ctx.Process(target=_client_process, args=(url, sessions, steps, size, client, spread, q))
+    p.start()
+    cpu0 = gateway_cpu()
+    took, errs, client_cpu = q.get(timeout=600)
+    cpu = gateway_cpu() - cpu0
+    p.join()
+    return took, errs, cpu, client_cpu
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (Linux ``/proc``)."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _in_process_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple]:
+    """The gateway as an app in this process (uvicorn in a thread) with an in-process backend."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tests._serve import LiveServer
+
+    backend = EncodingBackend(delay)
+    app = create_app(
+        _cfg(tmp, "critic.critique_deadline_s=30", "critic.observe_deadline_s=30"), backend
+    )
+    with LiveServer(app) as srv:
+        out = drive(srv.url, time.process_time)
+    return backend.calls, out
+
+
+def _cli_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple]:
+    """``python -m serve`` with the OpenAI transport (``configs/serve/vllm.yaml``), against a
+    loopback OpenAI-compatible server in this process that answers after ``delay``."""
+    import subprocess
+
+    from hivig.scripted_server import ScriptedServer, request_text
+    from serve.server import free_port
+
+    def respond(body: dict) -> str:
+        return GOOD if "Current Proposed Step" in request_text(body) else SUMMARY
+
+    port = free_port()
+    with ScriptedServer(respond=respond, latency_s=delay, lifetime_s=1800) as model:
+        gateway = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "serve",
+                "--config",
+                str(ROOT / "configs/serve/vllm.yaml"),
+                "host=127.0.0.1",
+                f"port={port}",
+                "model=bench",
+                f"backend.base_url={model.base_url}",
+                f"sessions.state_dir={tmp}",
+                "warmup=false",
+                "log_level=warning",
+                "limits.max_queue=1024",
+                "backend.concurrency=256",
+                "critic.critique_deadline_s=30",
+                "critic.observe_deadline_s=30",
+            ],
+            cwd=ROOT,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_ready(url, gateway)
+            out = drive(url, lambda: _tree_cpu(gateway.pid))
+        finally:
+            gateway.terminate()
+            gateway.wait(60)
+        return model.request_count, out
+
+
+def _wait_ready(url: str, proc: Any, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the gateway at {url} did not become ready")
+
+
 def bench_throughput(
     runs: int,
     sessions: int,
@@ -275,40 +389,25 @@ def bench_throughput(
     delay: float,
     client: str,
     start: str,
+    transport: str = "inproc",
 ) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tests._serve import LiveServer
-
     fractions, errors, cpu_s, client_cpu_s = [], 0, [], []
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as tmp:
-            backend = EncodingBackend(delay)
-            app = create_app(
-                _cfg(Path(tmp), "critic.critique_deadline_s=30", "critic.observe_deadline_s=30"),
-                backend,
-            )
-            with LiveServer(app) as srv:
-                ctx = mp.get_context("spawn")
-                q: mp.Queue = ctx.Queue()
-                # Staggered: session i starts i/sessions of a step (two calls) after the first, as
-                # independent agents do; burst: all at once, every step in lockstep.
-                spread = 2 * delay if start == "staggered" else 0.0
-                p = ctx.Process(
-                    target=_client_process,
-                    args=(srv.url, sessions, steps, size, client, spread, q),
-                )
-                p.start()
-                cpu0 = time.process_time()
-                took, errs, client_cpu = q.get(timeout=600)
-                cpu_s.append(time.process_time() - cpu0)
-                client_cpu_s.append(client_cpu)
-                p.join()
+
+            def drive(url: str, gateway_cpu: Any) -> tuple:
+                return _drive(url, sessions, steps, size, client, start, delay, gateway_cpu)
+
+            if transport == "openai":
+                calls, (took, errs, cpu, client_cpu) = _cli_run(Path(tmp), delay, drive)
+            else:
+                calls, (took, errs, cpu, client_cpu) = _in_process_run(Path(tmp), delay, drive)
+        cpu_s.append(cpu)
+        client_cpu_s.append(client_cpu)
         # The first observe of a session makes no model call (no step was executed yet).
         ideal = (2 * steps - 1) * delay
-        if backend.calls != sessions * (2 * steps - 1):
-            raise RuntimeError(
-                f"{backend.calls} model calls, expected {sessions * (2 * steps - 1)}"
-            )
+        if calls != sessions * (2 * steps - 1):
+            raise RuntimeError(f"{calls} model calls, expected {sessions * (2 * steps - 1)}")
         fractions.append(ideal / took)
         errors += errs
     return {
@@ -318,6 +417,7 @@ def bench_throughput(
         "backend_delay_s": delay,
         "client": client,
         "start": start,
+        "transport": transport,
         "fraction_of_ideal_median": round(statistics.median(fractions), 3),
         "fractions": [round(f, 3) for f in fractions],
         # Gateway process CPU per agent step (observe + critique), whatever the machine's load.
@@ -408,6 +508,14 @@ def main() -> None:
     )
     parser.add_argument("--delay", type=float, default=0.2, help="backend latency per call, s")
     parser.add_argument(
+        "--transport",
+        choices=("inproc", "openai"),
+        default="inproc",
+        help="throughput gateway: the app in this process with an in-process backend, or "
+        "`python -m serve` and its OpenAI client against a loopback OpenAI-compatible server "
+        "(what a vLLM deployment runs; the gateway then also pays for the HTTP calls)",
+    )
+    parser.add_argument(
         "--client",
         choices=("raw", "httpx"),
         default="raw",
@@ -429,7 +537,14 @@ def main() -> None:
         print(json.dumps({"overhead": out["overhead"]}, indent=1), flush=True)
     if args.only in (None, "throughput"):
         out["throughput"] = bench_throughput(
-            args.runs, args.sessions, args.steps, size, args.delay, args.client, args.start
+            args.runs,
+            args.sessions,
+            args.steps,
+            size,
+            args.delay,
+            args.client,
+            args.start,
+            args.transport,
         )
         print(json.dumps({"throughput": out["throughput"]}, indent=1), flush=True)
     if args.only in (None, "tiny"):
