@@ -27,6 +27,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import tempfile
@@ -53,6 +54,7 @@ SUMMARY = (
     "the menu.\n</summary>"
 )
 CLICK = {"type": "left_click", "x": 960, "y": 540, "intent": "Open the menu"}
+DEGRADED = b'"status":"degraded"'  # as the gateway writes it (compact JSON)
 
 
 class EncodingBackend:
@@ -243,9 +245,10 @@ def _client_process(
         sid = json.loads(data)["session_id"]
         errors = int(status != 201)
         for k in range(steps):
-            s1, _ = await post(f"/v1/sessions/{sid}/observe", observes[k])
-            s2, _ = await post(f"/v1/sessions/{sid}/critique", critiques[k])
-            errors += (s1 != 200) + (s2 != 200)
+            s1, d1 = await post(f"/v1/sessions/{sid}/observe", observes[k])
+            s2, d2 = await post(f"/v1/sessions/{sid}/critique", critiques[k])
+            # A model call that timed out or failed is still a 200 (fail-open), marked degraded.
+            errors += (s1 != 200) + (s2 != 200) + (DEGRADED in d1) + (DEGRADED in d2)
         return time.perf_counter() - start, errors
 
     async def raw_episode(delay: float) -> tuple[float, int]:
@@ -289,15 +292,30 @@ def _drive(
     spread = 2 * delay if start == "staggered" else 0.0
     p = ctx.Process(target=_client_process, args=(url, sessions, steps, size, client, spread, q))
     p.start()
-    cpu0 = gateway_cpu()
-    took, errs, client_cpu = q.get(timeout=600)
-    cpu = gateway_cpu() - cpu0
-    p.join()
+    try:
+        cpu0 = gateway_cpu()
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                took, errs, client_cpu = q.get(timeout=1)
+                break
+            except queue.Empty:
+                if not p.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError("the load generator died or hung") from None
+        cpu = gateway_cpu() - cpu0
+    finally:
+        if p.is_alive():
+            p.terminate()
+        p.join()
     return took, errs, cpu, client_cpu
 
 
 def _tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and its live descendants (Linux ``/proc``)."""
+    """CPU seconds of a process and its live descendants (Linux ``/proc``).
+
+    Children are read from the main thread's list, which holds them all for ``python -m serve``
+    (its threads start no processes).
+    """
     total, todo = 0.0, [pid]
     tick = os.sysconf("SC_CLK_TCK")
     while todo:
@@ -311,9 +329,10 @@ def _tree_cpu(pid: int) -> float:
     return total
 
 
-def _in_process_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple]:
+def _in_process_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple, float]:
     """The gateway as an app in this process (uvicorn in a thread) with an in-process backend."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
     from tests._serve import LiveServer
 
     backend = EncodingBackend(delay)
@@ -322,10 +341,10 @@ def _in_process_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple]:
     )
     with LiveServer(app) as srv:
         out = drive(srv.url, time.process_time)
-    return backend.calls, out
+    return backend.calls, out, 0.0
 
 
-def _cli_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple]:
+def _cli_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple, float]:
     """``python -m serve`` with the OpenAI transport (``configs/serve/vllm.yaml``), against a
     loopback OpenAI-compatible server in this process that answers after ``delay``."""
     import subprocess
@@ -337,7 +356,8 @@ def _cli_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple]:
         return GOOD if "Current Proposed Step" in request_text(body) else SUMMARY
 
     port = free_port()
-    with ScriptedServer(respond=respond, latency_s=delay, lifetime_s=1800) as model:
+    model = ScriptedServer(respond=respond, latency_s=delay, lifetime_s=1800, keep_requests=0)
+    with model:
         gateway = subprocess.Popen(
             [
                 sys.executable,
@@ -362,11 +382,18 @@ def _cli_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple]:
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_ready(url, gateway)
+            # The model server is a thread of this process, which otherwise only waits.
+            server_cpu = time.process_time()
             out = drive(url, lambda: _tree_cpu(gateway.pid))
+            server_cpu = time.process_time() - server_cpu
         finally:
             gateway.terminate()
-            gateway.wait(60)
-        return model.request_count, out
+            try:
+                gateway.wait(60)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+                gateway.wait()
+        return model.request_count, out, server_cpu
 
 
 def _wait_ready(url: str, proc: Any, timeout_s: float = 120.0) -> None:
@@ -391,7 +418,7 @@ def bench_throughput(
     start: str,
     transport: str = "inproc",
 ) -> dict:
-    fractions, errors, cpu_s, client_cpu_s = [], 0, [], []
+    fractions, errors, cpu_s, client_cpu_s, server_cpu_s = [], 0, [], [], []
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as tmp:
 
@@ -399,11 +426,14 @@ def bench_throughput(
                 return _drive(url, sessions, steps, size, client, start, delay, gateway_cpu)
 
             if transport == "openai":
-                calls, (took, errs, cpu, client_cpu) = _cli_run(Path(tmp), delay, drive)
+                calls, (took, errs, cpu, client_cpu), server = _cli_run(Path(tmp), delay, drive)
             else:
-                calls, (took, errs, cpu, client_cpu) = _in_process_run(Path(tmp), delay, drive)
+                calls, (took, errs, cpu, client_cpu), server = _in_process_run(
+                    Path(tmp), delay, drive
+                )
         cpu_s.append(cpu)
         client_cpu_s.append(client_cpu)
+        server_cpu_s.append(server)
         # The first observe of a session makes no model call (no step was executed yet).
         ideal = (2 * steps - 1) * delay
         if calls != sessions * (2 * steps - 1):
@@ -425,6 +455,10 @@ def bench_throughput(
         # The client shares the machine's cores: its CPU is part of what the machine can give.
         "client_cpu_ms_per_step": round(
             statistics.median(client_cpu_s) * 1000 / (sessions * steps), 1
+        ),
+        # --transport openai: the loopback model server shares the machine too.
+        "model_server_cpu_ms_per_step": round(
+            statistics.median(server_cpu_s) * 1000 / (sessions * steps), 1
         ),
         "errors": errors,
     }

@@ -287,17 +287,17 @@ class Gateway:
             executed = resolve(prev, state.platform, session_frame(state), state.action_format)
         # The detector reads the new screen and its own state only, never the history: it
         # runs on an image thread while the history call waits for the model.
-        detect = asyncio.ensure_future(
+        detect = asyncio.create_task(
             self._cpu(self._detect, state, shot.ref, _detector_actions(executed))
         )
         try:
             if executed is not None and before is not None:
                 result, prompt = await self._history(state, before, shot.ref, executed)
+            if executed is not None:
+                self._append_step(state, k - 1, executed, before)
         except BaseException:
-            detect.cancel()
+            detect.cancel()  # its outcome is not wanted (nor logged as never retrieved)
             raise
-        if executed is not None:
-            self._append_step(state, k - 1, executed, before)
         signals = await detect
         for name in fired(signals):
             self.metrics.recurrence.labels(name).inc()

@@ -186,15 +186,15 @@ class ImageStore:
                 return frame
         image = load_image(self.require(ref))
         self._remember(ref, image)
-        return (
-            self._frames[ref]
-            if ref in self._frames
-            else canonical_frame(
-                image,
-                min_pixels=self.frame.min_pixels,
-                max_pixels=self.frame.max_pixels,
-                factor=self.frame.factor,
-            )
+        with self._lock:  # another thread may evict it again at once
+            frame = self._frames.get(ref)
+        if frame is not None:
+            return frame
+        return canonical_frame(
+            image,
+            min_pixels=self.frame.min_pixels,
+            max_pixels=self.frame.max_pixels,
+            factor=self.frame.factor,
         )
 
 

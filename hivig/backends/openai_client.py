@@ -547,6 +547,13 @@ async def encode_request(
         image_format: Transport format of the images (``png`` or ``jpeg``).
         jpeg_quality: JPEG quality (1-100) for ``jpeg``.
         known_hash: The caller's content address of the request (hashed here otherwise).
+
+    Returns:
+        ``(body, request_hash)``: the JSON bytes to POST and the request's cache key.
+
+    Raises:
+        TypeError: A message holds something other than text and PIL images.
+        ValueError: Unknown image format or JPEG quality out of range.
     """
 
     def encode() -> tuple[bytes, str]:
