@@ -37,6 +37,7 @@ from pathlib import Path
 from PIL import Image
 
 from hivig.backends import OpenAIClient, Sampling
+from hivig.config import screen_size
 from hivig.media import ChatMessage, ImagePart, TextPart
 from hivig.scripted_server import Reply, ScriptedServer
 from hivig.testing import synthetic_screenshot
@@ -144,11 +145,13 @@ def main() -> None:
         "--server", choices=("thread", "process"), default="thread", help="where the server runs"
     )
     parser.add_argument("--images", type=int, default=0, help="screenshots per request")
-    parser.add_argument("--image-size", default="1280x800", help="screenshot WxH")
+    parser.add_argument(
+        "--image-size", default="1280x800", type=screen_size(), help="screenshot WxH"
+    )
     parser.add_argument("--frames", type=int, default=16, help="distinct frame objects")
     args = parser.parse_args()
 
-    width, height = (int(v) for v in args.image_size.lower().split("x"))
+    width, height = args.image_size
     frames = [synthetic_screenshot(width, height, seed=i) for i in range(args.frames)]
     # Built once: every run sends the same frame objects, so runs after the first find them in
     # the client's payload cache (the first run pays one encoding per frame).
@@ -168,7 +171,7 @@ def main() -> None:
     load_after = os.getloadavg()[0]
     print(
         f"server latency {args.latency * 1000:.0f} ms ({args.server}), concurrency "
-        f"{args.concurrency}, {args.requests} requests/run, {args.images} x {args.image_size} "
+        f"{args.concurrency}, {args.requests} requests/run, {args.images} x {width}x{height} "
         f"images/request from {args.frames} frames, ideal {ideal:.1f} req/s; "
         f"{os.cpu_count()} CPUs, 1-min load {load_before:.2f} -> {load_after:.2f}"
     )

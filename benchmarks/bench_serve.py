@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from hivig.backends import Generation, Usage  # noqa: E402
 from hivig.backends.openai_client import encode_request  # noqa: E402
-from hivig.config import FrameConfig, load_config  # noqa: E402
+from hivig.config import FrameConfig, load_config, screen_size  # noqa: E402
 from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png  # noqa: E402
 from serve.app import create_app  # noqa: E402
 from serve.config import ServeConfig  # noqa: E402
@@ -538,7 +538,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument(
-        "--size", default="1920x1080", type=_size, help="throughput screenshot size WxH"
+        "--size", default="1920x1080", type=screen_size(), help="throughput screenshot size WxH"
     )
     parser.add_argument("--delay", type=float, default=0.2, help="backend latency per call, s")
     parser.add_argument(

@@ -34,7 +34,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from hivig.config import FrameConfig
+from hivig.config import FrameConfig, screen_size
 from hivig.testing import tiny_processor
 from train.collate import collate_pack
 from train.data import Quarantine, build_loader, compute_lengths, load_samples
@@ -49,7 +49,12 @@ DEMAND_PER_GPU = 0.8  # samples/s/GPU at ~50 % MFU for the 4-shot mix (§16.3)
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--samples", type=int, default=48)
-    p.add_argument("--screen", default="1920x1080", help="screenshot size WxH before resizing")
+    p.add_argument(
+        "--screen",
+        default="1920x1080",
+        type=screen_size(),
+        help="screenshot size WxH before resizing",
+    )
     p.add_argument("--budget", type=int, default=16384, help="tokens per packed row")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers for the e2e pass")
     p.add_argument("--repeats", type=int, default=3, help="timed passes; the median is reported")
@@ -106,7 +111,7 @@ def _pack_report(lengths: list[int], budget: int) -> None:
 def main() -> None:
     args = _parse()
     frame = FrameConfig()
-    w, h = (int(v) for v in args.screen.split("x"))
+    w, h = args.screen
     lo, hi = (int(v) for v in args.words.split(","))
     tmp = tempfile.TemporaryDirectory()
     data = Path(args.data) if args.data else Path(tmp.name)
@@ -116,7 +121,7 @@ def main() -> None:
     processor = tiny_processor(min_pixels=frame.min_pixels, max_pixels=frame.max_pixels)
     encoder = RecordEncoder(processor, frame, data)
     samples = load_samples(data, "train")
-    print(f"{len(samples)} samples, screens {args.screen}, frame max {frame.max_pixels} px")
+    print(f"{len(samples)} samples, screens {w}x{h}, frame max {frame.max_pixels} px")
 
     # One worker, in process: encode + collate every sample, repeated; median samples/s.
     rates = []

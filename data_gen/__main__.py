@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hivig.actions import PLATFORMS
+from hivig.config import screen_size
 from hivig.logging import configure_logging
 
 DESCRIPTION = """\
@@ -48,14 +49,8 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, got {text!r}") from None
-    if w < 64 or h < 64:
-        raise argparse.ArgumentTypeError("screens must be at least 64x64 pixels")
-    return w, h
+_size = screen_size(min_side=64)
+"""``--*-size`` values: screens of at least 64x64 pixels."""
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

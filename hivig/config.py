@@ -26,6 +26,7 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -243,6 +244,25 @@ def add_config_arguments(
         metavar="KEY=VALUE",
         help="dotlist overrides applied after the YAML, e.g. optim.lr=5e-6",
     )
+
+
+def screen_size(min_side: int = 32) -> Callable[[str], tuple[int, int]]:
+    """An argparse ``type`` for ``WIDTHxHEIGHT`` (``1280x800``), both sides >= ``min_side``.
+
+    A malformed value becomes argparse's one usage line and exit status 2.
+    """
+
+    def parse(text: str) -> tuple[int, int]:
+        w, sep, h = text.strip().lower().partition("x")
+        if not (sep and w.isdigit() and h.isdigit()):
+            raise argparse.ArgumentTypeError(
+                f"expected WIDTHxHEIGHT such as 1280x800, got {text!r}"
+            )
+        if int(w) < min_side or int(h) < min_side:
+            raise argparse.ArgumentTypeError(f"both sides must be at least {min_side} px: {text!r}")
+        return int(w), int(h)
+
+    return parse
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,3 +60,16 @@ def test_every_config_file_is_checked():
 def test_there_are_configs_to_check():
     assert (ROOT / "configs" / "train").is_dir() and (ROOT / "configs" / "data_gen").is_dir()
     assert STAGE_YAMLS, "no stage YAMLs found"
+
+
+def test_screen_size_reads_width_by_height_and_refuses_the_rest():
+    import argparse
+
+    from hivig.config import screen_size
+
+    parse = screen_size(min_side=64)
+    assert parse("1280x800") == (1280, 800) and parse(" 540X1200 ") == (540, 1200)
+    for bad in ("1280", "1280x", "x800", "12.5x800", "-64x64", "1280x800x3", "63x800"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(bad)
+    assert screen_size()("32x32") == (32, 32)
