@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # The stamp changes whenever the dependency list changes, so set-up reruns only when needed.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: venv test test-fast test-gpu check style demo bench clean
+.PHONY: venv test test-all test-fast test-gpu check style demo bench clean
 
 venv: $(STAMP)
 
@@ -29,12 +29,17 @@ style: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format hivig data_gen train serve tests benchmarks
 
+# The default tier: unit tests and fast integration tests of every module (a few minutes).
 test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+# Everything: adds the distributed, torchrun, demo, browser and recipe tests (`slow`). CI runs this.
+test-all: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
 
-test-fast: venv
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+test-fast: test
 
 test-gpu: venv
 	$(VENV)/bin/python -m pytest -q -m gpu
