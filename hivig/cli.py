@@ -8,6 +8,7 @@ Examples::
         "pyautogui.click(960, 540)"
     hivig mark --image shot.png --out marked.png --action "$(cat call.txt)"   # <tool_call> blocks
     hivig taxonomy
+    hivig checkpoint frame RUN/final      # the frame a checkpoint was trained with: "MIN MAX"
 
 Exit status: 0 on success, 2 on bad input (the reason is printed to stderr).
 """
@@ -128,12 +129,24 @@ def _cmd_taxonomy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_checkpoint_frame(args: argparse.Namespace) -> int:
+    from hivig.checkpoint_files import CheckpointError, read_frame
+
+    try:
+        lo, hi = read_frame(args.path)
+    except CheckpointError as e:
+        return _fail(str(e))
+    print(f"{lo} {hi}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hivig`` command."""
     parser = argparse.ArgumentParser(
         prog="hivig",
         description="Tools over the hivig core library: convert actions between grammars, "
-        "draw set-of-mark markers on canonical frames, list the error taxonomy.",
+        "draw set-of-mark markers on canonical frames, list the error taxonomy, read a "
+        "checkpoint's frame.",
     )
     parser.add_argument("--version", action="version", version=f"hivig {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -184,6 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
     tax = sub.add_parser("taxonomy", help="list the 12 error dimensions")
     tax.add_argument("--json", action="store_true", help="print definitions as JSON")
     tax.set_defaults(func=_cmd_taxonomy)
+
+    ckpt = sub.add_parser("checkpoint", help="read a saved checkpoint's files")
+    ckpt_sub = ckpt.add_subparsers(dest="checkpoint_command", required=True)
+    frame = ckpt_sub.add_parser(
+        "frame",
+        help="print the pixel budget the checkpoint was trained with: MIN_PIXELS MAX_PIXELS",
+        description="Read the image processor's size from processor_config.json (transformers "
+        "5) or preprocessor_config.json (4.57). vLLM and the gateway must use this frame.",
+    )
+    frame.add_argument("path", help="a checkpoint folder written by train/ (RUN/final)")
+    frame.set_defaults(func=_cmd_checkpoint_frame)
     return parser
 
 

@@ -51,6 +51,12 @@ def _check(cfg: ServeConfig) -> str | None:
             return f"checkpoint folder not found: {cfg.backend.model} (pass model=DIR)"
         if not (Path(cfg.backend.model) / "config.json").is_file():
             return f"{cfg.backend.model} is not a checkpoint (no config.json); pass model=DIR"
+        from hivig.checkpoint_files import CheckpointError, read_frame
+
+        try:
+            read_frame(cfg.backend.model)
+        except CheckpointError as e:
+            return f"cannot serve {cfg.backend.model} on the frame it was trained with: {e}"
     if cfg.backend.kind == "openai" and not (cfg.backend.base_url and cfg.backend.model):
         return "the openai backend needs backend.base_url=URL and model=NAME (the served name)"
     if cfg.backend.kind == "offline":

@@ -12,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,7 +28,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hivig import jsonio
 from hivig.actions import PLATFORM_ALIASES
 from hivig.backends import InferenceBackend, build_backend
-from hivig.config import FrameConfig
+from hivig.checkpoint_files import CheckpointError, read_frame
+from hivig.config import ConfigError, FrameConfig
 from hivig.prompts import CRITIC_PROMPTS, load_prompt_dir
 from hivig.taxonomy import DIMENSIONS
 from serve.config import ACTION_FORMATS, COORD_SPACES, ServeConfig
@@ -49,16 +48,18 @@ class JSONResponse(_StarletteJSONResponse):
         return jsonio.dumps(content)
 
 
-def checkpoint_frame(path: str) -> FrameConfig | None:
-    """The pixel budget a checkpoint's processor was saved with, if it records one."""
-    config = Path(path) / "preprocessor_config.json"
-    if not config.is_file():
-        return None
-    size = json.loads(config.read_text(encoding="utf-8")).get("size") or {}
-    lo, hi = size.get("shortest_edge"), size.get("longest_edge")
-    if isinstance(lo, int) and isinstance(hi, int):
-        return FrameConfig(min_pixels=lo, max_pixels=hi)
-    return None
+def checkpoint_frame(path: str) -> FrameConfig:
+    """The pixel budget a checkpoint's processor was saved with (the frame it was trained on).
+
+    Raises:
+        ConfigError: The folder records no frame (serving it on a guessed one would show the
+            model screens at a size it never saw).
+    """
+    try:
+        lo, hi = read_frame(path)
+    except CheckpointError as e:
+        raise ConfigError(f"backend.model: {e}") from e
+    return FrameConfig(min_pixels=lo, max_pixels=hi)
 
 
 def model_version(cfg: ServeConfig, backend: InferenceBackend) -> str:
@@ -82,9 +83,7 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         chosen = backend
         if cfg.backend.kind == "transformers" and cfg.backend.model:
-            frame = checkpoint_frame(cfg.backend.model)
-            if frame is not None:
-                cfg.frame = frame
+            cfg.frame = checkpoint_frame(cfg.backend.model)
         if chosen is None:
             chosen = await asyncio.to_thread(build_backend, cfg.backend, frame=cfg.frame)
         gateway = Gateway(cfg, chosen, model_version(cfg, chosen))

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from hivig.backends import BackendError, InferenceBackend, Sampling, split_reasoning
+from hivig.checkpoint_files import CheckpointError, read_frame
 from hivig.config import BackendConfig, ConfigError, FrameConfig, write_run_description
 from hivig.contracts import ContractError, parse_critique, parse_history
 from hivig.logging import configure_logging, get_logger
@@ -808,32 +809,19 @@ def parse_backend_spec(spec: str) -> BackendSpec:
     )
 
 
-def _checkpoint_frame(ckpt: str) -> FrameConfig | None:
-    """The pixel budget a checkpoint's processor was saved with (training's frame), if any."""
-    for name in ("processor_config.json", "preprocessor_config.json"):
-        path = Path(ckpt) / name
-        if not path.is_file():
-            continue
-        try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
-            return None
-        ip = obj.get("image_processor", obj) if isinstance(obj, dict) else {}
-        size = ip.get("size") if isinstance(ip, dict) else None
-        if isinstance(size, dict) and {"shortest_edge", "longest_edge"} <= size.keys():
-            try:
-                return FrameConfig(
-                    min_pixels=int(size["shortest_edge"]), max_pixels=int(size["longest_edge"])
-                )
-            except (ConfigError, TypeError, ValueError):
-                return None
-    return None
+def _checkpoint_frame(ckpt: str) -> FrameConfig:
+    """The pixel budget a checkpoint's processor was saved with (training's frame)."""
+    try:
+        lo, hi = read_frame(ckpt)
+        return FrameConfig(min_pixels=lo, max_pixels=hi)
+    except (CheckpointError, ConfigError) as e:
+        raise BenchmarkError(f"--backend transformers:{ckpt}: {e}") from e
 
 
 def _frame(cfg: BenchmarkConfig, spec: BackendSpec) -> FrameConfig:
-    base = (_checkpoint_frame(spec.target) if spec.kind == "transformers" else None) or (
-        FrameConfig()
-    )
+    explicit = bool(cfg.min_pixels and cfg.max_pixels)
+    local = spec.kind == "transformers" and not explicit
+    base = _checkpoint_frame(spec.target) if local else FrameConfig()
     try:
         return FrameConfig(
             min_pixels=cfg.min_pixels or base.min_pixels,

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hivig.checkpoint_files import write_reader_compat
 from hivig.config import ConfigError, config_to_dict, write_run_description
 from hivig.distributed import rank_and_world
 from hivig.logging import get_logger
@@ -446,6 +447,8 @@ def export_final(
         # Processor after the model, so the tokenizer files cannot overwrite the processor's
         # (qwen3vl_training.md §13.6).
         processor.save_pretrained(out)
+        # The transformers-4.57 forms too: every vLLM before 0.19.1 reads only those.
+        write_reader_compat(out)
         write_run_description(out, cfg)
         log.info("final checkpoint in %s", out)
     barrier()

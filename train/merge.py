@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from hivig.checkpoint_files import write_reader_compat
 from hivig.logging import get_logger
 from hivig.models.qwen_vl import load_model
 
@@ -38,5 +39,6 @@ def merge_lora(adapter: str | Path, out: str | Path, *, base: str | Path, dtype:
     merged.save_pretrained(out, safe_serialization=True)
     # Processor last: its files (chat template, pixel budget) must be the ones left on disk.
     AutoProcessor.from_pretrained(str(adapter)).save_pretrained(out)
+    write_reader_compat(out)  # vLLM builds on transformers 4.57 read these forms
     log.info("merged %s into %s -> %s", adapter, base, out)
     return out

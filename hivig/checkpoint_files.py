@@ -1,0 +1,156 @@
+"""A saved checkpoint's files as every reader sees them.
+
+The frame it was trained with, and the files that make it loadable by transformers 4.57 as well
+as 5.x.
+
+Training (transformers 5) writes ``processor_config.json`` with the image processor nested under
+``image_processor``, ``extra_special_tokens`` as a list and ``rope_parameters`` in the text
+config. Readers built on transformers 4.57 — every vLLM release before 0.19.1 — look for
+``preprocessor_config.json``, fail on a list of extra special tokens ("'list' object has no
+attribute 'keys'") and read ``rope_scaling``/``rope_theta`` (without them they silently fall back
+to the default MRoPE sections). ``write_reader_compat`` adds the 4.57 forms next to the 5.x ones;
+transformers 5 keeps reading its own keys, so one folder serves both.
+
+This module imports only the standard library: ``slurm/serve.sbatch`` and the gateway read the
+frame without loading torch or transformers.
+
+    hivig checkpoint frame RUN/final         # prints "MIN_PIXELS MAX_PIXELS"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+"""Where the image processor's settings live: transformers 5 (nested), then 4.57 (flat)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder lacks, or holds unreadable, files a reader needs."""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not readable JSON ({e})") from e
+
+
+def _image_processor(obj: Any) -> dict[str, Any] | None:
+    if not isinstance(obj, dict):
+        return None
+    nested = obj.get("image_processor")
+    return nested if isinstance(nested, dict) else obj
+
+
+def read_frame(path: str | os.PathLike) -> tuple[int, int]:
+    """The pixel budget (min, max) a checkpoint's image processor was saved with.
+
+    Args:
+        path: A checkpoint folder written by ``train`` (or any Qwen3-VL checkpoint).
+
+    Returns:
+        ``(min_pixels, max_pixels)`` from the processor's ``size`` (``shortest_edge`` and
+        ``longest_edge`` are pixel counts for Qwen-VL processors, not edge lengths).
+
+    Raises:
+        CheckpointError: No processor file, or one without a numeric ``size``.
+    """
+    folder = Path(path)
+    for name in PROCESSOR_FILES:
+        file = folder / name
+        if not file.is_file():
+            continue
+        size = (_image_processor(_read_json(file)) or {}).get("size")
+        if not isinstance(size, dict):
+            raise CheckpointError(f"{file}: the image processor has no `size` entry")
+        lo, hi = size.get("shortest_edge"), size.get("longest_edge")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (lo, hi)):
+            raise CheckpointError(
+                f"{file}: size.shortest_edge/longest_edge must be positive pixel counts, "
+                f"got {lo!r}/{hi!r}"
+            )
+        return lo, hi
+    raise CheckpointError(
+        f"{folder}: no {' or '.join(PROCESSOR_FILES)}; pass a checkpoint folder that train/ "
+        "wrote (RUN/final, or RUN/merged after merge-lora)"
+    )
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _legacy_processor_files(folder: Path) -> None:
+    nested = folder / "processor_config.json"
+    if not nested.is_file():
+        return
+    obj = _read_json(nested)
+    if not isinstance(obj, dict):
+        return
+    processor_class = obj.get("processor_class")
+    for key, name in (
+        ("image_processor", "preprocessor_config.json"),
+        ("video_processor", "video_preprocessor_config.json"),
+    ):
+        part = obj.get(key)
+        if isinstance(part, dict) and not (folder / name).exists():
+            flat = dict(part)
+            if processor_class:
+                flat.setdefault("processor_class", processor_class)
+            _write_json(folder / name, flat)
+
+
+def _legacy_tokenizer_config(folder: Path) -> None:
+    file = folder / "tokenizer_config.json"
+    if not file.is_file():
+        return
+    obj = _read_json(file)
+    extra = obj.get("extra_special_tokens") if isinstance(obj, dict) else None
+    if not isinstance(extra, list):
+        return
+    # 4.57 wants a name -> token mapping here; both versions read the plain list under the
+    # older key.
+    del obj["extra_special_tokens"]
+    known = obj.get("additional_special_tokens")
+    merged = list(known) if isinstance(known, list) else []
+    merged += [t for t in extra if t not in merged]
+    obj["additional_special_tokens"] = merged
+    _write_json(file, obj)
+
+
+def _legacy_rope(folder: Path) -> None:
+    file = folder / "config.json"
+    if not file.is_file():
+        return
+    obj = _read_json(file)
+    text = obj.get("text_config") if isinstance(obj, dict) else None
+    rope = text.get("rope_parameters") if isinstance(text, dict) else None
+    if not isinstance(rope, dict) or "rope_scaling" in text:
+        return
+    text["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if "rope_theta" in rope:
+        text.setdefault("rope_theta", rope["rope_theta"])
+    _write_json(file, obj)
+
+
+def write_reader_compat(path: str | os.PathLike) -> None:
+    """Add the transformers-4.57 forms of a saved checkpoint's files next to the 5.x ones.
+
+    Idempotent; existing 4.57 files are kept. Call it after the model and processor are saved.
+
+    Args:
+        path: The checkpoint folder.
+
+    Raises:
+        CheckpointError: A file there is not valid JSON.
+    """
+    folder = Path(path)
+    _legacy_processor_files(folder)
+    _legacy_tokenizer_config(folder)
+    _legacy_rope(folder)

@@ -1,0 +1,206 @@
+"""The train -> serve handoff: a checkpoint ``train/`` wrote, read by both transformers lines,
+and ``slurm/serve.sbatch`` run with stub ``vllm``/``curl`` up to ``vllm serve`` and the gateway."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hivig.checkpoint_files import CheckpointError, read_frame, write_reader_compat
+from hivig.config import load_config
+from train.config import TrainConfig
+from train.sft import setup, train
+from train.synthetic import write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+SBATCH = ROOT / "slurm" / "serve.sbatch"
+MIN_PX, MAX_PX = 3136, 40_000  # not the defaults, so a default could not pass for the frame
+
+_VLLM = """#!/bin/bash
+printf '%s\\n' "$@" > "$STUB_DIR/vllm.args"
+exec sleep 60
+"""
+_CURL = "#!/bin/bash\nexit 0\n"
+
+
+@pytest.fixture(scope="module")
+def final_ckpt(tmp_path_factory) -> Path:
+    """The final checkpoint of a one-step tiny run, as ``python -m train`` writes it."""
+    root = tmp_path_factory.mktemp("handoff")
+    data = write_dataset(root / "data", n_train=2, n_val=0, sizes=((64, 64),), words=(2, 4))
+    cfg = load_config(
+        TrainConfig,
+        ROOT / "configs" / "train" / "tiny_cpu.yaml",
+        [
+            f"data={data}",
+            f"out={root / 'run'}",
+            "loop.max_steps=1",
+            "optim.grad_accum=1",
+            "optim.global_batch_samples=1",
+            "dataset.max_samples_per_pack=1",
+            f"dataset.frame.min_pixels={MIN_PX}",
+            f"dataset.frame.max_pixels={MAX_PX}",
+        ],
+    )
+    result = train(setup(cfg))
+    return Path(result.final_dir)
+
+
+def test_final_checkpoint_carries_both_processor_layouts(final_ckpt):
+    nested = json.loads((final_ckpt / "processor_config.json").read_text())
+    flat = json.loads((final_ckpt / "preprocessor_config.json").read_text())
+    assert nested["image_processor"]["size"] == flat["size"]
+    assert flat["size"] == {"shortest_edge": MIN_PX, "longest_edge": MAX_PX}
+    tokenizer = json.loads((final_ckpt / "tokenizer_config.json").read_text())
+    assert "extra_special_tokens" not in tokenizer
+    assert "<|vision_start|>" in tokenizer["additional_special_tokens"]
+    text = json.loads((final_ckpt / "config.json").read_text())["text_config"]
+    assert text["rope_scaling"]["mrope_section"] == text["rope_parameters"]["mrope_section"]
+    assert read_frame(final_ckpt) == (MIN_PX, MAX_PX)
+
+
+def test_transformers_5_reads_the_compat_files_as_its_own(final_ckpt, tmp_path):
+    from transformers import AutoConfig, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(final_ckpt)
+    assert processor.image_processor.size["longest_edge"] == MAX_PX
+    assert "<|vision_start|>" in processor.tokenizer.all_special_tokens
+    config = AutoConfig.from_pretrained(final_ckpt)
+    saved = json.loads((final_ckpt / "config.json").read_text())["text_config"]
+    assert config.text_config.rope_parameters["mrope_section"] == saved["rope_parameters"][
+        "mrope_section"
+    ]
+    # Idempotent: a second pass changes no byte.
+    before = {p.name: p.read_bytes() for p in final_ckpt.iterdir() if p.suffix == ".json"}
+    write_reader_compat(final_ckpt)
+    assert before == {p.name: p.read_bytes() for p in final_ckpt.iterdir() if p.suffix == ".json"}
+
+
+def test_read_frame_names_the_missing_file(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="no processor_config.json or preprocessor"):
+        read_frame(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text('{"size": {"shortest_edge": "x"}}')
+    with pytest.raises(CheckpointError, match="positive pixel counts"):
+        read_frame(tmp_path)
+
+
+def _job(tmp_path: Path, ckpt: Path, *gateway_args: str) -> subprocess.CompletedProcess:
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    for name, text in (("vllm", _VLLM), ("curl", _CURL)):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod((stubs / name).stat().st_mode | stat.S_IEXEC)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    python_dir = Path(sys.executable).parent
+    (venv / "bin" / "activate").write_text(f'export PATH="{stubs}:{python_dir}:$PATH"\n')
+    env = {
+        **os.environ,
+        "HIVIG_REPO": str(ROOT),
+        "HIVIG_VENV": str(venv),
+        "CKPT": str(ckpt),
+        "STATE_DIR": str(tmp_path / "state"),
+        "STUB_DIR": str(stubs),
+        "HIVIG_SERVE_TOKEN": "t",
+    }
+    return subprocess.run(
+        ["bash", str(SBATCH), *gateway_args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_serve_sbatch_starts_vllm_and_the_gateway_on_the_checkpoint_frame(final_ckpt, tmp_path):
+    # --dry-run: the gateway resolves its config (frame included) and exits instead of serving.
+    job = _job(tmp_path, final_ckpt, "--dry-run")
+    assert job.returncode == 0, job.stderr
+    args = (tmp_path / "stubs" / "vllm.args").read_text().splitlines()
+    assert args[:2] == ["serve", str(final_ckpt)]
+    kwargs = json.loads(args[args.index("--mm-processor-kwargs") + 1])
+    assert kwargs == {"size": {"shortest_edge": MIN_PX, "longest_edge": MAX_PX}}
+    assert args[args.index("--chat-template") + 1] == str(final_ckpt / "chat_template.jinja")
+    gateway = yaml.safe_load(job.stdout)  # the gateway's resolved config
+    assert (gateway["frame"]["min_pixels"], gateway["frame"]["max_pixels"]) == (MIN_PX, MAX_PX)
+    assert gateway["backend"]["base_url"] == "http://127.0.0.1:8000/v1"
+
+
+def test_serve_sbatch_refuses_a_checkpoint_without_a_frame(final_ckpt, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_bytes((final_ckpt / "config.json").read_bytes())
+    job = _job(tmp_path, bare)
+    assert job.returncode == 2
+    assert "no processor_config.json or preprocessor_config.json" in job.stderr
+    assert not (tmp_path / "stubs" / "vllm.args").exists()  # vLLM never started
+
+
+def test_gateway_refuses_a_local_checkpoint_without_a_frame(final_ckpt, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_bytes((final_ckpt / "config.json").read_bytes())
+    run = subprocess.run(
+        [sys.executable, "-m", "serve", "--config", "configs/serve/local.yaml", f"model={bare}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HIVIG_STATE": str(tmp_path)},
+    )
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "trained with" in run.stderr
+
+
+_LOAD = """
+import json, sys, torch, transformers
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+path = sys.argv[1]
+text = AutoConfig.from_pretrained(path).text_config
+processor = AutoProcessor.from_pretrained(path)
+model = AutoModelForImageTextToText.from_pretrained(path).eval()
+ids = processor.tokenizer("<|im_start|>user hi<|vision_start|><|im_end|>")["input_ids"]
+with torch.no_grad():
+    logits = model(input_ids=torch.tensor([ids])).logits.double()
+print(json.dumps({
+    "version": transformers.__version__, "ids": ids, "logit_sum": float(logits.sum()),
+    "mrope": (getattr(text, "rope_scaling", None) or text.rope_parameters)["mrope_section"],
+    "size": dict(processor.image_processor.size),
+}))
+"""
+
+
+def _load(env: dict[str, str], ckpt: Path) -> dict:
+    run = subprocess.run(
+        [sys.executable, "-c", _LOAD, str(ckpt)], env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_transformers_4_57_loads_the_checkpoint_to_the_same_logits(final_ckpt, tmp_path):
+    """What vLLM < 0.19.1 runs on: transformers 4.57 (and its hub and tokenizers pins)."""
+    site = tmp_path / "tf457"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+         "transformers==4.57.6", "huggingface-hub==0.36.2", "tokenizers==0.22.2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if pip.returncode != 0:
+        pytest.skip(f"transformers 4.57 not installable here: {pip.stderr.strip()[-300:]}")
+    new = _load(dict(os.environ), final_ckpt)
+    old = _load({**os.environ, "PYTHONPATH": str(site)}, final_ckpt)
+    assert old["version"].startswith("4.57") and new["version"].startswith("5.")
+    assert old["ids"] == new["ids"] and old["mrope"] == new["mrope"]
+    assert old["size"] == new["size"] == {"shortest_edge": MIN_PX, "longest_edge": MAX_PX}
+    assert old["logit_sum"] == pytest.approx(new["logit_sum"], rel=1e-6)
