@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # The stamp changes whenever the dependency list changes, so set-up reruns only when needed.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: venv test test-all test-fast test-gpu check style demo bench clean
+.PHONY: venv test test-all test-fast test-gpu check style demo bench clean gpu-image-venv gpu-wheels
 
 venv: $(STAMP)
 
@@ -34,10 +34,25 @@ test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
-# Everything: adds the distributed, torchrun, demo, browser and recipe tests (`slow`). CI runs this.
-test-all: venv
+# Everything: adds the distributed, torchrun, demo, browser and recipe tests (`slow`), and the
+# CPU mode of benchmarks/gpu_check.sh in a venv shaped like the GPU machine's image. CI runs this.
+test-all: venv gpu-image-venv gpu-wheels
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q
+	HIVIG_GPU_IMAGE_PYTHON=$(CURDIR)/$(IMAGE_VENV)/bin/python $(VENV)/bin/python -m pytest -q
+
+# The GPU machine's image: torch 2.11, transformers 5.17, accelerate and peft with their own
+# dependencies, nothing else (what benchmarks/gpu_check.sh may assume there).
+IMAGE_VENV := .venv-gpu-image
+IMAGE_STAMP := $(IMAGE_VENV)/.installed-2.11-5.17
+gpu-image-venv: $(IMAGE_STAMP)
+$(IMAGE_STAMP):
+	@test -x $(IMAGE_VENV)/bin/python || $(PYTHON) -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/python -m pip install --quiet "torch==2.11.0" "transformers==5.17.0" accelerate peft
+	@touch $@
+
+# What the GPU check carries onto the device (.gpu_wheels/, about 48 MiB; the device takes 64).
+gpu-wheels: venv
+	@ls .gpu_wheels/*.whl >/dev/null 2>&1 || PYTHON=$(PY) bash benchmarks/gpu_wheels.sh
 
 test-fast: test
 
@@ -73,4 +88,4 @@ bench: venv
 	$(PY) benchmarks/bench_datagen.py --runs 3
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(IMAGE_VENV) .gpu_wheels build *.egg-info .pytest_cache .ruff_cache

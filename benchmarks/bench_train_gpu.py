@@ -5,6 +5,7 @@
     python benchmarks/bench_train_gpu.py --preset tiny --device cpu --steps 2   # smoke test
     python benchmarks/bench_train_gpu.py --attn flex --checkpoint-layers 0.5
     python benchmarks/bench_train_gpu.py --compare-attention --layers 2   # packed == per sample
+    python benchmarks/bench_train_gpu.py --grad-check            # flex bf16 grads, 8B heads
 
 One packed row per step (the recipe's micro-batch): ``--samples-per-pack`` samples, each with
 ``--images`` screenshots of ``--screen`` resized to the canonical frame plus ``--text`` text
@@ -19,12 +20,17 @@ DeepSpeed.
 
 ``--compare-attention`` instead runs one packed row through every available backend and
 reports the largest deviation of its last hidden states from the per-sample SDPA reference.
+``--grad-check`` runs the flex kernel alone at the model's attention shape (8B: 32 query and 8
+KV heads of 128) on packs of varying lengths and sample counts, and compares its output and the
+gradients of q, k and v with a float64 per-sample reference. Every mode reports ``pass`` against
+its tolerance (``TOLERANCES``): bf16 on CUDA, fp32 on CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from typing import Any
@@ -67,6 +73,19 @@ QWEN3VL_8B = {
 }  # fmt: skip
 
 
+# Relative tolerances per compute dtype. Forward: mean |packed - reference| / mean |reference| of
+# the last hidden states (2 layers of bf16 rounding differences between kernels); grads:
+# ||x - reference|| / ||reference|| of one attention call against float64 (bf16 keeps 8 bits of
+# mantissa: about 0.4 % per element, accumulated over the key length).
+TOLERANCES = {
+    "bfloat16": {"forward_rel_mean": 3e-2, "grad_rel": 2e-2},
+    "float32": {"forward_rel_mean": 1e-4, "grad_rel": 1e-4},
+}
+# Packs of the grad check, as sample lengths: one long sample, uneven samples with lengths off the
+# 128-token tile, and many short ones (scaled down 64x at the tiny preset).
+GRAD_PACKS = ((16_384,), (7_001, 5_000, 4_383), (3_001, 1_000, 12_000), (1_024,) * 16)
+
+
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=("8b", "tiny"), default="8b")
@@ -87,6 +106,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--attn", default="auto", choices=("auto", "flash_attention_2", "flex", "sdpa", "eager")
     )
     p.add_argument("--compare-attention", action="store_true")
+    p.add_argument("--grad-check", action="store_true")
     p.add_argument(
         "--peak-tflops", type=float, default=0.0, help="per-GPU peak; 0 = look up the GPU name"
     )
@@ -192,20 +212,101 @@ def compare_attention(argv: list[str] | None = None) -> dict[str, Any]:
 
     reference = torch.cat([hidden(collate_pack([s])) for s in samples])
     scale = reference.abs().mean().item()
+    tolerance = TOLERANCES[str(dtype).removeprefix("torch.")]["forward_rel_mean"]
     out: dict[str, Any] = {"tokens": int(reference.shape[0]), "reference": "sdpa per sample"}
     for name in available_backends(args.device):
         set_attention(model, name)
         got = hidden(collate_pack(samples))
         err = (got - reference).abs()
+        rel = err.mean().item() / scale
         out[name] = {
             "max_abs_err": err.max().item(),
             "mean_abs_err": err.mean().item(),
             "mean_abs_value": scale,
+            "rel_mean_err": rel,
+            "pass": rel <= tolerance,
         }
+    out["tolerance_rel_mean"] = tolerance
+    out["pass"] = all(v["pass"] for k, v in out.items() if isinstance(v, dict))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=2)
     return out
+
+
+def _attention_reference(q, k, v, lengths: list[int]) -> torch.Tensor:
+    """Causal attention of each sample alone in float64 (GQA: KV heads repeated)."""
+    groups = q.shape[1] // k.shape[1]
+    outs, start = [], 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        qs, ks, vs = (t[:, :, sl].double() for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(groups, 1), vs.repeat_interleave(groups, 1)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
+        start += n
+    return torch.cat(outs, dim=2)
+
+
+def grad_check(argv: list[str] | None = None) -> dict[str, Any]:
+    """Flex attention's output and q/k/v gradients on varying packs against float64.
+
+    CUDA runs the compiled kernel in bf16; CPU runs the eager path in fp32 and, flex having no
+    CPU backward, checks the forward only (``backward`` reports why).
+    """
+    from hivig.models._attention import flex_packed_attention, packed_block_mask
+
+    args = _parse(argv)
+    text = build_config(args).text_config
+    heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    tol = TOLERANCES[str(dtype).removeprefix("torch.")]["grad_rel"]
+    scale_down = 1 if args.preset == "8b" else 64
+    g = torch.Generator().manual_seed(0)
+    packs = []
+    for lengths in GRAD_PACKS:
+        lengths = [max(2, n // scale_down) for n in lengths]
+        total = sum(lengths)
+        q, k, v = (
+            torch.randn(1, h, total, head_dim, generator=g).to(args.device, dtype)
+            for h in (heads, kv_heads, kv_heads)
+        )
+        mask = packed_block_mask(lengths, device=args.device)
+        for t in (q, k, v):
+            t.requires_grad_(cuda)
+        out, _ = flex_packed_attention(None, q, k, v, mask)  # (1, L, H, D)
+        out = out.transpose(1, 2)
+        ref_in = [t.detach().double().requires_grad_(cuda) for t in (q, k, v)]
+        ref = _attention_reference(*ref_in, lengths)
+        row = {"lengths": lengths, "out": _rel(out, ref)}
+        if cuda:
+            upstream = torch.randn(out.shape, generator=g).to(args.device)
+            out.backward(upstream.to(dtype))
+            ref.backward(upstream.double())
+            for name, got, want in zip("qkv", (q, k, v), ref_in, strict=True):
+                row[f"d{name}"] = _rel(got.grad, want.grad)
+        else:
+            row["backward"] = "not run: flex attention has no CPU backward"
+        row["pass"] = all(v <= tol for key, v in row.items() if key in ("out", "dq", "dk", "dv"))
+        packs.append(row)
+    result = {
+        "device": args.device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "heads": [heads, kv_heads, head_dim],
+        "tolerance_rel": tol,
+        "packs": packs,
+        "pass": all(p["pass"] for p in packs),
+    }
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+    return result
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
 def run(argv: list[str] | None = None) -> dict[str, float]:
@@ -269,6 +370,15 @@ def run(argv: list[str] | None = None) -> dict[str, float]:
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if fused else 0.0,
         "loss": float(loss_sum.detach() / n),
     }
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if fused else None
+    checks = {
+        "finite_loss": math.isfinite(result["loss"]),
+        "positive_throughput": result["tokens_per_s_per_gpu"] > 0,
+        "mfu_in_0_1": result["mfu"] is None or 0 < result["mfu"] < 1,
+        "fits_memory": total_gib is None or result["peak_mem_gib"] < total_gib,
+    }
+    result["checks"] = checks
+    result["pass"] = all(checks.values())
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2)
@@ -284,7 +394,14 @@ if __name__ == "__main__":
     import sys
 
     if "--compare-attention" in sys.argv[1:]:
-        print(json.dumps(compare_attention(), indent=2))
-        raise SystemExit(0)
-    for key, value in run().items():
+        report = compare_attention()
+        print(json.dumps(report, indent=2))
+        raise SystemExit(0 if report["pass"] else 1)
+    if "--grad-check" in sys.argv[1:]:
+        report = grad_check()
+        print(json.dumps(report, indent=2))
+        raise SystemExit(0 if report["pass"] else 1)
+    report = run()
+    for key, value in report.items():
         print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+    raise SystemExit(0 if report["pass"] else 1)

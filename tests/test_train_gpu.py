@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,13 +35,59 @@ def test_benchmark_runs_a_two_layer_8b_shape_on_gpu():
     assert 0 < result["mfu"] < 1 and result["peak_mem_gib"] > 0
 
 
-def test_gpu_check_script_parses_and_writes_one_json():
-    import subprocess
-
+def test_gpu_check_script_parses():
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    text = script.read_text()
-    # One JSON under $OUT, a time budget under the device's 8 minutes, no silent fallback.
-    assert 'OUT="${OUT:-./gpu_check_out}"' in text and "gpu_check.json" in text
-    assert 'BUDGET="${GPU_CHECK_BUDGET:-450}"' in text
-    assert '--attn "$attn"' in text and "--compare-attention" in text
+
+
+IMAGE_PYTHON = os.environ.get("HIVIG_GPU_IMAGE_PYTHON")
+"""A venv like the device image: torch 2.11, transformers 5.17, accelerate, peft and their own
+dependencies only (``make gpu-image-venv``; ``make test-all`` builds it and sets this)."""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not IMAGE_PYTHON, reason="needs HIVIG_GPU_IMAGE_PYTHON (make test-all)")
+def test_cpu_mode_gpu_check_passes_on_the_device_image_with_the_carried_wheels(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    listed = subprocess.run(
+        [IMAGE_PYTHON, "-m", "pip", "list", "--format=json"], capture_output=True, text=True
+    )
+    installed = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
+    assert installed["torch"].startswith("2.11.") and installed["transformers"] == "5.17.0"
+    # Nothing the project needs may hide in the image venv itself.
+    for extra in ("pillow", "omegaconf", "pytest", "orjson", "torchvision", "pyarrow", "dashscope"):
+        assert extra not in installed, f"{extra} is in the image venv; the check must carry it"
+    env = {
+        **os.environ,
+        "PYTHON": IMAGE_PYTHON,
+        "GPU_CHECK_SMALL": "1",
+        "OUT": str(tmp_path),
+        "PYTHONPATH": "",
+    }
+    run = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"], cwd=root, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert run.returncode == 0 and report["pass"], run.stderr[-3000:]
+    assert report["env"]["missing"] == [] and report["env"]["env"]["versions"]["torch"]
+    assert all(w["status"] != "failed" for w in report["env"]["wheels"])
+    assert set(report["steps"]) == {"pytest", "compare", "grad_check", "bench_sdpa"}
+    compare = report["steps"]["compare"]["result"]
+    assert {"sdpa", "flex"} <= compare.keys() and compare["flex"]["pass"]
+    grad = report["steps"]["grad_check"]["result"]
+    assert grad["dtype"] == "float32" and len(grad["packs"]) == 4
+    assert all(p["out"] <= grad["tolerance_rel"] for p in grad["packs"])
+    bench = report["steps"]["bench_sdpa"]["result"]
+    assert bench["checks"]["finite_loss"] and bench["tokens_per_s_per_gpu"] > 0
+
+
+def test_gpu_check_fails_when_a_step_misses_its_threshold(tmp_path, monkeypatch):
+    """The thresholds can fail: a grad check with a wrong reference mask does."""
+    whole = bench_train_gpu._attention_reference
+    # The reference attends across sample boundaries (one sample per pack).
+    monkeypatch.setattr(
+        bench_train_gpu, "_attention_reference", lambda q, k, v, n: whole(q, k, v, [sum(n)])
+    )
+    result = bench_train_gpu.grad_check(["--preset", "tiny", "--device", "cpu"])
+    assert not result["pass"] and all(not p["pass"] for p in result["packs"][1:])

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
@@ -25,6 +24,10 @@ from hivig.logging import get_logger
 from hivig.media import ChatMessage, ImagePart, ImageRef, Mark, SizeClass
 from hivig.vision._markers import draw_marks_inplace
 
+try:
+    import pyarrow as pa
+except ImportError:  # a training-only image (the GPU check's) has none: the copying route
+    pa = None
 try:
     from isal import isal_zlib
 except ImportError:  # a declared dependency; without it the fast levels fall back to zlib
@@ -215,16 +218,19 @@ def _resized(img: Image.Image, min_pixels: int, max_pixels: int, factor: int) ->
     return resize_rgb(img, w, h)
 
 
-def _rgbx_storage(img: Image.Image) -> pa.Array | bytearray:
+def _rgbx_storage(img: Image.Image) -> Any:
     """An RGB image's pixels as 4 bytes per pixel: a DLPack-capable view or a bytearray copy."""
-    try:
-        # Zero-copy: Pillow's Arrow export of its own storage. Exporting row by row
-        # (``tobytes``) costs more than a resize of the frame.
-        return pa.array(img).values
-    except (pa.ArrowException, TypeError, ValueError):
-        # Images spread over several Pillow memory blocks (about > 16 MB, e.g. 4K) cannot be
-        # exported in one piece, nor can any image on Pillow < 11.2: take the copying route.
-        return bytearray(img.tobytes("raw", "RGBX"))
+    if pa is not None:
+        try:
+            # Zero-copy: Pillow's Arrow export of its own storage. Exporting row by row
+            # (``tobytes``) costs more than a resize of the frame.
+            return pa.array(img).values
+        except (pa.ArrowException, TypeError, ValueError):
+            pass
+    # Images spread over several Pillow memory blocks (about > 16 MB, e.g. 4K) cannot be
+    # exported in one piece, nor can any image on Pillow < 11.2 (or without pyarrow): take the
+    # copying route.
+    return bytearray(img.tobytes("raw", "RGBX"))
 
 
 def rgbx_array(img: Image.Image) -> np.ndarray:
