@@ -350,8 +350,14 @@ def test_generation_eval_scores_verdicts_and_counts_unparsed(data_dir):
         "eval_verdict_accuracy": 0.0,
         "eval_verdict_unparsed": 2.0,
         "eval_verdict_n": 2.0,
+        "eval_verdict_cut": 0.0,
         "eval_max_new_tokens": 4.0,
     }
+    # A rank past its time cap stops and reports what it left out instead of lagging.
+    cut = verdict_accuracy(
+        model, processor, samples, encoder, limit=2, max_new_tokens=4, time_limit_s=0.0
+    )
+    assert cut["eval_verdict_n"] == 0.0 and cut["eval_verdict_cut"] == 2.0
 
 
 def test_unreadable_samples_are_quarantined_with_a_reason(data_dir, tmp_path):

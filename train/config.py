@@ -194,6 +194,10 @@ class TrainLoopConfig:
     eval_max_new_tokens: int = 0
     """Generation budget per evaluated critique sample, in tokens; 0 = the longest held-out
     target plus 16 (the data decides, so no target is cut short)."""
+    eval_generate_time_s: float = 600.0
+    """Wall-clock cap of the final generation eval on each rank, in seconds (it runs after the
+    final checkpoint is saved; a rank past the cap stops generating and reports what it scored,
+    so no rank lags into the process-group timeout)."""
     save_every_n_steps: int = 500
     """Optimizer steps between resumable checkpoints (0 = only on signal and at the end)."""
     keep_last_checkpoints: int = 2
@@ -306,6 +310,7 @@ def _validate(cfg: TrainConfig) -> None:
     for name in (*names, "eval_max_new_tokens"):
         _check(getattr(lp, name) >= 0, f"`loop.{name}` must be >= 0")
     _check(lp.eval_max_packs > 0, "`loop.eval_max_packs` must be positive")
+    _check(lp.eval_generate_time_s > 0, "`loop.eval_generate_time_s` must be positive")
     _check(lp.keep_last_checkpoints > 0, "`loop.keep_last_checkpoints` must be positive")
     _check(bool(lp.resume), "`loop.resume` must be auto, never or a checkpoint directory")
     _check(lp.peak_tflops_override >= 0, "`loop.peak_tflops_override` must be >= 0 (0 = lookup)")

@@ -7,6 +7,7 @@ for the run's ``MetricLogger``; the recipe calls ``run_evaluation`` every
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,6 +94,7 @@ def verdict_accuracy(
     *,
     limit: int,
     max_new_tokens: int,
+    time_limit_s: float = float("inf"),
 ) -> dict[str, float]:
     """Greedy-generate answers for up to ``limit`` critique samples and score the verdicts.
 
@@ -107,21 +109,28 @@ def verdict_accuracy(
         encoder: The run's ``RecordEncoder``.
         limit: Critique samples scored in total.
         max_new_tokens: Generation budget; 0 = the longest chosen target plus a margin.
+        time_limit_s: Wall-clock cap on this rank, in seconds: past it the rank stops
+            generating and joins the sum with what it scored (counted in
+            ``eval_verdict_cut``).
 
     Returns:
         ``{"eval_verdict_accuracy", "eval_verdict_unparsed", "eval_verdict_n",
-        "eval_max_new_tokens"}``.
+        "eval_verdict_cut", "eval_max_new_tokens"}``.
     """
     rank, world = rank_and_world()
     chosen = [s for s in samples if s.kind == "critique"][:limit]
     if max_new_tokens <= 0:
         max_new_tokens = generation_budget(processor, encoder, chosen)
     chosen = chosen[rank::world]
-    right = unparsed = scored = 0
+    right = unparsed = scored = cut = 0
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    for sample in chosen:
+    deadline = time.monotonic() + time_limit_s
+    for i, sample in enumerate(chosen):
+        if time.monotonic() > deadline:
+            cut = len(chosen) - i
+            break
         messages, target = encoder.prompt_and_target(sample.payload)
         expected = _expected_verdict(sample, target)
         if expected is None:
@@ -143,11 +152,12 @@ def verdict_accuracy(
         elif str(parsed.verdict) == expected:
             right += 1
     model.train(was_training)
-    right, unparsed, scored = all_reduce_sum([right, unparsed, scored], device)
+    right, unparsed, scored, cut = all_reduce_sum([right, unparsed, scored, cut], device)
     return {
         "eval_verdict_accuracy": right / scored if scored else float("nan"),
         "eval_verdict_unparsed": float(unparsed),
         "eval_verdict_n": float(scored),
+        "eval_verdict_cut": float(cut),
         "eval_max_new_tokens": float(max_new_tokens),
     }
 

@@ -374,23 +374,30 @@ def train(
         if state.step_in_epoch >= len(plan.steps):
             state.epoch += 1
             state.step_in_epoch = 0
-    signals.restore()
     if bar is not None:
         bar.close()
     if ledger is not None:
         ledger.close()
     if preempted:
+        # The handlers stay installed through the save: a second SIGTERM (SLURM repeats it)
+        # is only recorded, never kills the checkpoint half-written.
         if state.step > 0:
             _save(c)
-        # SLURM requeues a preempted (SIGTERM) job itself; a time-limit warning needs asking.
+        # Rank 0 asks for the requeue before the barrier: no rank can exit (and make srun's
+        # --kill-on-bad-exit end the job step) before the request is in. SLURM requeues a
+        # preempted (SIGTERM) job itself; a time-limit warning needs asking.
         ckpt.requeue_slurm_job(cfg.loop.requeue_on_signal and signals.signum != signal.SIGTERM)
+        ckpt.barrier()
+        signals.restore()
         c.metrics.close()
         return TrainResult(state=state, losses=losses, preempted=True)
-    _run_eval(c, final=True)
+    # The final checkpoint first: a final eval that fails or lags cannot cost it.
     _save(c)
     final_dir = ckpt.export_final(
         Path(cfg.out) / "final", acc, model, c.processor, cfg, cfg.lora.enabled
     )
+    signals.restore()
+    _run_eval(c, final=True)
     c.metrics.close()
     return TrainResult(state=state, losses=losses, final_dir=final_dir)
 
@@ -535,6 +542,7 @@ def _run_eval(c: Components, final: bool = False) -> None:
             c.encoder,
             limit=generate,
             max_new_tokens=lp.eval_max_new_tokens,
+            time_limit_s=lp.eval_generate_time_s,
         )
     c.metrics.log(row, c.state.step)
 
