@@ -440,10 +440,12 @@ def export_final(
         _enable_cache(inner, set_use_cache)
         prefix = "model."
         weights = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        # The gathered weights in both cases: under ZeRO-3 the live parameters are partitions
+        # (shape (0,) for every one above the persistence threshold), so a PEFT model saved from
+        # them writes an empty adapter. PEFT picks the adapter keys out of the full dict.
+        inner.save_pretrained(out, state_dict=weights, safe_serialization=True)
         if lora:
-            inner.save_pretrained(out)
-        else:
-            inner.save_pretrained(out, state_dict=weights, safe_serialization=True)
+            _check_adapter(out)
         # Processor after the model, so the tokenizer files cannot overwrite the processor's
         # (qwen3vl_training.md §13.6).
         processor.save_pretrained(out)
@@ -453,6 +455,20 @@ def export_final(
         log.info("final checkpoint in %s", out)
     barrier()
     return out
+
+
+def _check_adapter(out: Path) -> None:
+    """Refuse an adapter file holding an empty tensor (a partitioned, ungathered save)."""
+    from safetensors import safe_open
+
+    with safe_open(str(out / "adapter_model.safetensors"), framework="pt") as fh:
+        empty = [k for k in fh.keys() if 0 in fh.get_slice(k).get_shape()]  # noqa: SIM118
+    if empty:
+        raise RuntimeError(
+            f"{out}: {len(empty)} adapter tensors are empty (e.g. {empty[0]}): the LoRA weights "
+            "were saved ungathered; set stage3_gather_16bit_weights_on_model_save in the "
+            "DeepSpeed config"
+        )
 
 
 def _enable_cache(model: Any, set_use_cache: Any) -> None:
