@@ -136,16 +136,18 @@ def test_deepspeed_zero2_two_processes_train_save_and_resume(data_dir, reference
     assert [r["step"] for r in _rows(out)] == [1, 2, 3]
 
 
-def test_deepspeed_zero3_gathers_the_head_once_per_rank_and_saves_full_weights(
+def test_deepspeed_zero3_chunks_the_head_in_step_across_ranks_and_saves_full_weights(
     data_dir, reference, tmp_path
 ):
-    # Ranks hold packs with different supervised counts; a chunked head would issue a different
-    # number of ZeRO-3 all-gathers per rank and hang. The recipe calls the head once under ZeRO-3.
+    # Ranks hold packs with different supervised counts, so with 4-row chunks they need
+    # different chunk counts; each head call all-gathers its weight under ZeRO-3, so unequal
+    # counts would hang. The ranks agree on the largest count and pad with empty chunks.
     from transformers import AutoModelForImageTextToText
 
     out = tmp_path / "z3"
     launcher = _launcher("zero3")
-    _run([*launcher, *_args(data_dir, out, *COMMON, "optim.grad_accum=2")], timeout=240)
+    chunks = "loop.loss_chunk_tokens=4"
+    _run([*launcher, *_args(data_dir, out, *COMMON, "optim.grad_accum=2", chunks)], timeout=240)
     row, ref = _rows(out)[0], _rows(reference)[0]
     assert row["loss"] == pytest.approx(ref["loss"], rel=2e-2)
     assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=0.1)

@@ -57,6 +57,27 @@ def test_chunked_ce_equals_plain_ce_value_and_grad():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+def test_padded_chunk_count_keeps_the_value_and_counts_every_head_call():
+    # ZeRO-3: ranks agree on the largest chunk count; extra calls run on zero rows.
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    calls = []
+    head.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    hidden = torch.randn(10, 16, requires_grad=True)
+    labels = torch.randint(0, 50, (10,))
+    ref = F.cross_entropy(head(hidden).float(), labels, reduction="sum")
+    calls.clear()
+    got = chunked_cross_entropy(hidden, labels, head, chunk_tokens=4, n_chunks=5)
+    assert calls == [4, 4, 2, 0, 0]
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-5)
+    got.backward()  # the recomputation in backward calls the head again, as often (reversed)
+    assert calls[5:] == [0, 0, 2, 4, 4]
+    empty = chunked_cross_entropy(hidden[:0], labels[:0], head, chunk_tokens=4, n_chunks=2)
+    assert float(empty) == 0.0
+    with pytest.raises(ValueError, match="n_chunks=2 < 3"):
+        chunked_cross_entropy(hidden, labels, head, chunk_tokens=4, n_chunks=2)
+
+
 def test_packed_equals_unpacked_per_token(model, samples):
     loss = CriticLoss(model, chunk_tokens=64).eval()
     with torch.no_grad():

@@ -31,7 +31,11 @@ def _chunk_ce_sum(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Module) -
 
 
 def chunked_cross_entropy(
-    hidden: torch.Tensor, labels: torch.Tensor, head: nn.Module, chunk_tokens: int = 2048
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    head: nn.Module,
+    chunk_tokens: int = 2048,
+    n_chunks: int | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy of ``head(hidden)`` against ``labels``, chunk by chunk.
 
@@ -39,25 +43,42 @@ def chunked_cross_entropy(
         hidden: (N, D) hidden states at supervised positions.
         labels: (N,) target ids (no ignore index left).
         head: The output projection (``lm_head``); called as a module so ZeRO-3 hooks fire.
-        chunk_tokens: Rows per chunk; 0 means one call without recomputation, which ZeRO-3
-            needs: every ``head`` call all-gathers its weight, so ranks with different chunk
-            counts would issue different collectives and hang.
+        chunk_tokens: Rows per chunk; 0 means one call without recomputation.
+        n_chunks: Call ``head`` exactly this many times (at least ``ceil(N / chunk_tokens)``),
+            the extra calls on zero rows. ZeRO-3 all-gathers the head's weight on every call,
+            so ranks must agree on the count (``sync_chunk_count``) or the job hangs.
 
     Returns:
         A scalar fp32 tensor equal to ``F.cross_entropy(head(hidden).float(), labels, "sum")``.
     """
-    if chunk_tokens <= 0 or hidden.shape[0] == 0:
-        # Exactly one head call, even without supervised rows (same collectives on every rank).
+    if chunk_tokens <= 0 or (hidden.shape[0] == 0 and n_chunks is None):
+        # Exactly one head call, even without supervised rows.
         return F.cross_entropy(head(hidden).float(), labels, reduction="sum")
+    needed = -(-hidden.shape[0] // chunk_tokens)
+    calls = needed if n_chunks is None else n_chunks
+    if calls < needed:
+        raise ValueError(f"n_chunks={n_chunks} < {needed} chunks of {chunk_tokens} rows")
     total = hidden.new_zeros((), dtype=torch.float32)
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        h, y = hidden[start : start + chunk_tokens], labels[start : start + chunk_tokens]
+    for i in range(calls):
+        # Past the last row the slices are empty: a head call that only keeps ranks in step.
+        rows = slice(i * chunk_tokens, (i + 1) * chunk_tokens)
+        h, y = hidden[rows], labels[rows]
         if torch.is_grad_enabled():
             # Recompute the chunk's logits in backward instead of keeping them alive.
             total = total + checkpoint(_chunk_ce_sum, h, y, head, use_reentrant=False)
         else:
             total = total + _chunk_ce_sum(h, y, head)
     return total
+
+
+def sync_chunk_count(rows: int, chunk_tokens: int, device: torch.device) -> int:
+    """The largest chunk count any rank needs for ``rows`` supervised rows (a MAX all-reduce)."""
+    import torch.distributed as dist
+
+    count = torch.tensor([max(1, -(-rows // chunk_tokens))], device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
 
 
 def supervised_positions(
@@ -90,11 +111,19 @@ class CriticLoss(nn.Module):
     Accelerate/DeepSpeed wrap this module; checkpoints save ``self.model``.
     """
 
-    def __init__(self, model: nn.Module, chunk_tokens: int = 2048, vit_guard: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        chunk_tokens: int = 2048,
+        vit_guard: bool = True,
+        sync_chunks: bool = False,
+    ):
         super().__init__()
         self.model = model
         self.chunk_tokens = chunk_tokens
         self.vit_guard = vit_guard
+        # ZeRO-3: every rank calls the head the same number of times (see chunked_cross_entropy).
+        self.sync_chunks = sync_chunks
 
     def hidden_states(self, batch: dict[str, Any]) -> torch.Tensor:
         """Last hidden states (1, L, D) of a packed row; no logits, no cache, no mask."""
@@ -121,7 +150,10 @@ class CriticLoss(nn.Module):
         hidden = self.hidden_states(batch)
         h, y = supervised_positions(hidden, batch["labels"])
         head = _base_model(self.model).lm_head
-        loss_sum = chunked_cross_entropy(h, y, head, self.chunk_tokens)
+        calls = (
+            sync_chunk_count(y.numel(), self.chunk_tokens, h.device) if self.sync_chunks else None
+        )
+        loss_sum = chunked_cross_entropy(h, y, head, self.chunk_tokens, calls)
         return loss_sum, y.new_tensor(y.numel())
 
 

@@ -165,9 +165,9 @@ def setup(cfg: TrainConfig) -> Components:
         total,
     )
     flop_shape = build.flop_shape(cfg, model)
-    # Under ZeRO-3 the head runs once per micro-step (see chunked_cross_entropy).
-    chunk = 0 if build.zero_stage(accelerator) == 3 else cfg.loop.loss_chunk_tokens
-    loss_module = CriticLoss(model, chunk_tokens=chunk)
+    # ZeRO-3 gathers the head's weight per call: the ranks agree on the chunk count each step.
+    zero3 = build.zero_stage(accelerator) == 3
+    loss_module = CriticLoss(model, chunk_tokens=cfg.loop.loss_chunk_tokens, sync_chunks=zero3)
     if build.is_deepspeed(accelerator):
         build.configure_deepspeed(accelerator, cfg, grad_accum)
     else:
