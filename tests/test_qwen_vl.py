@@ -478,6 +478,27 @@ def test_parameter_groups(processor):
         qwen_vl.parameter_groups(model, lr_llm=1, lr_merger=1, lr_vit=1, weight_decay=0)
 
 
+def test_groups_and_counts_of_zero3_partitioned_parameters(processor):
+    # Under ZeRO-3 init every parameter is an empty 1-D partition; its real shape is ds_shape.
+    def names_by_group(model):
+        groups = qwen_vl.parameter_groups(
+            model, lr_llm=1e-5, lr_merger=2e-5, lr_vit=1e-6, weight_decay=0.1
+        )
+        names = {id(p): n for n, p in model.named_parameters()}
+        return {g["name"]: sorted(names[id(p)] for p in g["params"]) for g in groups}
+
+    whole = tiny_model(processor)
+    counts = qwen_vl.apply_freezing(whole, train_vit=True)
+    expected = names_by_group(whole)
+    parted = tiny_model(processor)
+    for p in parted.parameters():
+        p.ds_shape, p.ds_numel = p.shape, p.numel()
+        p.data = torch.empty(0, dtype=p.dtype)
+    assert qwen_vl.apply_freezing(parted, train_vit=True) == counts
+    assert counts["llm"] > 0
+    assert names_by_group(parted) == expected
+
+
 # ---------------------------------------------------------------------------------------------
 # Processor budget, loading and saving
 

@@ -281,6 +281,24 @@ def test_collate_restarts_text_positions_per_sample():
     assert "pixel_values" not in collate_pack([_sample(3, 1)]).inputs
 
 
+def test_collate_casts_pixels_to_the_vision_dtype_and_the_model_sees_the_same_numbers():
+    from hivig.testing import tiny_model, tiny_processor
+
+    s = _sample(5, 2, images=1)
+    s["pixel_values"] = torch.randn(4, 1536)
+    fp32 = collate_pack([s]).inputs["pixel_values"]
+    bf16 = collate_pack([s], pixel_dtype=torch.bfloat16).inputs["pixel_values"]
+    assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
+    # A bf16 vision tower casts fp32 pixels itself: handing them over in bf16 changes nothing.
+    visual = tiny_model(tiny_processor()).to(torch.bfloat16).model.visual.eval()
+    grid = torch.tensor([[1, 2, 2]])
+    patches = torch.randn(4, visual.config.in_channels * 2 * visual.config.patch_size**2)
+    with torch.no_grad():
+        a = visual(patches, grid_thw=grid).pooler_output
+        b = visual(patches.to(torch.bfloat16), grid_thw=grid).pooler_output
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_collate_prepends_text_row_to_three_row_mrope():
     s = _sample(4, 1)
     s["position_ids"] = torch.full((3, 4), 9)
@@ -529,3 +547,23 @@ def test_activation_checkpointing_is_enabled_without_deprecated_calls():
     if flag is None:  # older transformers 5.x: the gradient-checkpointing name only
         flag = model.is_gradient_checkpointing
     assert flag
+
+
+def test_export_reads_the_state_dict_on_rank_zero_only_outside_zero3(monkeypatch, tmp_path):
+    # ZeRO-2/DDP: get_state_dict copies every weight to host memory; only rank 0 needs them.
+    import train.checkpoint as ckpt
+
+    class Acc:
+        calls = 0
+
+        def get_state_dict(self, model):
+            Acc.calls += 1
+            return {}
+
+    monkeypatch.setattr(ckpt, "rank_and_world", lambda: (1, 2))
+    monkeypatch.setattr(ckpt, "zero_stage", lambda acc: 2)
+    ckpt.export_final(tmp_path, Acc(), torch.nn.Linear(1, 1), None, None, lora=False)
+    assert Acc.calls == 0 and not any(tmp_path.iterdir())
+    monkeypatch.setattr(ckpt, "zero_stage", lambda acc: 3)  # a collective: every rank gathers
+    ckpt.export_final(tmp_path, Acc(), torch.nn.Linear(1, 1), None, None, lora=False)
+    assert Acc.calls == 1

@@ -33,6 +33,7 @@ from hivig.checkpoint_files import write_reader_compat
 from hivig.config import ConfigError, config_to_dict, write_run_description
 from hivig.distributed import rank_and_world
 from hivig.logging import get_logger
+from train.build import zero_stage
 from train.signals import PreemptionFlag  # noqa: F401  (re-exported for the recipe)
 
 log = get_logger(__name__)
@@ -433,9 +434,11 @@ def export_final(
     """
     from hivig.models.qwen_vl import set_use_cache
 
-    # Collective under ZeRO-3 (every rank gathers); the plain state dict elsewhere.
-    state_dict = accelerator.get_state_dict(model)
-    if rank_and_world()[0] == 0:
+    # Collective under ZeRO-3 (every rank gathers). Elsewhere only rank 0 reads it: each rank
+    # would copy the whole state dict to host memory (8 x 17.5 GB per 8-GPU node at 8B).
+    rank0 = rank_and_world()[0] == 0
+    state_dict = accelerator.get_state_dict(model) if rank0 or zero_stage(accelerator) == 3 else {}
+    if rank0:
         inner = accelerator.unwrap_model(model).model
         _enable_cache(inner, set_use_cache)
         prefix = "model."

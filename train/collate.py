@@ -79,7 +79,9 @@ def _positions(sample: Any, n: int) -> torch.Tensor:
     return pos
 
 
-def collate_pack(samples: Sequence[Any], sample_ids: Sequence[str] = ()) -> PackedBatch:
+def collate_pack(
+    samples: Sequence[Any], sample_ids: Sequence[str] = (), pixel_dtype: torch.dtype | None = None
+) -> PackedBatch:
     """Concatenate encoded samples into one padding-free row.
 
     Args:
@@ -87,6 +89,8 @@ def collate_pack(samples: Sequence[Any], sample_ids: Sequence[str] = ()) -> Pack
             ``labels`` (L,), ``position_ids`` (4, L) or (3, L), and optionally
             ``pixel_values`` (P, D) and ``image_grid_thw`` (n, 3).
         sample_ids: Ids in the same order (default ``0..k-1``).
+        pixel_dtype: Cast ``pixel_values`` to this dtype (the vision tower's own, which it would
+            cast to anyway): bf16 halves what loader workers pass through shared memory.
 
     Returns:
         A ``PackedBatch`` with batch dimension 1.
@@ -119,7 +123,7 @@ def collate_pack(samples: Sequence[Any], sample_ids: Sequence[str] = ()) -> Pack
         "position_ids": torch.cat(pos, dim=1)[:, None, :].long(),  # (4, 1, L)
     }
     if pixels:
-        inputs["pixel_values"] = torch.cat(pixels)
+        inputs["pixel_values"] = torch.cat(pixels).to(pixel_dtype or pixels[0].dtype)
         inputs["image_grid_thw"] = torch.cat(grids).long()
     names = [str(i) for i in sample_ids] if sample_ids else [str(i) for i in range(len(samples))]
     meta = PackMeta(

@@ -365,8 +365,15 @@ def plan_epoch(
 class PackDataset(Dataset):
     """Item ``k`` = the ``k``-th micro-batch of this rank: its samples encoded and collated."""
 
-    def __init__(self, samples: Sequence[Sample], packs: Sequence[Sequence[int]], encoder: Encoder):
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        packs: Sequence[Sequence[int]],
+        encoder: Encoder,
+        pixel_dtype: torch.dtype | None = None,
+    ):
         self.samples, self.packs, self.encoder = samples, list(packs), encoder
+        self.pixel_dtype = pixel_dtype
 
     def __len__(self) -> int:
         return len(self.packs)
@@ -381,7 +388,7 @@ class PackDataset(Dataset):
             else:
                 e.kind = s.kind
             encoded.append(e)
-        return collate_pack(encoded, [s.id for s in chosen])
+        return collate_pack(encoded, [s.id for s in chosen], self.pixel_dtype)
 
 
 def step_supervised(plan: EpochPlan, step: int, supervised: Sequence[int]) -> tuple[int, list[int]]:
@@ -410,6 +417,7 @@ def build_loader(
     prefetch_factor: int,
     pin_memory: bool,
     seed: int = 0,
+    pixel_dtype: torch.dtype | None = None,
 ) -> DataLoader:
     """A loader yielding ``PackedBatch``es in plan order; workers encode whole packs.
 
@@ -417,6 +425,7 @@ def build_loader(
     from the global torch RNG: creating an iterator must not move the RNG stream a resumed run
     has just restored (dropout masks would differ from the uninterrupted run). Torch seeds each
     worker's ``random``, ``numpy`` and ``torch`` from that base seed and the worker id.
+    ``pixel_dtype`` is the vision tower's dtype (``collate_pack``).
     """
     generator = torch.Generator()
     generator.manual_seed(seed)
@@ -424,7 +433,7 @@ def build_loader(
     if num_workers > 0:
         extra["prefetch_factor"] = prefetch_factor
     return DataLoader(
-        PackDataset(samples, packs, encoder),
+        PackDataset(samples, packs, encoder, pixel_dtype),
         batch_size=None,
         shuffle=False,
         num_workers=num_workers,

@@ -499,7 +499,16 @@ def _loader(c: Components, packs: list[list[int]]) -> Any:
         prefetch_factor=d.prefetch_factor,
         pin_memory=torch.cuda.is_available(),
         seed=c.cfg.loop.seed * 1_000_003 + c.state.epoch,
+        # The ViT casts pixels to its own dtype: bf16 from the workers on is the same numbers
+        # at half the shared memory (about 100 MB instead of 200 MB per 8B pack).
+        pixel_dtype=_vision_dtype(c),
     )
+
+
+def _vision_dtype(c: Components) -> torch.dtype:
+    inner = c.accelerator.unwrap_model(c.model).model
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    return next(base.model.visual.parameters()).dtype
 
 
 def _clip(acc: Accelerator, model: Any, max_norm: float) -> float | None:

@@ -99,14 +99,28 @@ def apply_freezing(
     for group, names in module_groups(model).items():
         for name in names:
             params[name].requires_grad_(flags[group])
-        counts[group] = sum(params[n].numel() for n in names) if flags[group] else 0
+        counts[group] = sum(full_numel(params[n]) for n in names) if flags[group] else 0
     logger.info("trainable parameters per group: %s", counts)
     return counts
 
 
+def full_shape(param: nn.Parameter) -> tuple[int, ...]:
+    """A parameter's shape before ZeRO-3 partitioning (``ds_shape``), else its own.
+
+    A partitioned parameter (``from_pretrained`` under ZeRO-3 init) is an empty 1-D tensor;
+    its real shape is only in ``ds_shape``.
+    """
+    return tuple(getattr(param, "ds_shape", param.shape))
+
+
+def full_numel(param: nn.Parameter) -> int:
+    """A parameter's element count before ZeRO-3 partitioning (``ds_numel``), else its own."""
+    return int(getattr(param, "ds_numel", param.numel()))
+
+
 def _no_decay(name: str, param: nn.Parameter) -> bool:
     # Biases and norm scales are 1-D; decaying them only pulls them towards zero.
-    return param.ndim < 2 or name.endswith(".bias")
+    return len(full_shape(param)) < 2 or name.endswith(".bias")
 
 
 def parameter_groups(
