@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
 	# torch first: deepspeed's build reads the installed torch, so it is built without isolation.
-	$(PIP) install --quiet "torch>=2.6" "torchvision>=0.21"
+	$(PIP) install --quiet "torch>=2.12" "torchvision>=0.27"
 	$(PIP) install --quiet --no-build-isolation "deepspeed>=0.17"
 	$(PIP) install --quiet -e ".[test]"
 	@rm -f $(VENV)/.installed-*

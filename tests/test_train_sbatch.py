@@ -130,3 +130,18 @@ def test_header_appends_logs_and_leaves_partition_and_account_to_the_environment
 
 def test_sbatch_syntax():
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
+
+
+def test_the_torch_floor_has_the_launcher_options_the_job_sets():
+    """PET_SIGNALS_TO_HANDLE and PET_SHUTDOWN_TIMEOUT are torchrun options (torch >= 2.12)."""
+    import re
+
+    from torch.distributed.run import get_args_parser
+
+    floor = re.search(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert tuple(int(x) for x in floor.split(".")) >= (2, 12)
+    assert f'"torch>={floor}"' in (ROOT / "Makefile").read_text()
+    options = {o for a in get_args_parser()._actions for o in a.option_strings}
+    assert {"--signals-to-handle", "--shutdown-timeout"} <= options
+    sbatch = SBATCH.read_text()
+    assert "PET_SHUTDOWN_TIMEOUT" in sbatch and "PET_SIGNALS_TO_HANDLE" in sbatch
