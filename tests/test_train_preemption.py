@@ -92,14 +92,56 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_stop_save_and_rank_zero_requeues_the_job(data_dir, tmp_path):
-    """Two ranks under torchrun, SIGUSR1 as SLURM's time-limit warning: both stop at one step,
-    the checkpoint is complete and rank 0's ``scontrol requeue`` went through while it lived
-    (rank 0 now asks before the ranks' last barrier, so no rank exits first)."""
+# srun on two nodes with --kill-on-bad-exit=1: one task per node, signals forwarded to every
+# task, and the first task to exit non-zero gets the others SIGKILLed.
+_SRUN = """#!/usr/bin/env python3
+import os, signal, subprocess, sys, time
+args = sys.argv[1:]
+while args and args[0].startswith("--"):
+    args.pop(0)
+nodes = int(os.environ["SLURM_NNODES"])
+tasks = [
+    subprocess.Popen(args, env={**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)},
+                     start_new_session=True)
+    for i in range(nodes)
+]
+def forward(signum, frame):
+    for t in tasks:
+        if t.poll() is None:
+            os.killpg(t.pid, signum)
+signal.signal(signal.SIGUSR1, forward)
+signal.signal(signal.SIGTERM, forward)
+while True:
+    for t in tasks:
+        code = t.poll()
+        if code is not None and code != 0:
+            for other in tasks:
+                if other.poll() is None:
+                    os.killpg(other.pid, signal.SIGKILL)
+            with open(os.environ["STUB_LOG"], "a") as fh:
+                fh.write(f"killed after exit {code}\\n")
+            sys.exit(code)
+    if all(t.poll() == 0 for t in tasks):
+        sys.exit(0)
+    time.sleep(0.05)
+"""
+
+# One node's launcher: torchrun for this node's rank (the recipe runs under it as on SLURM).
+_NODE = (
+    'exec "$PYTHON" -m torch.distributed.run --nnodes 2 --node_rank "$SLURM_NODEID" '
+    '--nproc_per_node 1 --master_addr 127.0.0.1 --master_port "$PORT" -m train "$@"'
+)
+
+
+def test_two_nodes_requeue_before_srun_kills_the_job(data_dir, tmp_path):
+    """srun --kill-on-bad-exit on 2 nodes, SIGUSR1 as SLURM's time-limit warning: both ranks
+    stop at one step and save; rank 0's ``scontrol requeue`` must go through before any rank
+    exits with the preempted status (which makes srun kill the other node)."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
-    (stubs / "scontrol").write_text(_SCONTROL)
-    (stubs / "scontrol").chmod(0o755 | stat.S_IEXEC)
+    for name, text in (("scontrol", _SCONTROL), ("srun", _SRUN)):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755 | stat.S_IEXEC)
     log = tmp_path / "scontrol.log"
     out = tmp_path / "requeue"
     env = {
@@ -107,27 +149,34 @@ def test_two_ranks_stop_save_and_rank_zero_requeues_the_job(data_dir, tmp_path):
         "PATH": f"{stubs}:{os.environ['PATH']}",
         "STUB_LOG": str(log),
         "SLURM_JOB_ID": "4242",
+        "SLURM_NNODES": "2",
+        "PYTHON": sys.executable,
+        "PORT": str(_free_port()),
         "OMP_NUM_THREADS": "1",
         "ACCELERATE_USE_CPU": "true",
         "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
     }
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", str(_free_port()), "-m", "train",
+        str(stubs / "srun"), "--kill-on-bad-exit=1", "bash", "-c", _NODE, "node",
         *_args(data_dir, out, "loop.requeue_on_signal=true"),
     ]  # fmt: skip
-    launcher = subprocess.Popen(
+    job = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     deadline = time.monotonic() + 240
-    while (
-        not (out / "metrics.jsonl").is_file() or "loss" not in (out / "metrics.jsonl").read_text()
-    ):
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[0]
+    metrics = out / "metrics.jsonl"
+    while not metrics.is_file() or "loss" not in metrics.read_text():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
         time.sleep(0.1)
-    launcher.send_signal(signal.SIGUSR1)
-    output = launcher.communicate(timeout=240)[0]
-    assert log.is_file(), output[-3000:]
-    assert log.read_text().split() == ["requeue", "4242"]
+    job.send_signal(signal.SIGUSR1)
+    output = job.communicate(timeout=240)[0]
+    # The agents re-raise the signal once their worker is done (exit 1), so srun kills the
+    # other node then; the requeue must be in by that time.
+    lines = log.read_text().splitlines() if log.is_file() else []
+    assert job.returncode != 0 and any(x.startswith("killed after exit") for x in lines), lines
+    assert "requeue 4242" in lines, output[-3000:]
+    assert lines.index("requeue 4242") < next(
+        i for i, x in enumerate(lines) if x.startswith("killed")
+    )
     (saved,) = (out / "checkpoints").iterdir()
     assert ckpt.incomplete_reason(saved) is None
