@@ -1,5 +1,5 @@
-"""Preemption on a cluster: a repeated SIGTERM during the save, and the requeue on two ranks
-before any of them can exit (and have the launcher kill the others)."""
+"""Preemption on a cluster: a repeated SIGTERM during the save, and the requeue on two nodes
+before any rank can exit (and have srun kill the other node)."""
 
 from __future__ import annotations
 
