@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, args.site)
     importlib.invalidate_caches()
     report["missing"] = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    if report["env"]["gpu"].get("cuda"):
+        # Triton compiles a small C launcher for every kernel (flex attention's included).
+        if not report["env"]["cc"]:
+            report["missing"].append("a C compiler (cc/gcc), which Triton needs")
+        if not report["env"]["python_headers"]:
+            report["missing"].append("Python.h (python3-dev), which Triton needs")
     report["pass"] = not report["missing"]
     Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
     for m in report["missing"]:

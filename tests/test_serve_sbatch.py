@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
-import yaml
 
 from hivig.checkpoint_files import CheckpointError, read_frame, write_reader_compat
 from hivig.config import load_config
@@ -74,9 +77,10 @@ def test_transformers_5_reads_the_compat_files_as_its_own(final_ckpt, tmp_path):
     assert "<|vision_start|>" in processor.tokenizer.all_special_tokens
     config = AutoConfig.from_pretrained(final_ckpt)
     saved = json.loads((final_ckpt / "config.json").read_text())["text_config"]
-    assert config.text_config.rope_parameters["mrope_section"] == saved["rope_parameters"][
-        "mrope_section"
-    ]
+    assert (
+        config.text_config.rope_parameters["mrope_section"]
+        == saved["rope_parameters"]["mrope_section"]
+    )
     # Idempotent: a second pass changes no byte.
     before = {p.name: p.read_bytes() for p in final_ckpt.iterdir() if p.suffix == ".json"}
     write_reader_compat(final_ckpt)
@@ -92,7 +96,7 @@ def test_read_frame_names_the_missing_file(tmp_path):
         read_frame(tmp_path)
 
 
-def _job(tmp_path: Path, ckpt: Path, *gateway_args: str) -> subprocess.CompletedProcess:
+def _job_env(tmp_path: Path, ckpt: Path, **extra: str) -> dict[str, str]:
     stubs = tmp_path / "stubs"
     stubs.mkdir(exist_ok=True)
     for name, text in (("vllm", _VLLM), ("curl", _CURL)):
@@ -102,7 +106,7 @@ def _job(tmp_path: Path, ckpt: Path, *gateway_args: str) -> subprocess.Completed
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     python_dir = Path(sys.executable).parent
     (venv / "bin" / "activate").write_text(f'export PATH="{stubs}:{python_dir}:$PATH"\n')
-    env = {
+    return {
         **os.environ,
         "HIVIG_REPO": str(ROOT),
         "HIVIG_VENV": str(venv),
@@ -110,28 +114,56 @@ def _job(tmp_path: Path, ckpt: Path, *gateway_args: str) -> subprocess.Completed
         "STATE_DIR": str(tmp_path / "state"),
         "STUB_DIR": str(stubs),
         "HIVIG_SERVE_TOKEN": "t",
+        **extra,
     }
+
+
+def _job(tmp_path: Path, ckpt: Path, *gateway_args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(SBATCH), *gateway_args],
-        env=env,
+        env=_job_env(tmp_path, ckpt),
         capture_output=True,
         text=True,
         timeout=120,
     )
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_serve_sbatch_starts_vllm_and_the_gateway_on_the_checkpoint_frame(final_ckpt, tmp_path):
-    # --dry-run: the gateway resolves its config (frame included) and exits instead of serving.
-    job = _job(tmp_path, final_ckpt, "--dry-run")
-    assert job.returncode == 0, job.stderr
+    port = _free_port()
+    env = _job_env(tmp_path, final_ckpt, GATEWAY_PORT=str(port))
+    # The gateway binds 0.0.0.0 in the job; its warm-up against the stub vLLM fails, which only
+    # keeps /readyz unready. /v1/info reports the frame it serves with.
+    job = subprocess.Popen(
+        ["bash", str(SBATCH), "warmup=false"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline, info = time.monotonic() + 90, None
+        while info is None:
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            try:
+                reply = httpx.get(
+                    f"http://127.0.0.1:{port}/v1/info", headers={"Authorization": "Bearer t"}
+                )
+                info = reply.json() if reply.status_code == 200 else None
+            except httpx.TransportError:
+                time.sleep(0.2)
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.communicate(timeout=30)
+    assert info["frame"]["min_pixels"] == MIN_PX and info["frame"]["max_pixels"] == MAX_PX
+    assert info["backend"] == "openai"
     args = (tmp_path / "stubs" / "vllm.args").read_text().splitlines()
     assert args[:2] == ["serve", str(final_ckpt)]
     kwargs = json.loads(args[args.index("--mm-processor-kwargs") + 1])
     assert kwargs == {"size": {"shortest_edge": MIN_PX, "longest_edge": MAX_PX}}
     assert args[args.index("--chat-template") + 1] == str(final_ckpt / "chat_template.jinja")
-    gateway = yaml.safe_load(job.stdout)  # the gateway's resolved config
-    assert (gateway["frame"]["min_pixels"], gateway["frame"]["max_pixels"]) == (MIN_PX, MAX_PX)
-    assert gateway["backend"]["base_url"] == "http://127.0.0.1:8000/v1"
 
 
 def test_serve_sbatch_refuses_a_checkpoint_without_a_frame(final_ckpt, tmp_path):
@@ -180,7 +212,10 @@ print(json.dumps({
 
 def _load(env: dict[str, str], ckpt: Path) -> dict:
     run = subprocess.run(
-        [sys.executable, "-c", _LOAD, str(ckpt)], env=env, capture_output=True, text=True,
+        [sys.executable, "-c", _LOAD, str(ckpt)],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-2000:]
