@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	# torch first: deepspeed's build reads the installed torch, so it is built without isolation.
 	$(PIP) install --quiet "torch>=2.12" "torchvision>=0.27"
 	$(PIP) install --quiet --no-build-isolation "deepspeed>=0.17"
-	$(PIP) install --quiet -e ".[test]"
+	$(PIP) install --quiet -e ".[all,test]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
