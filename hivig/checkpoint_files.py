@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,37 +107,38 @@ def _legacy_processor_files(folder: Path) -> None:
             _write_json(folder / name, flat)
 
 
-def _legacy_tokenizer_config(folder: Path) -> None:
-    file = folder / "tokenizer_config.json"
-    if not file.is_file():
-        return
-    obj = _read_json(file)
-    extra = obj.get("extra_special_tokens") if isinstance(obj, dict) else None
+def _legacy_special_tokens(obj: dict[str, Any]) -> bool:
+    # tokenizer_config.json: 4.57 wants a name -> token mapping under `extra_special_tokens`;
+    # both versions read the plain list under the older key.
+    extra = obj.get("extra_special_tokens")
     if not isinstance(extra, list):
-        return
-    # 4.57 wants a name -> token mapping here; both versions read the plain list under the
-    # older key.
+        return False
     del obj["extra_special_tokens"]
     known = obj.get("additional_special_tokens")
     merged = list(known) if isinstance(known, list) else []
-    merged += [t for t in extra if t not in merged]
-    obj["additional_special_tokens"] = merged
-    _write_json(file, obj)
+    obj["additional_special_tokens"] = merged + [t for t in extra if t not in merged]
+    return True
 
 
-def _legacy_rope(folder: Path) -> None:
-    file = folder / "config.json"
-    if not file.is_file():
-        return
-    obj = _read_json(file)
-    text = obj.get("text_config") if isinstance(obj, dict) else None
+def _legacy_rope(obj: dict[str, Any]) -> bool:
+    # config.json: 4.57 reads the MRoPE sections from `rope_scaling` and the base separately.
+    text = obj.get("text_config")
     rope = text.get("rope_parameters") if isinstance(text, dict) else None
     if not isinstance(rope, dict) or "rope_scaling" in text:
-        return
+        return False
     text["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     if "rope_theta" in rope:
         text.setdefault("rope_theta", rope["rope_theta"])
-    _write_json(file, obj)
+    return True
+
+
+def _update(file: Path, change: Callable[[dict[str, Any]], bool]) -> None:
+    """Apply ``change`` to a JSON object file; rewrite it only when something changed."""
+    if not file.is_file():
+        return
+    obj = _read_json(file)
+    if isinstance(obj, dict) and change(obj):
+        _write_json(file, obj)
 
 
 def write_reader_compat(path: str | os.PathLike) -> None:
@@ -152,5 +154,5 @@ def write_reader_compat(path: str | os.PathLike) -> None:
     """
     folder = Path(path)
     _legacy_processor_files(folder)
-    _legacy_tokenizer_config(folder)
-    _legacy_rope(folder)
+    _update(folder / "tokenizer_config.json", _legacy_special_tokens)
+    _update(folder / "config.json", _legacy_rope)
