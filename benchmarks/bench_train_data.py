@@ -7,7 +7,7 @@ What it measures, per sample at the default canonical frame (max 1,048,576 px):
 
 - encode throughput in process (decode PNG → canonical frame + marker → chat template →
   processor → labels → MRoPE positions), in samples/s, and the workers a node needs to feed
-  8 GPUs at 0.8 samples/s/GPU (qwen3vl_training.md §16.3);
+  8 GPUs at 0.8 samples/s/GPU;
 - end-to-end packed batches through the training DataLoader with ``--workers`` processes, in
   samples/s per worker (median of ``--repeats`` runs);
 - token efficiency measured on the batch tensors the loaders yield (tokens that belong to
@@ -43,7 +43,7 @@ from train.packing import pad_to_longest_efficiency, plan_packs
 from train.synthetic import write_dataset
 
 GPUS_PER_NODE = 8
-DEMAND_PER_GPU = 0.8  # samples/s/GPU at ~50 % MFU for the 4-shot mix (§16.3)
+DEMAND_PER_GPU = 0.8  # samples/s/GPU at ~50 % MFU for the 4-shot mix
 
 
 def _parse() -> argparse.Namespace:

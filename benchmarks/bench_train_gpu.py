@@ -53,7 +53,7 @@ from train.collate import PackedBatch, collate_pack
 from train.flops import device_peak_tflops, mfu, shape_from_config, step_flops
 from train.loss import CriticLoss
 
-# Qwen3-VL-8B (qwen3vl_training.md §3.1-3.2); token ids are the Qwen3VLConfig defaults.
+# Qwen3-VL-8B; token ids are the Qwen3VLConfig defaults.
 QWEN3VL_8B = {
     "text_config": {
         "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,

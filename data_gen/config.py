@@ -131,7 +131,7 @@ class PerturbConfig:
     taxonomy key (``visual_hallucination``) or exact name; dimensions left out get weight 0.
     Default: uniform, so every dimension is ~8 % of Bad samples."""
     min_share: float = 0.03
-    """Floor on every dimension's share of the planned Bad samples (SPEC §3: >= 3 %)."""
+    """Floor on every dimension's share of the planned Bad samples (at least 3 %)."""
     platform_weights: dict[str, float] = field(default_factory=dict)
     """Target share of critique steps per platform (relative weights); empty keeps the corpus'
     natural mix. Over-represented platforms are down-sampled (counted as a drop reason)."""

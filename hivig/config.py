@@ -65,7 +65,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class FrameConfig:
-    """The canonical frame every screenshot is resized to (SPEC §2.4)."""
+    """The canonical frame every screenshot is resized to."""
 
     max_pixels: int = 1_048_576
     """Upper bound on frame area, in pixels (not edge length); 1,048,576 px ≈ 1,024 tokens."""

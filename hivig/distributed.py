@@ -1,7 +1,7 @@
 """Rank and world size from the one reliable source.
 
-Under DeepSpeed on CPU, ``Accelerator().process_index`` reports 0 on every rank (see
-``qwen3vl_training.md`` §13b), so anything that shards data or decides "main process" asks here.
+Under DeepSpeed on CPU, ``Accelerator().process_index`` reports 0 on every rank,
+so anything that shards data or decides "main process" asks here.
 """
 
 from __future__ import annotations

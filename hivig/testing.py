@@ -10,7 +10,7 @@ Nothing is downloaded. Two tokenizers:
 - ``tiny_tokenizer()``: a byte-level BPE (the 256 byte symbols, no merges) with the Qwen control
   tokens, for the few tests that need one token per byte.
 
-The model uses the tiny values of ``qwen3vl_training.md`` §4.2; with the real vocabulary its
+The model uses tiny values (3 text layers, hidden 64, vision depth 2); with the real vocabulary its
 embedding and head are 151,669 × 64 each (about 19.7M parameters; forward + backward of a
 short sample still well under a second on CPU)::
 
@@ -106,7 +106,7 @@ QWEN_FIRST_ADDED_ID = 151643
 QWEN_RANKS_RESOURCE = ("dashscope", "resources/qwen.tiktoken")
 """(package, file) holding the Qwen BPE ranks: one ``base64(token) rank`` pair per line."""
 
-# Tiny Qwen3-VL (qwen3vl_training.md §4.1-4.2). More LLM layers (3) than DeepStack entries (2),
+# Tiny Qwen3-VL. More LLM layers (3) than DeepStack entries (2),
 # or the last projector's output lands after the final layer and gets no gradient; every
 # DeepStack index below the vision depth; out_hidden_size == text hidden size;
 # num_position_embeddings a perfect square; mrope_section sums to head_dim / 2.
@@ -349,7 +349,7 @@ def save_tiny_checkpoint(out_dir: str | Path, thinking: bool = False, seed: int 
     """Write a tiny model and its processor as a normal Hugging Face checkpoint directory.
 
     The model is saved first and the processor second, so the processor files (and the chat
-    template) are the ones left on disk (``qwen3vl_training.md`` §13.6).
+    template) are the ones left on disk.
 
     Args:
         out_dir: Target directory (created if missing).

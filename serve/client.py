@@ -11,7 +11,7 @@ The request logic is written once, as generators that yield ``_Call`` objects an
 ``httpx.Client`` and ``httpx.AsyncClient``. That is how one sequence (observe, the session lost,
 re-created from its echo, observe again) behaves the same in both.
 
-Transport rules (serving design §11.5): connect timeout 2 s, a deadline per call (8 s) that covers
+Transport rules: connect timeout 2 s, a deadline per call (8 s) that covers
 its retries, one retry with jitter on transport errors, 429 (within the deadline, honouring
 ``Retry-After``), 502, 503 and 504; a circuit breaker opens after 5 consecutive failures for 60 s,
 then lets one probe through.

@@ -1,11 +1,11 @@
 """``CriticGuard``: the critic in the agent loop around any policy callable.
 
-Per step (serving design §11.7): observe the new screen (the macro history comes back and is
+Per step: observe the new screen (the macro history comes back and is
 handed to the policy), let the policy propose, critique the proposal, and on ``bad`` feed the
 explanation back and re-propose, up to ``max_reproposals`` times; then execute. A critic that
 abstains, fails or is unreachable never blocks: the proposal is executed as is.
 
-Two loop-level rescues run on top (serving design §12.5):
+Two loop-level rescues run on top:
 
 * **R3** (Reset, Reroute, Restore) when the gateway's recurrence detector fires (the same
   screen–action pair repeated without effect): the policy proposes from a fresh context (task and
@@ -116,7 +116,7 @@ class RecoveryConfig:
 
 @dataclass(frozen=True)
 class GuardConfig:
-    """Rejection and re-proposal policy (serving design §11.7).
+    """Rejection and re-proposal policy.
 
     Attributes:
         max_reproposals: Re-proposals after a ``bad`` verdict (K; 1 matches the two policy calls

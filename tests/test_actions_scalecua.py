@@ -1,4 +1,4 @@
-"""ScaleCUA action grammar -> typed actions: every form of the format notes, scale and mapping."""
+"""ScaleCUA action grammar -> typed actions: every form of the format, scale and mapping."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def err(text: str, platform: str = "windows", w: int = W, h: int = H, **kw) -> A
     return out
 
 
-# --- worked examples (scalecua_format §15) -------------------------------------------------------
+# --- worked examples -------------------------------------------------------
 
 
 def test_example_a_android_click():

@@ -5,6 +5,7 @@ importing torch, transformers or deepspeed."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,11 +54,17 @@ print(json.dumps({"executed": executed, "asked": len(agent.instructions), "heavy
 
 
 def test_runner_side_extra_runs_a_guarded_episode_without_the_training_stack(tmp_path):
+    # Built from a copy: pip writes build/ and *.egg-info into the source folder.
+    src = tmp_path / "src"
+    for part in ("hivig", "data_gen", "train", "serve"):
+        shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     venv = tmp_path / "agent-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
     pip = subprocess.run(
-        [str(py), "-m", "pip", "install", "--quiet", f"{ROOT}[agent]"],
+        [str(py), "-m", "pip", "install", "--quiet", f"{src}[agent]"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     if pip.returncode != 0 and "No matching distribution" in pip.stderr:

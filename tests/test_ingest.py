@@ -1,4 +1,4 @@
-"""Ingest of hand-written ScaleCUA records: the format notes' worked examples and their variants."""
+"""Ingest of hand-written ScaleCUA records: the format's worked examples and their variants."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ EVAL_HEAD = (
     "operations."
 )
 
-# Example A of the format notes, verbatim (third step of an Android planning_cot trajectory).
+# Example A of the ScaleCUA format, verbatim (third step of an Android planning_cot trajectory).
 EXAMPLE_A = {
     "image": "clock/clock_12/images/003_1749801122310.png",
     "conversations": [

@@ -101,3 +101,15 @@ def test_the_real_tokenizer_fixture_lives_with_the_other_fixtures():
         if p.name != "testing.py" and "qwen.tiktoken" in p.read_text(encoding="utf-8")
     ]
     assert not stray, stray
+
+
+def test_code_cites_only_documents_in_the_repository():
+    """No section-sign pointers into design notes a reader of the repository does not have."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for top in ("hivig", "data_gen", "train", "serve", "benchmarks", "tests")
+        for path in (ROOT / top).rglob("*.py")
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "\u00a7" in line
+    ]
+    assert offenders == []

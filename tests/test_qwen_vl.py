@@ -508,7 +508,7 @@ def test_budget_is_asserted(processor):
     qwen_vl.check_pixel_budget(proc, min_pixels=1024, max_pixels=65_536)
     with pytest.raises(ValueError, match="budget"):
         qwen_vl.check_pixel_budget(proc, min_pixels=1024, max_pixels=1_048_576)
-    # A class that ignores ``size`` (4.57's slow processor, §6.6) is caught by the probe.
+    # A class that ignores ``size`` (4.57's slow processor) is caught by the probe.
     proc.image_processor.get_number_of_image_patches = lambda h, w, kw: 46 * 82
     with pytest.raises(ValueError, match="probe"):
         qwen_vl.check_pixel_budget(proc, min_pixels=1024, max_pixels=65_536)

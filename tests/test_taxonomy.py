@@ -25,7 +25,7 @@ PAPER_NAMES = {
     "Timing and Latency Neglect",
 }
 
-# The critic's training prompt lists them in this order (reference_pipeline.md §6).
+# The critic's training prompt lists them in this order.
 TRAINING_ORDER = [
     "Grounding/Spatial Error",
     "Procedural Prerequisite Neglect",

@@ -127,7 +127,7 @@ def _grads_after(model, micro_batches, *, per_micro_mean: bool = False) -> dict[
     n_global = sum(b.meta.supervised for b in micro_batches)
     for b in micro_batches:
         s, n = loss(b.inputs)
-        # The rule (§10.2) with W = 1; the control is HF's mean of micro-batch means.
+        # The rule with W = 1; the control is HF's mean of micro-batch means.
         scaled = s / n / len(micro_batches) if per_micro_mean else normalise(s, n_global, 1)
         scaled.backward()
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}

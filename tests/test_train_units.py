@@ -163,7 +163,7 @@ def test_step_flops_multipliers_follow_training_flags():
 
 
 def test_qwen3vl_8b_numbers_match_the_reference_table():
-    # qwen3vl_training.md §3.4/§16.3: N_llm = 6.946e9 + 0.622e9, causal attention 91 TF at S=10,160.
+    # The reference figures: N_llm = 6.946e9 + 0.622e9, causal attention 91 TF at S=10,160.
     text = dict(
         hidden_size=4096,
         intermediate_size=12288,

@@ -64,7 +64,7 @@ def test_smart_resize_model_default_grid():
     assert (1, h // 16, w // 16) == (1, 68, 120)
 
 
-# qwen3vl_training.md §6.4: tokens for common screens at caps of 16,384 / 4,096 / 2,048 / 1,280 /
+# Tokens for common screens at caps of 16,384 / 4,096 / 2,048 / 1,280 /
 # 1,024 tokens (max_pixels = N · 1024).
 TABLE_6_4 = {
     (1280, 720): (880, 880, 880, 880, 880),
@@ -118,7 +118,7 @@ def test_smart_resize_matches_transformers():
 
 
 def test_smart_resize_keeps_tiny_sides_at_least_one_factor():
-    # Deliberate deviation (qwen3vl_training.md §6.2 "at least factor"): transformers rounds a
+    # Deliberate deviation ("at least factor"): transformers rounds a
     # 10 px side to 0 and then shrinks the long side too.
     ours = smart_resize(10, 1900, 32, 32 * 32, MAX_PX)
     assert ours == (32, 1888)

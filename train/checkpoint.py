@@ -449,8 +449,7 @@ def export_final(
         inner.save_pretrained(out, state_dict=weights, safe_serialization=True)
         if lora:
             _check_adapter(out)
-        # Processor after the model, so the tokenizer files cannot overwrite the processor's
-        # (qwen3vl_training.md §13.6).
+        # Processor after the model, so the tokenizer files cannot overwrite the processor's.
         processor.save_pretrained(out)
         # The transformers-4.57 forms too: every vLLM before 0.19.1 reads only those.
         write_reader_compat(out)

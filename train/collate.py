@@ -1,6 +1,6 @@
 """Padding-free collation: several encoded samples become one packed row (batch size 1).
 
-The recipe of ``qwen3vl_training.md`` §8.1, which reproduces the unpacked loss exactly:
+The recipe that reproduces the unpacked loss exactly:
 
 - ``input_ids`` and pre-shifted ``labels`` are concatenated: (1, L);
 - ``position_ids`` are (4, 1, L): row 0 = text positions restarting at 0 for every sample (the

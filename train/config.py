@@ -80,7 +80,7 @@ class ModelConfig:
     train_merger: bool = True
     """Train the main 2x2 patch merger (the official 8B script trains it)."""
     train_deepstack: bool = False
-    """Train the three DeepStack mergers (conservative default: frozen, §11)."""
+    """Train the three DeepStack mergers (conservative default: frozen)."""
     train_llm: bool = True
     """Train the language model and ``lm_head``. Under LoRA the adapters on
     ``lora.target_modules`` train instead and this flag is not used; the other ``train_*`` flags

@@ -145,7 +145,7 @@ def compute_token_counts(
     """Token length and supervised-label count of every sample.
 
     Encodes each sample once with the same encoder training uses, so the packer's lengths are
-    exact (``qwen3vl_training.md`` §6.5) and the loss normaliser ``N`` of every step is known
+    exact and the loss normaliser ``N`` of every step is known
     from the plan. A sample that fails to encode gets length -1 and a quarantine entry.
     """
     lengths, supervised = [-1] * len(samples), [0] * len(samples)

@@ -1,4 +1,4 @@
-"""Model FLOPs per optimizer step and MFU (``qwen3vl_training.md`` §16.2).
+"""Model FLOPs per optimizer step and MFU.
 
 Counted from collator metadata (sequence lengths ΣS, ΣS² and ViT patches per image ΣP, ΣP²), so
 logging MFU every step costs nothing. Recomputation (gradient checkpointing) is not counted.

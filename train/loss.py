@@ -1,11 +1,11 @@
 """Token-normalised, chunked cross-entropy on supervised positions only.
 
-The rule (``qwen3vl_training.md`` §10.2): for one optimizer step with G micro-steps on W ranks,
+The rule: for one optimizer step with G micro-steps on W ranks,
 ``N`` = supervised tokens summed over all of them (known from the pack plan), and each micro-step
 back-propagates ``Σ CE × W / N``. ``× W`` undoes the data-parallel gradient average; the 1/G that
 accelerate (DDP) or DeepSpeed would add is switched off by the caller.
 
-The logits are never materialised for the whole row (§14): hidden states at supervised positions
+The logits are never materialised for the whole row: hidden states at supervised positions
 are gathered, then ``lm_head`` + fp32 CE run chunk by chunk under activation checkpointing, so at
 most ``chunk × vocab`` fp32 logits exist at once, in forward and in backward.
 """
@@ -94,7 +94,7 @@ def supervised_positions(
 
 
 def normalise(loss_sum: torch.Tensor, global_tokens: int, world: int) -> torch.Tensor:
-    """Scale a micro-step's summed loss by ``W / N`` (§10.2); ``N`` counts the whole step."""
+    """Scale a micro-step's summed loss by ``W / N``; ``N`` counts the whole step."""
     return loss_sum * (world / max(global_tokens, 1))
 
 
@@ -129,7 +129,7 @@ class CriticLoss(nn.Module):
         """Last hidden states (1, L, D) of a packed row; no logits, no cache, no mask."""
         base = _base_model(self.model)
         inner = base.model
-        # Boundaries come from the restarts in position row 0 (§8.1): no dense mask, no cache.
+        # Boundaries come from the restarts in position row 0: no dense mask, no cache.
         # Under the flex backend the row gets its per-sample block mask instead.
         packed = packed_attention_inputs(base, batch["position_ids"])
         out = inner(
@@ -161,7 +161,7 @@ def _dummy_vision_pass(inner: nn.Module) -> torch.Tensor:
     """Run a 2x2-patch dummy image through the ViT and mergers; returns a scalar sum.
 
     Under ZeRO-3 every rank must run the same modules, otherwise parameter all-gathers diverge
-    and the job hangs (§13.4); a pack without images would skip the ViT. Adding ``0 ×`` this
+    and the job hangs; a pack without images would skip the ViT. Adding ``0 ×`` this
     sum keeps the graph identical at no numerical cost.
     """
     visual = inner.visual

@@ -1,9 +1,9 @@
 """Bin-packing of samples into padding-free rows of at most ``budget`` LLM tokens.
 
-Pure Python over token lengths, so the plan is cheap, deterministic and identical on every rank
-(``qwen3vl_training.md`` §8.4). Samples longer than the budget are rejected and counted as
+Pure Python over token lengths, so the plan is cheap, deterministic and identical on every rank.
+Samples longer than the budget are rejected and counted as
 ``too_long``; nothing is ever truncated, because a cut inside an image run breaks the
-feature/token match (§6.6).
+feature/token match.
 """
 
 from __future__ import annotations

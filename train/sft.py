@@ -14,9 +14,9 @@ SLURM, several nodes (requeued on preemption, resumes with ``loop.resume=auto``)
 
     sbatch --nodes 2 slurm/train.sbatch configs/train/qwen3vl_8b_full.yaml data=... out=...
 
-The step follows ``qwen3vl_training.md``: padding-free packs with 4-row position ids (§8), loss
+The step: padding-free packs with 4-row position ids, loss
 on supervised tokens only, summed and scaled by ``W / N`` with ``N`` the global supervised-token
-count of the optimizer step (§10.2), chunked cross-entropy (§14).
+count of the optimizer step, chunked cross-entropy.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def setup(cfg: TrainConfig) -> Components:
     if build.is_deepspeed(accelerator):
         build.configure_deepspeed(accelerator, cfg, grad_accum)
     else:
-        # Accumulation is by hand: the loss is already scaled by W / N (§10.2).
+        # Accumulation is by hand: the loss is already scaled by W / N.
         accelerator.gradient_accumulation_steps = grad_accum
     loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
     # After prepare, so the schedule wraps the optimizer whose ``step`` the loop calls.
@@ -410,7 +410,7 @@ def _optimizer_step(
     rank, world = rank_and_world()
     device, ds = acc.device, build.is_deepspeed(acc)
     # DeepSpeed divides by its GA unless told not to; accelerate's DDP path divides by G, which
-    # the × G below cancels. Either way each micro-step contributes Σ CE × W / N (§10.2).
+    # the × G below cancels. Either way each micro-step contributes Σ CE × W / N.
     backward_kwargs = {"scale_wrt_gas": False} if ds else {}
     undo_ga = 1.0 if ds else float(G)
     t0 = time.perf_counter()

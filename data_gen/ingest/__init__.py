@@ -11,22 +11,22 @@ meta entries, image checks). With ``--shard i/N`` the same files go to ``OUT/sha
 lines are assigned to shards by source folder, so every episode (and all its copies and
 instruction variants) lands in exactly one shard.
 
-Reconstruction follows the format notes (§5): a record whose history is ``None`` opens a
+Reconstruction: a record whose history is ``None`` opens a
 trajectory; a record attaches to the open trajectory with the same source folder and task whose
 step count equals its history length. Boost-instruction variants differ by task text, so they
 become parallel trajectories sharing one episode key. A bad step ends its trajectory: the good
 prefix is kept, the later steps are quarantined as ``after_bad_step``, and the trajectory is
 listed under ``truncated`` in report.json with the reason that cut it. The same trajectory in
 several files (a navigation and a planning_cot copy share their id) is kept once: the copy with
-``<think>``, then the longer one; the other copies' lines count as ``duplicate`` (§5.8). The
+``<think>``, then the longer one; the other copies' lines count as ``duplicate``. The
 episode key is platform + image root + source folder, so all copies share it.
 
 meta.json entries whose ``root`` or ``annotation`` is absolute or leaves the corpus (``..``, a
 symlink pointing outside) are skipped as ``entry_path_escapes_corpus``: ingest reads nothing
 outside ``--root``.
 
-Per file the coordinate scale is tallied over all records first (two passes, §7.2); per platform
-and family the wheel-scroll sign is decided from the ``<operation>``/``<think>`` texts (§8.1).
+Per file the coordinate scale is tallied over all records first (two passes); per platform
+and family the wheel-scroll sign is decided from the ``<operation>``/``<think>`` texts.
 """
 
 from __future__ import annotations

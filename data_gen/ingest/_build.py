@@ -1,8 +1,8 @@
 """Second pass of ingest: trajectory reconstruction, normalisation and cross-file copies.
 
-Per file, records attach to open trajectories (format notes §5.2), steps are normalised to
+Per file, records attach to open trajectories, steps are normalised to
 Qwen3-VL actions and their screenshots checked. Across files, copies of one episode (same
-trajectory id) are reduced to one (§5.8).
+trajectory id) are reduced to one.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Built:
         return self.traj["id"]
 
     def preference(self) -> tuple:
-        """Sort key of copies of one trajectory, best first (format notes §5.8)."""
+        """Sort key of copies of one trajectory, best first."""
         has_think = any(s.get("think") for s in self.traj["steps"])
         return (not has_think, -len(self.traj["steps"]), self.file, self.lines[0])
 
@@ -82,7 +82,7 @@ def _stable_hash(text: str) -> int:
 
 
 def episode_of(entry: Entry, folder: str) -> str:
-    """Episode key: platform, image root and source folder (§2.2, §5.8).
+    """Episode key: platform, image root and source folder.
 
     Built from what names the episode in every file that carries it, never from the screenshots
     one file happens to list: a navigation copy, a planning copy and a truncated copy of one
@@ -216,7 +216,7 @@ class FileIngest:
         path, result = self.images.check(self.entry.root, rec.image, (rec.width, rec.height))
         if isinstance(result[0], str) and result[0] != "unchecked":
             return result  # type: ignore[return-value]
-        # Data-quality counters of the format notes (§4.3, §6.1): positional arguments, aliases,
+        # Data-quality counters: positional arguments, aliases,
         # and operations long enough to describe the screen rather than the action.
         flags.update(f"positional:{c.name}" for c in rec.calls if c.positional)
         flags.update(f"alias:{c.alias}" for c in rec.calls if c.alias)
@@ -258,7 +258,7 @@ def drop_copies(built: list[Built], ledger: Ledger) -> tuple[list[Built], list[d
 
     The SPEC id hashes source folder and task, so a navigation and a planning_cot copy of one
     episode share it, and downstream steps refuse a repeated id. The kept copy is the one with
-    ``<think>`` reasoning, then the longer one (§5.8); the others' kept lines move from
+    ``<think>`` reasoning, then the longer one; the others' kept lines move from
     ``kept`` to ``duplicate`` so ``lines == kept + Σ dropped`` still holds.
 
     Returns:

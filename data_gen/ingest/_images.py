@@ -1,4 +1,4 @@
-"""Screenshot checks of ingest: cheap header sniffing and the suffix fallback (§2.2)."""
+"""Screenshot checks of ingest: cheap header sniffing and the suffix fallback."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def _jpeg_size(head: bytes, tail: bytes) -> tuple[int, int] | tuple[str, str]:
 
 
 class ImageResolver:
-    """Finds and checks screenshots, once per path, with the suffix fallback of §2.2."""
+    """Finds and checks screenshots, once per path, with the suffix fallback."""
 
     def __init__(self, root: Path, mode: str) -> None:
         self.root = root

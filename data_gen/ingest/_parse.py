@@ -1,8 +1,8 @@
 """First pass of ingest: meta.json entries, options, and parsing of one annotation line.
 
-Everything here is per line and stateless: the user turn's task and history (format notes
-§4.1), the response tags, the call syntax, and the evidence later tallied per file (coordinate
-scale, §7.2) and per platform family (wheel-scroll sign, §8.1).
+Everything here is per line and stateless: the user turn's task and history, the
+response tags, the call syntax, and the evidence later tallied per file (coordinate
+scale) and per platform family (wheel-scroll sign).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ REASONS: dict[str, str] = {
 SCROLL_MIN_EVIDENCE = 5
 """Classified scroll steps needed before any sign convention is decided (else kept as is)."""
 SCROLL_SHARE = 0.9
-"""Share of classified scroll steps that must agree before a sign convention is adopted (§8.1)."""
+"""Share of classified scroll steps that must agree before a sign convention is adopted."""
 MIXED_SCALE_SHARE = 0.001
-"""Files whose scale conflicts exceed this share of records are reported as mixed (§7.2)."""
+"""Files whose scale conflicts exceed this share of records are reported as mixed."""
 
 _TAGS = ("think", "operation", "action")
 
@@ -180,7 +180,7 @@ def classify_entry(key: str, value: Any) -> Entry | str:
     else:
         return "not_a_trajectory_family"
     if "wo history" in joined:
-        return "without_history"  # position cannot be read from the prompt (§5.7)
+        return "without_history"  # position cannot be read from the prompt
     if "boost action" in joined or "boost instruction action" in joined:
         return "boost_action_unverified"  # semantics undocumented; excluded until inspected
     # The platform comes from meta.json (task first, then key, then conv_style), never file names.
@@ -215,7 +215,7 @@ def read_meta(root: Path) -> dict[str, Any]:
 
 
 def normalise_space(text: str) -> str:
-    """Runs of whitespace as one space, no leading/trailing space (§5.2 step 4)."""
+    """Runs of whitespace as one space, no leading/trailing space."""
     return " ".join(text.split())
 
 
@@ -234,7 +234,7 @@ def history_matches(said: str, did: str) -> bool:
 
 
 def parse_prompt(human: str) -> tuple[str, list[str]] | tuple[str, str]:
-    """(task, history) from a user turn, or (reason, message) on failure (format notes §4.1).
+    """(task, history) from a user turn, or (reason, message) on failure.
 
     Parsing is structural: the task is everything between ``Task:`` and ``Previous
     operations:``; a history entry starts at each ``Step <n>:`` line and continues over other
@@ -266,7 +266,7 @@ def parse_prompt(human: str) -> tuple[str, list[str]] | tuple[str, str]:
 
 
 def _source_folder(image: str) -> str:
-    """The path prefix before ``/images/``, else the image's directory (§5.1)."""
+    """The path prefix before ``/images/``, else the image's directory."""
     head, sep, _ = image.rpartition("/images/")
     return head if sep else posixpath.dirname(image)
 
@@ -336,7 +336,7 @@ def parse_line(raw: str, line: int) -> Record:
     values = coordinate_values(calls)
     rec.scale = detect_scale(values)
     if rec.scale == "unit" and all(v in (0.0, 1.0) for v in values):
-        rec.scale = None  # all-0/1 records fit any scale; the file decides (§7.2)
+        rec.scale = None  # all-0/1 records fit any scale; the file decides
     return rec
 
 
@@ -415,7 +415,7 @@ def scroll_direction(text: str) -> str | None:
 
 
 def scroll_decision(records: list[Record]) -> dict[str, Any]:
-    """Decide the wheel-scroll sign convention from the texts of ``scroll`` steps (§8.1)."""
+    """Decide the wheel-scroll sign convention from the texts of ``scroll`` steps."""
     agree = classified = 0
     for r in records:
         clicks = [c.kwargs.get("clicks") for c in r.calls if c.name == "scroll"]

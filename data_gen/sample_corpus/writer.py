@@ -10,8 +10,8 @@ Layout (relative to the output folder)::
                                                 that have an equivalent real source)
 
 A share of the navigation and planning_cot episodes (``copies``) is also written to the other
-family's file of the same platform, as the real data repeats episodes across files (format notes
-§5.8); ingest keeps one copy of each.
+family's file of the same platform, as the real data repeats episodes across files;
+ingest keeps one copy of each.
 
 An existing output folder must be empty or hold a corpus this module wrote (``meta.json`` and
 ``elements.jsonl``); the generated paths of the old corpus (``meta.json``, ``elements.jsonl``,
@@ -169,7 +169,7 @@ def _screenshot_names(platform: str, date: str, n: int, rng: random.Random) -> l
 
 
 def human_value(task: str, history: list[str], quoted: bool) -> str:
-    """The user turn of a step record (training wording, §4.1 of the format notes)."""
+    """The user turn of a step record (training wording)."""
     if history:
         fmt = '"{}"' if quoted else "{}"
         prev = "\n".join(f"Step {i}: {fmt.format(op)}" for i, op in enumerate(history, 1))

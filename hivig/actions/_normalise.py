@@ -1,4 +1,4 @@
-"""ScaleCUA-style calls -> Qwen3-VL actions: the mapping table of scalecua_format §12.
+"""ScaleCUA-style calls -> Qwen3-VL actions: the mapping table.
 
 One ``_Normaliser`` walks a step's calls in order and keeps the step state the mapping needs: the
 pointer position (drag starts, bare clicks), held keys (keyDown/press/keyUp folding) and a pending
@@ -282,7 +282,7 @@ class _Normaliser:
             self.flags["synthetic_swipe"] += 1
             self.actions.append(Swipe(a, b, synthetic=True))
             return None
-        # Finger up pushes content up: the view moves down -> negative pixels (format notes §8.4).
+        # Finger up pushes content up: the view moves down -> negative pixels.
         px = round_half_up(amount * SWIPE_PIXELS_PER_SCREEN)
         if direction in ("up", "down"):
             self.actions.append(Scroll(-px if direction == "up" else px))

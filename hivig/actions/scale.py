@@ -1,7 +1,7 @@
 """Coordinate scale of ScaleCUA records: detection per record and reconciliation per file.
 
 ScaleCUA trajectory coordinates are expected as [0, 1] floats, but derived copies use the 0–1000
-grid or screen pixels. The scale is detected, never assumed (scalecua_format §7.2): per record from
+grid or screen pixels. The scale is detected, never assumed: per record from
 the largest magnitude, with the file's tally breaking the two known ties (all-0/1 records, pixel
 records below 1000). Contradictions, and records that mix fractions with larger values, are
 reported as ``ambiguous_scale`` so the caller quarantines them; nothing is silently truncated.
@@ -55,7 +55,7 @@ def _mixed(magnitudes: list[float]) -> bool:
 
 
 def detect_scale(values: list[float]) -> Scale | None:
-    """Per-record scale (format notes §7.2 step 1), by the largest magnitude.
+    """Per-record scale, by the largest magnitude.
 
     * all ``|v| <= 1 + CLAMP_FRACTION`` -> ``"unit"`` (overshoot up to the clamp is still unit);
     * else all ``|v| <= 1000`` -> ``"grid"``;
@@ -84,7 +84,7 @@ def _detect(magnitudes: list[float]) -> Scale | None:
 
 
 def resolve_scale(values: list[float], scale: str | None) -> Scale | None | ActionError:
-    """Reconcile a record's own scale with the file's decision (format notes §7.2).
+    """Reconcile a record's own scale with the file's decision.
 
     The file's decision explains two look-alikes: records of only 0/1 values (unit-looking in any
     file) and pixel records with values up to 1000 (grid-looking). Every other contradiction is

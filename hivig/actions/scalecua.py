@@ -65,7 +65,7 @@ SIGNATURES: dict[str, Signature] = {
     "response": (("answer", REQUIRED),),
     "terminate": (("status", "success"), ("info", None)),
 }
-"""ScaleCUA call signatures (scalecua_format §6.2); positional arguments bind in this order."""
+"""ScaleCUA call signatures; positional arguments bind in this order."""
 
 ALIASES: dict[str, str] = {
     "left_click": "click",
@@ -209,7 +209,7 @@ def normalise_calls(
         scale: The file's scale decision; ``None`` uses the record's own (``detect_scale``).
             Contradictions give ``ambiguous_scale``.
         scroll_sign: ``1`` keeps the pyautogui wheel sign (positive = up); ``-1`` flips it for
-            data whose convention was found inverted (format notes §8.1).
+            data whose convention was found inverted.
         hswipe: ``"finger"`` (finger left -> positive ``hscroll``) or ``"reference"`` (the HiViG
             release's opposite horizontal sign, for compatibility runs).
         pointer: Pointer position left by the previous step, if known (drag start, bare click).

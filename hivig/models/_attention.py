@@ -1,6 +1,6 @@
 """Attention backends for padding-free packed rows (re-exported by ``qwen_vl``).
 
-Three ways to keep samples of one packed row apart (``qwen3vl_training.md`` §8):
+Three ways to keep samples of one packed row apart:
 
 - ``flash_attention_2`` (optional extra ``hivig[flash-attn]``): transformers detects the sample
   boundaries from the restarts in position row 0 and runs the varlen kernel;

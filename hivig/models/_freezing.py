@@ -1,6 +1,6 @@
 """Freezing and optimizer parameter groups of Qwen3-VL (re-exported by ``qwen_vl``).
 
-The groups follow the model's module tree (``qwen3vl_training.md`` §11): the vision tower, its
+The groups follow the model's module tree: the vision tower, its
 main merger, the DeepStack projectors, the language model and the output head.
 """
 
@@ -15,7 +15,7 @@ from hivig.logging import get_logger
 logger = get_logger(__name__)
 
 MODULE_GROUPS = ("vit", "merger", "deepstack", "llm", "lm_head")
-"""Parameter groups for freezing and optimizer settings (``qwen3vl_training.md`` §11)."""
+"""Parameter groups for freezing and optimizer settings."""
 
 
 def _group_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
@@ -71,7 +71,7 @@ def apply_freezing(
     train_llm: bool = True,
     train_lm_head: bool | None = None,
 ) -> dict[str, int]:
-    """Set ``requires_grad`` on every parameter by group (``qwen3vl_training.md`` §11).
+    """Set ``requires_grad`` on every parameter by group.
 
     Flags go on parameters, not module attributes: setting ``module.requires_grad`` is a silent
     no-op that leaves the weights trainable.

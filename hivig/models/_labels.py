@@ -89,7 +89,7 @@ def mrope_position_ids(
     image_token_id: int,
     spatial_merge_size: int = 2,
 ) -> torch.Tensor:
-    """MRoPE (t, h, w) positions of one sample (``qwen3vl_training.md`` §9).
+    """MRoPE (t, h, w) positions of one sample.
 
     Text tokens (vision delimiters included) get ``(p, p, p)`` and advance ``p`` by one. An image
     with merged grid ``H x W`` starting at ``s = p`` gets ``(s + t, s + i, s + j)`` for its tokens

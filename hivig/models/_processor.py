@@ -27,7 +27,7 @@ CHAT_TEMPLATE_VERSION = 1
 """Current version of the chat-template files in ``hivig/prompts``."""
 
 THINK_POLICIES = ("default", "prefill_think")
-r"""Think-tag policies (``qwen3vl_training.md`` §5.3).
+r"""Think-tag policies.
 
 Stored targets are the same under both: the text ``hivig.contracts.render_history_target`` /
 ``render_critique_target`` produce, which opens with ``<think>\n`` (the public HiViG release's
@@ -197,8 +197,8 @@ def set_pixel_budget(processor: ProcessorMixin, *, min_pixels: int, max_pixels: 
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     # Keep the container type (5.x uses SizeDict, 4.57 a plain dict).
     ip.size = type(ip.size)(**size) if not isinstance(ip.size, dict) else size
-    # 4.57 image processors read these attributes instead of ``size`` (qwen3vl_training.md
-    # §6.6); 5.x classes have no such attributes and warn when given them, so set only if present.
+    # 4.57 image processors read these attributes instead of ``size``; 5.x classes have no
+    # such attributes and warn when given them, so set only if present.
     for name, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
         if hasattr(ip, name):
             setattr(ip, name, value)

@@ -15,17 +15,17 @@ Targets are stored in one format whatever the think policy (``THINK_POLICIES``):
 ``prefill_think`` the template's generation prompt already holds ``<think>\n``, and
 ``encode_sample`` removes it from the target so the tag is never doubled.
 
-Version shims (transformers 4.57 vs 5.x, ``qwen3vl_training.md`` §2.3) live here only:
+Version shims (transformers 4.57 vs 5.x) live here only:
 
 - the pixel budget is written to ``size`` and, where the class still reads them, to the
   ``min_pixels``/``max_pixels`` attributes, because ``max_pixels=`` given to ``from_pretrained``
   is ignored (https://github.com/huggingface/transformers/issues/41955) and 4.57's slow image
-  processor resets ``size`` (§6.6); the budget is then asserted with a probe image;
+  processor resets ``size``; the budget is then asserted with a probe image;
 - ``use_cache`` is set on ``text_config``, which the 5.x text model reads (its top-level config
   has no such field);
 - ``mm_token_type_ids`` (5.x only) is computed from the token ids rather than read from the
   processor output;
-- MRoPE positions come from our own rule (§9), not from the version-specific ``get_rope_index``.
+- MRoPE positions come from our own rule, not from the version-specific ``get_rope_index``.
 
 The parts live in private modules (``_processor``, ``_labels``, ``_freezing``) and are
 re-exported here; import them from this module.
@@ -218,7 +218,7 @@ def load_model(
             ``"flex"`` (text tower on the packed flex path, vision tower on SDPA), ``"sdpa"``
             or ``"eager"``.
         use_cache: KV cache in forward; ``False`` for training (a cache object disables packed
-            sequence detection, ``qwen3vl_training.md`` §8.2), ``True`` for generation.
+            sequence detection), ``True`` for generation.
 
     Returns:
         The model.

@@ -2,7 +2,7 @@
 
 Every screenshot the model sees (data_gen, train, serve) goes through ``canonical_frame``, so the
 pixels used for training and for serving cannot drift apart. Processors are then called with
-``do_resize=False`` (``qwen3vl_training.md`` §6.5).
+``do_resize=False``.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def smart_resize(
 
     Rounds each side to the nearest multiple of ``factor``, then rescales both sides by one
     factor if the area leaves the budget (floor when shrinking, ceil when growing), keeping the
-    aspect ratio as closely as the grid allows. Same arithmetic as the Qwen-VL processors
-    (``qwen3vl_training.md`` §6.2); 1920×1080 at 1,048,576 px gives 768×1344. Unlike
+    aspect ratio as closely as the grid allows. Same arithmetic as the Qwen-VL processors:
+    1920×1080 at 1,048,576 px gives 768×1344. Unlike
     transformers, a side never rounds to 0 (a 10 px side becomes ``factor``). Growing rounds up,
     so when ``min_pixels`` is close to ``max_pixels`` a small image may end slightly above
     ``max_pixels``, exactly as in transformers.
@@ -452,7 +452,7 @@ def reference_marked_image(
 ) -> tuple[Image.Image, int]:
     """Compatibility mode for the public HiViG checkpoint: marks on the original resolution.
 
-    Reproduces the reference release (``reference_pipeline.md`` §8): nothing is resized before
+    Reproduces the reference release: nothing is resized before
     drawing, and the size class comes from the aspect ratio only (portrait → mobile).
 
     Args:

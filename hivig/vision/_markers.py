@@ -1,6 +1,6 @@
 """Set-of-mark markers: a red open-centre X for point actions, a blue arrow for drags and swipes.
 
-Geometry follows the HiViG reference (``reference_pipeline.md`` §8): every size is derived from
+Geometry follows the HiViG reference: every size is derived from
 ``base = min(W, H)`` of the image being drawn on, with one table per size class. We draw on the
 canonical frame, so ``W, H`` are the frame's; the reference drew on the original screenshot (see
 ``reference_marked_image`` for that mode).
@@ -92,7 +92,7 @@ def size_class_for_platform(platform: str | None) -> SizeClass | None:
 
 
 def marker_geometry(width: int, height: int, size_class: SizeClass) -> MarkerGeometry:
-    """Marker sizes for an image of ``width`` × ``height`` (``reference_pipeline.md`` §8 table).
+    """Marker sizes for an image of ``width`` × ``height``.
 
     Args:
         width: Image width in pixels.
