@@ -23,8 +23,3 @@ def rank_and_world() -> tuple[int, int]:
     except ImportError:  # torch is optional for pure-data tools
         pass
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def is_main_process() -> bool:
-    """True on global rank 0."""
-    return rank_and_world()[0] == 0

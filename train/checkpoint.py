@@ -99,24 +99,6 @@ def checkpoint_dir(out: str | Path, step: int) -> Path:
     return Path(out) / "checkpoints" / f"step_{step:06d}"
 
 
-def latest_checkpoint(out: str | Path) -> Path | None:
-    """The completed checkpoint with the highest step under ``out``, or ``None``."""
-    root = Path(out) / "checkpoints"
-    if not root.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
-    return max(found)[1] if found else None
-
-
-def resolve_resume(resume: str, out: str | Path) -> Path | None:
-    """Map ``loop.resume`` (auto | never | path) to the newest complete checkpoint or ``None``.
-
-    Raises:
-        ConfigError: An explicit path that is not a complete checkpoint.
-    """
-    return next(resume_candidates(resume, out), None)
-
-
 def resume_candidates(resume: str, out: str | Path) -> Iterator[Path]:
     """Complete checkpoints to try, newest first (one for an explicit path, none for never).
 

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import email.utils
 import functools
-import json
 import math
 import random
 import ssl
@@ -457,21 +456,6 @@ def _message_json(
         else:
             raise TypeError(f"unknown message part {type(part)!r}")
     return b'{"role":' + _json(message.role) + b',"content":[' + b",".join(parts) + b"]}"
-
-
-def message_to_openai(
-    message: ChatMessage, images: ImagePayloadCache | None = None
-) -> dict[str, Any]:
-    """OpenAI chat form of a message: plain string content when it is text only.
-
-    Args:
-        message: The message; image parts hold PIL images.
-        images: Payload cache of the images (the process-wide one by default).
-
-    Raises:
-        TypeError: A part is neither text nor a PIL image.
-    """
-    return json.loads(_message_json(message, images or default_image_cache()))
 
 
 def chat_request_body(
