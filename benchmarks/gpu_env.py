@@ -29,6 +29,8 @@ NEEDED = (
     "PIL", "torchvision", "omegaconf", "yaml", "numpy", "pytest", "orjson", "simplejpeg",
     "dashscope",
 )  # fmt: skip
+RESOURCE_ONLY = {"dashscope": "resources/qwen.tiktoken"}
+"""Packages the check needs a file of, not the code (the Qwen BPE ranks)."""
 REPORTED = (
     "torch", "torchvision", "transformers", "accelerate", "peft", "triton", "flash-attn",
     "deepspeed",
@@ -88,7 +90,7 @@ def environment() -> dict:
 
 
 def install_wheels(folder: Path, site: Path) -> list[dict]:
-    """Unpack every wheel of ``folder`` whose tags this interpreter supports into ``site``."""
+    """Unpack into ``site`` every wheel of ``folder`` that fits this interpreter and is missing."""
     from packaging.tags import sys_tags
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
@@ -98,8 +100,13 @@ def install_wheels(folder: Path, site: Path) -> list[dict]:
     for wheel in sorted(folder.glob("*.whl")):
         row = {"wheel": wheel.name}
         try:
-            _, _, _, tags = parse_wheel_filename(wheel.name)
-            if not tags & supported:
+            name, _, _, tags = parse_wheel_filename(wheel.name)
+            have = _version(name)
+            if have is not None:
+                # The image's own copy wins: a carried torchvision is built for torch 2.11 and
+                # would shadow a matching one on PYTHONPATH.
+                row["status"] = f"skipped: {name} {have} is installed"
+            elif not tags & supported:
                 row["status"] = "skipped: built for another Python or platform"
             else:
                 with zipfile.ZipFile(wheel) as zf:
@@ -109,6 +116,27 @@ def install_wheels(folder: Path, site: Path) -> list[dict]:
             row["status"] = f"failed: {e}"
         rows.append(row)
     return rows
+
+
+def _import_error(module: str) -> str | None:
+    """Why ``module`` does not import here, or ``None``.
+
+    Imported for real, not only found: a torchvision built for another torch is found but
+    fails on import ("operator torchvision::nms does not exist").
+    """
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        return "not installed"
+    if module in RESOURCE_ONLY:
+        # Only a data file is used; importing the package would pull in its HTTP stack.
+        folder = Path(next(iter(spec.submodule_search_locations or []), ""))
+        found = (folder / RESOURCE_ONLY[module]).is_file()
+        return None if found else f"{RESOURCE_ONLY[module]} missing"
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 (reported: the message is the diagnosis)
+        return f"{type(e).__name__}: {e}"[:300]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     report["wheels"] = install_wheels(folder, Path(args.site)) if folder.is_dir() else []
     sys.path.insert(0, args.site)
     importlib.invalidate_caches()
-    report["missing"] = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    report["missing"] = [f"{m} ({why})" for m in NEEDED if (why := _import_error(m))]
     if report["env"]["gpu"].get("cuda"):
         # Triton compiles a small C launcher for every kernel (flex attention's included).
         if not report["env"]["cc"]:
@@ -132,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     report["pass"] = not report["missing"]
     Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
     for m in report["missing"]:
-        sys.stderr.write(f"missing: {m} (run benchmarks/gpu_wheels.sh and carry .gpu_wheels)\n")
+        sys.stderr.write(f"missing: {m}; run benchmarks/gpu_wheels.sh and carry .gpu_wheels\n")
     return 0 if report["pass"] else 1
 
 

@@ -65,7 +65,11 @@ def read_frame(path: str | os.PathLike) -> tuple[int, int]:
         file = folder / name
         if not file.is_file():
             continue
-        size = (_image_processor(_read_json(file)) or {}).get("size")
+        obj = _read_json(file)
+        nested = obj.get("image_processor") if isinstance(obj, dict) else None
+        if name == "processor_config.json" and not isinstance(nested, dict):
+            continue  # a processor file without an image processor: the flat file may have it
+        size = (_image_processor(obj) or {}).get("size")
         if not isinstance(size, dict):
             raise CheckpointError(f"{file}: the image processor has no `size` entry")
         lo, hi = size.get("shortest_edge"), size.get("longest_edge")
@@ -100,7 +104,9 @@ def _legacy_processor_files(folder: Path) -> None:
         ("video_processor", "video_preprocessor_config.json"),
     ):
         part = obj.get(key)
-        if isinstance(part, dict) and not (folder / name).exists():
+        # Rewritten from the nested file every time: a flat file left from an earlier save into
+        # the same folder would show 4.57 readers another frame.
+        if isinstance(part, dict):
             flat = dict(part)
             if processor_class:
                 flat.setdefault("processor_class", processor_class)
@@ -144,7 +150,8 @@ def _update(file: Path, change: Callable[[dict[str, Any]], bool]) -> None:
 def write_reader_compat(path: str | os.PathLike) -> None:
     """Add the transformers-4.57 forms of a saved checkpoint's files next to the 5.x ones.
 
-    Idempotent; existing 4.57 files are kept. Call it after the model and processor are saved.
+    Idempotent; the flat processor files always follow the nested one. Call it after the model
+    and processor are saved.
 
     Args:
         path: The checkpoint folder.

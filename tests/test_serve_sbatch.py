@@ -87,6 +87,20 @@ def test_transformers_5_reads_the_compat_files_as_its_own(final_ckpt, tmp_path):
     assert before == {p.name: p.read_bytes() for p in final_ckpt.iterdir() if p.suffix == ".json"}
 
 
+def test_read_frame_falls_back_to_the_flat_file_and_compat_follows_the_nested_one(tmp_path):
+    (tmp_path / "processor_config.json").write_text('{"processor_class": "Qwen3VLProcessor"}')
+    flat = {"size": {"shortest_edge": 1024, "longest_edge": 4096}}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(flat))
+    assert read_frame(tmp_path) == (1024, 4096)
+    # A stale flat file from an earlier save is replaced by the nested processor's values.
+    nested = {"image_processor": {"size": {"shortest_edge": 3136, "longest_edge": 9999}}}
+    (tmp_path / "processor_config.json").write_text(json.dumps(nested))
+    write_reader_compat(tmp_path)
+    saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    assert saved["size"] == nested["image_processor"]["size"]
+    assert read_frame(tmp_path) == (3136, 9999)
+
+
 def test_read_frame_names_the_missing_file(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="no processor_config.json or preprocessor"):

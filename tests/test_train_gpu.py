@@ -87,8 +87,69 @@ def test_gpu_check_fails_when_a_step_misses_its_threshold(tmp_path, monkeypatch)
     whole = bench_train_gpu._attention_reference
     # The reference attends across sample boundaries (one sample per pack).
     monkeypatch.setattr(
-        bench_train_gpu, "_attention_reference", lambda q, k, v, n: whole(q, k, v, [sum(n)])
+        bench_train_gpu,
+        "_attention_reference",
+        lambda q, k, v, n, upstream=None: whole(q, k, v, [sum(n)], upstream),
     )
     result = bench_train_gpu.grad_check(["--preset", "tiny", "--device", "cpu"])
     assert not result["pass"]
     assert all(p["pass"] == (len(p["lengths"]) == 1) for p in result["packs"])
+
+
+def test_head_by_head_reference_equals_plain_autograd():
+    """The grad check's float64 reference (one head at a time, to bound memory on the GPU)
+    against autograd through per-sample GQA attention of all heads at once."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [5, 9, 3]
+    q = torch.randn(1, 4, 17, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 17, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    up = torch.randn(1, 4, 17, 8, generator=g, dtype=torch.float64)
+    out, grads = bench_train_gpu._attention_reference(q, k, v, lengths, up)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    parts, start = [], 0
+    for n in lengths:
+        qs, ks, vs = (t[:, :, start : start + n] for t in leaves)
+        ks, vs = ks.repeat_interleave(2, 1), vs.repeat_interleave(2, 1)
+        parts.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
+        start += n
+    want = torch.cat(parts, dim=2)
+    want.backward(up)
+    torch.testing.assert_close(out, want.detach())
+    for got, leaf in zip(grads, leaves, strict=True):
+        torch.testing.assert_close(got, leaf.grad)
+
+
+_FAKE_FAILING_GRAD_CHECK = """#!/bin/bash
+# The real interpreter, except that the grad check exits 0 with a failed verdict in its JSON.
+if [[ " $* " == *" --grad-check "* ]]; then
+    while [[ $# -gt 0 ]]; do
+        [[ "$1" == --json ]] && echo '{"pass": false, "packs": []}' > "$2"
+        shift
+    done
+    exit 0
+fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+@pytest.mark.slow
+def test_gpu_check_reports_a_step_that_missed_its_threshold_and_exits_1(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    fake = tmp_path / "python"
+    fake.write_text(_FAKE_FAILING_GRAD_CHECK)
+    fake.chmod(0o755)
+    env = {
+        **os.environ, "PYTHON": str(fake), "REAL_PYTHON": sys.executable,
+        "GPU_CHECK_SMALL": "1", "OUT": str(tmp_path / "out"),
+    }  # fmt: skip
+    run = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"], cwd=root, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert run.returncode == 1 and report["pass"] is False
+    assert report["steps"]["grad_check"]["pass"] is False
+    assert report["steps"]["grad_check"]["exit"] == 0  # exit 0, failed verdict: still a FAIL
+    assert all(v["pass"] for k, v in report["steps"].items() if k != "grad_check")

@@ -180,3 +180,23 @@ def test_two_nodes_requeue_before_srun_kills_the_job(data_dir, tmp_path):
     )
     (saved,) = (out / "checkpoints").iterdir()
     assert ckpt.incomplete_reason(saved) is None
+
+
+def test_the_recipe_gives_the_signal_handlers_back_when_it_fails(data_dir, tmp_path, monkeypatch):
+    """Library use (``train`` in-process): an error after the loop must not leave the recipe's
+    SIGTERM handler behind, or the caller's own process could no longer be terminated."""
+    from hivig.config import load_config
+    from train.config import TrainConfig
+    from train.sft import setup, train
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "export_final", broken)
+    cfg = load_config(TrainConfig, TINY_YAML, _args(data_dir, tmp_path / "run")[2:] + [
+        "loop.max_steps=1", "loop.epochs=1"])  # fmt: skip
+    with pytest.raises(OSError, match="disk full"):
+        train(setup(cfg))
+    assert signal.getsignal(signal.SIGTERM) is before

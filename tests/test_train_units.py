@@ -299,6 +299,22 @@ def test_collate_casts_pixels_to_the_vision_dtype_and_the_model_sees_the_same_nu
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_the_loader_hands_pixels_over_in_the_vision_towers_dtype():
+    from types import SimpleNamespace
+
+    from hivig.testing import tiny_model, tiny_processor
+    from train.data import PackDataset
+    from train.sft import _vision_dtype
+
+    model = tiny_model(tiny_processor()).to(torch.bfloat16)
+    c = SimpleNamespace(accelerator=SimpleNamespace(unwrap_model=lambda m: m),
+                        model=SimpleNamespace(model=model))  # fmt: skip
+    assert _vision_dtype(c) == torch.bfloat16
+    sample = _sample(5, 2, images=1)
+    data = PackDataset([Sample("a", "critique", sample)], [[0]], lambda p: p, _vision_dtype(c))
+    assert data[0].inputs["pixel_values"].dtype == torch.bfloat16
+
+
 def test_collate_prepends_text_row_to_three_row_mrope():
     s = _sample(4, 1)
     s["position_ids"] = torch.full((3, 4), 9)
@@ -561,9 +577,55 @@ def test_export_reads_the_state_dict_on_rank_zero_only_outside_zero3(monkeypatch
             return {}
 
     monkeypatch.setattr(ckpt, "rank_and_world", lambda: (1, 2))
-    monkeypatch.setattr(ckpt, "zero_stage", lambda acc: 2)
+    monkeypatch.setattr(ckpt, "_state_dict_is_collective", lambda acc: False)
     ckpt.export_final(tmp_path, Acc(), torch.nn.Linear(1, 1), None, None, lora=False)
     assert Acc.calls == 0 and not any(tmp_path.iterdir())
-    monkeypatch.setattr(ckpt, "zero_stage", lambda acc: 3)  # a collective: every rank gathers
+    monkeypatch.setattr(ckpt, "_state_dict_is_collective", lambda acc: True)  # every rank
     ckpt.export_final(tmp_path, Acc(), torch.nn.Linear(1, 1), None, None, lora=False)
     assert Acc.calls == 1
+
+
+def test_export_failure_on_rank_zero_is_raised_not_left_for_a_barrier(monkeypatch, tmp_path):
+    import train.checkpoint as ckpt
+
+    class Acc:
+        def get_state_dict(self, model):
+            return {}
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "_state_dict_is_collective", lambda acc: False)
+    monkeypatch.setattr(ckpt, "_write_final", broken)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.export_final(tmp_path, Acc(), torch.nn.Linear(1, 1), None, None, lora=False)
+
+
+@pytest.mark.parametrize(
+    ("kind", "ds", "expected"),
+    [
+        ("NO", None, False),
+        ("MULTI_GPU", None, False),
+        ("MULTI_CPU", None, False),
+        ("FSDP", None, True),
+        ("DEEPSPEED", {"zero_optimization": {"stage": 2}}, False),
+        ("DEEPSPEED", {"zero_optimization": {"stage": 3}}, True),
+        (
+            "DEEPSPEED",
+            {"zero_optimization": {"stage": 2}, "tensor_parallel": {"autotp_size": 2}},
+            True,
+        ),
+    ],
+)
+def test_which_setups_gather_the_state_dict_on_every_rank(kind, ds, expected):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    import train.checkpoint as ckpt
+
+    plugin = SimpleNamespace(deepspeed_config=ds) if ds else None
+    acc = SimpleNamespace(
+        distributed_type=DistributedType[kind], state=SimpleNamespace(deepspeed_plugin=plugin)
+    )
+    assert ckpt._state_dict_is_collective(acc) is expected

@@ -397,7 +397,14 @@ def requeue_slurm_job(enabled: bool) -> None:
     job = os.environ.get("SLURM_JOB_ID")
     if not enabled or job is None or rank_and_world()[0] != 0:
         return
-    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    try:
+        # Every rank waits at the barrier behind this call: bound it.
+        result = subprocess.run(
+            ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("scontrol requeue %s failed: %s", job, e)
+        return
     if result.returncode != 0:
         log.warning("scontrol requeue %s failed: %s", job, result.stderr.strip())
     else:
@@ -414,31 +421,75 @@ def export_final(
     Training runs without the KV cache; the saved config and generation config turn it back on,
     since that is what inference needs.
     """
+
+    rank0 = rank_and_world()[0] == 0
+    # A collective under ZeRO-3 and FSDP (every rank gathers). With plain replicas only rank 0
+    # reads it: each rank would copy the whole model to host memory (8 x 17.5 GB per node at 8B).
+    collective = _state_dict_is_collective(accelerator)
+    state_dict = accelerator.get_state_dict(model) if rank0 or collective else {}
+    error: BaseException | None = None
+    if rank0:
+        try:
+            _write_final(out, accelerator, model, processor, cfg, lora, state_dict)
+        except Exception as e:  # noqa: BLE001 (re-raised below, after the other ranks know)
+            error = e
+    # The other ranks learn of a failure here instead of waiting in a barrier until the
+    # process-group timeout.
+    if not _all_ok(error is None):
+        raise error or RuntimeError("rank 0 could not write the final checkpoint (see its log)")
+    return out
+
+
+def _state_dict_is_collective(accelerator: Any) -> bool:
+    """Whether ``get_state_dict`` must run on every rank (sharded or tensor-parallel weights)."""
+    from accelerate.utils import DistributedType
+
+    kind = accelerator.distributed_type
+    if kind == DistributedType.DEEPSPEED:
+        ds = accelerator.state.deepspeed_plugin.deepspeed_config
+        tp = (ds.get("tensor_parallel") or {}).get("autotp_size", 0) or 0
+        return zero_stage(accelerator) == 3 or int(tp) > 1
+    return kind not in (DistributedType.NO, DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
+
+
+def _all_ok(ok: bool) -> bool:
+    """``ok`` on every rank (a MIN all-reduce; also the ranks' synchronisation point)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    flag = torch.tensor([1 if ok else 0])
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _write_final(
+    out: Path,
+    accelerator: Any,
+    model: torch.nn.Module,
+    processor: Any,
+    cfg: Any,
+    lora: bool,
+    state_dict: dict[str, Any],
+) -> None:
     from hivig.models.qwen_vl import set_use_cache
 
-    # Collective under ZeRO-3 (every rank gathers). Elsewhere only rank 0 reads it: each rank
-    # would copy the whole state dict to host memory (8 x 17.5 GB per 8-GPU node at 8B).
-    rank0 = rank_and_world()[0] == 0
-    state_dict = accelerator.get_state_dict(model) if rank0 or zero_stage(accelerator) == 3 else {}
-    if rank0:
-        inner = accelerator.unwrap_model(model).model
-        _enable_cache(inner, set_use_cache)
-        prefix = "model."
-        weights = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        # The gathered weights in both cases: under ZeRO-3 the live parameters are partitions
-        # (shape (0,) for every one above the persistence threshold), so a PEFT model saved from
-        # them writes an empty adapter. PEFT picks the adapter keys out of the full dict.
-        inner.save_pretrained(out, state_dict=weights, safe_serialization=True)
-        if lora:
-            _check_adapter(out)
-        # Processor after the model, so the tokenizer files cannot overwrite the processor's.
-        processor.save_pretrained(out)
-        # The transformers-4.57 forms too: every vLLM before 0.19.1 reads only those.
-        write_reader_compat(out)
-        write_run_description(out, cfg)
-        log.info("final checkpoint in %s", out)
-    barrier()
-    return out
+    inner = accelerator.unwrap_model(model).model
+    _enable_cache(inner, set_use_cache)
+    prefix = "model."
+    weights = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    # The gathered weights in both cases: under ZeRO-3 the live parameters are partitions
+    # (shape (0,) for every one above the persistence threshold), so a PEFT model saved from
+    # them writes an empty adapter. PEFT picks the adapter keys out of the full dict.
+    inner.save_pretrained(out, state_dict=weights, safe_serialization=True)
+    if lora:
+        _check_adapter(out)
+    # Processor after the model, so the tokenizer files cannot overwrite the processor's.
+    processor.save_pretrained(out)
+    # The transformers-4.57 forms too: every vLLM before 0.19.1 reads only those.
+    write_reader_compat(out)
+    write_run_description(out, cfg)
+    log.info("final checkpoint in %s", out)
 
 
 def _check_adapter(out: Path) -> None:

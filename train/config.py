@@ -194,10 +194,11 @@ class TrainLoopConfig:
     eval_max_new_tokens: int = 0
     """Generation budget per evaluated critique sample, in tokens; 0 = the longest held-out
     target plus 16 (the data decides, so no target is cut short)."""
-    eval_generate_time_s: float = 600.0
+    eval_generate_time_s: float = 300.0
     """Wall-clock cap of the final generation eval on each rank, in seconds (it runs after the
-    final checkpoint is saved; a rank past the cap stops generating and reports what it scored,
-    so no rank lags into the process-group timeout)."""
+    final checkpoint is saved; a rank past the cap stops generating and reports what it scored).
+    Keep it well under the process-group timeout (10 min for NCCL under DDP): the ranks that
+    finish first wait that long in the final sum."""
     save_every_n_steps: int = 500
     """Optimizer steps between resumable checkpoints (0 = only on signal and at the end)."""
     keep_last_checkpoints: int = 2

@@ -8,7 +8,7 @@ for the run's ``MetricLogger``; the recipe calls ``run_evaluation`` every
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -95,6 +95,7 @@ def verdict_accuracy(
     limit: int,
     max_new_tokens: int,
     time_limit_s: float = float("inf"),
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """Greedy-generate answers for up to ``limit`` critique samples and score the verdicts.
 
@@ -112,6 +113,7 @@ def verdict_accuracy(
         time_limit_s: Wall-clock cap on this rank, in seconds: past it the rank stops
             generating and joins the sum with what it scored (counted in
             ``eval_verdict_cut``).
+        stop: Checked before each sample; ``True`` stops this rank the same way (a signal).
 
     Returns:
         ``{"eval_verdict_accuracy", "eval_verdict_unparsed", "eval_verdict_n",
@@ -128,7 +130,7 @@ def verdict_accuracy(
     device = next(model.parameters()).device
     deadline = time.monotonic() + time_limit_s
     for i, sample in enumerate(chosen):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (stop is not None and stop()):
             cut = len(chosen) - i
             break
         messages, target = encoder.prompt_and_target(sample.payload)

@@ -322,11 +322,19 @@ def train(
             set-up, so an early SIGUSR1 is not fatal); created here when ``None``.
         on_step: Called after every optimizer step, before the preemption check.
     """
+    signals = signals or ckpt.PreemptionFlag()
+    try:
+        return _train(c, signals, on_step)
+    finally:
+        # On every way out, errors included: a library caller gets its own handlers back.
+        signals.restore()
+
+
+def _train(c: Components, signals: ckpt.PreemptionFlag, on_step: StepHook | None) -> TrainResult:
     cfg, acc, model, state = c.cfg, c.accelerator, c.model, c.state
     rank, _ = rank_and_world()
     # accelerate keeps accumulation in a process-wide singleton: pin it to this run's G.
     acc.gradient_accumulation_steps = c.grad_accum
-    signals = signals or ckpt.PreemptionFlag()
     losses: list[float] = []
     total = c.total_steps
     bar = _progress(cfg, total, state.step, rank)
@@ -388,7 +396,6 @@ def train(
         # preempted (SIGTERM) job itself; a time-limit warning needs asking.
         ckpt.requeue_slurm_job(cfg.loop.requeue_on_signal and signals.signum != signal.SIGTERM)
         ckpt.barrier()
-        signals.restore()
         c.metrics.close()
         return TrainResult(state=state, losses=losses, preempted=True)
     # The final checkpoint first: a final eval that fails or lags cannot cost it.
@@ -396,8 +403,8 @@ def train(
     final_dir = ckpt.export_final(
         Path(cfg.out) / "final", acc, model, c.processor, cfg, cfg.lora.enabled
     )
-    signals.restore()
-    _run_eval(c, final=True)
+    # A signal now (SLURM's time-limit warning) ends the generation early on the rank it reaches.
+    _run_eval(c, final=True, stop=lambda: signals.signum is not None)
     c.metrics.close()
     return TrainResult(state=state, losses=losses, final_dir=final_dir)
 
@@ -525,7 +532,9 @@ def _progress(cfg: TrainConfig, total: int, start: int, rank: int) -> Any:
     return tqdm(total=total, initial=start, desc="train", dynamic_ncols=True)
 
 
-def _run_eval(c: Components, final: bool = False) -> None:
+def _run_eval(
+    c: Components, final: bool = False, stop: Callable[[], bool] | None = None
+) -> None:
     """Held-out loss and, at the end, verdict accuracy by generation (``loop.eval_*``)."""
     if not c.eval_samples:
         return
@@ -552,6 +561,7 @@ def _run_eval(c: Components, final: bool = False) -> None:
             limit=generate,
             max_new_tokens=lp.eval_max_new_tokens,
             time_limit_s=lp.eval_generate_time_s,
+            stop=stop,
         )
     c.metrics.log(row, c.state.step)
 
