@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse as _StarletteJSONResponse
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hivig import jsonio
@@ -119,6 +120,10 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
 # Middleware: size limit, auth, errors
 
 
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+"""Error codes of the answers Starlette gives before any route runs."""
+
+
 def _error(
     status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -169,6 +174,13 @@ def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
         if gateway is not None:
             gateway.metrics.errors.labels("internal").inc()
         return _error(500, "internal", f"{type(exc).__name__}: the gateway failed on this request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (an unknown route, a wrong method) in the documented shape,
+        # not {"detail": ...}.
+        code = _HTTP_CODES.get(exc.status_code, "bad_request")
+        return _error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -496,3 +496,13 @@ def test_reseeding_a_session_from_an_earlier_echo_voids_its_later_answers(tmp_pa
         assert again["echo"]["steps"][-1]["step_idx"] == 0 and len(again["echo"]["steps"]) == 1
         c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 1, "action": CLICK})
     assert [k for k, _ in backend.calls] == ["history", "critique", "history", "critique"]
+
+
+def test_unknown_routes_and_methods_answer_in_the_error_shape(tmp_path):
+    with gateway_client(tmp_path) as c:
+        missing = c.get("/v1/nothing")
+        wrong = c.put("/v1/sessions")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert "GET /v1/nothing" in missing.json()["error"]["message"]
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    assert "detail" not in missing.json() and "detail" not in wrong.json()
