@@ -38,7 +38,7 @@ from PIL import Image
 
 from hivig.backends import OpenAIClient, Sampling
 from hivig.config import screen_size
-from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.scripted_server import Reply, ScriptedServer
 from hivig.testing import synthetic_screenshot
 

@@ -44,10 +44,10 @@ from data_gen.perturb import ElementIndex
 from data_gen.run import build_plan, gen_params, load_work, run
 from data_gen.sample_corpus import SampleConfig, make_sample
 from data_gen.steps import TransitionsStep
-from data_gen.steps._work import Context, LoopThread
+from data_gen.steps.work import Context, LoopThread
 from hivig.backends import OpenAIClient, default_image_cache
 from hivig.config import BackendConfig, load_config
-from hivig.media import ImageRef
+from hivig.messages import ImageRef
 from hivig.scripted_server import Reply, ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]

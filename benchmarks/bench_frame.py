@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from hivig.media import ArrowMark, PointMark
+from hivig.messages import ArrowMark, PointMark
 from hivig.vision import _frame, canonical_frame, draw_marks, load_image, smart_resize
 
 BUDGET_MS = 25.0

@@ -36,7 +36,7 @@ from hivig.backends import BackendError, InferenceBackend, PreparesImages, Sampl
 from hivig.config import BackendConfig, FrameConfig
 from hivig.contracts import render_critique_target, render_history_target
 from hivig.logging import get_logger
-from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart, mark_to_json
+from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart, mark_to_json
 from hivig.vision import ImageError, canonical_frame, draw_marks
 
 log = get_logger(__name__)

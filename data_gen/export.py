@@ -38,8 +38,8 @@ from data_gen.report import (
     pick_cards,
     render_report,
 )
-from data_gen.steps._work import Work, messages_from_json, spec_to_record, step_text
-from hivig.media import ImageRef, mark_to_json
+from data_gen.steps.work import Work, messages_from_json, spec_to_record, step_text
+from hivig.messages import ImageRef, mark_to_json
 from hivig.records import (
     SPLITS,
     RecordError,

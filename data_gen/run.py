@@ -53,7 +53,7 @@ from data_gen.perturb.grounding import ground_corpus
 from data_gen.perturb.plan import UnreachableDimensionError, target_shares
 from data_gen.perturb.semantic import ANNOTATOR_DIMENSIONS
 from data_gen.steps import STEP_CLASSES
-from data_gen.steps._work import (
+from data_gen.steps.work import (
     WORK_CODEC,
     Context,
     LoopThread,

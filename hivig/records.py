@@ -30,7 +30,7 @@ from PIL import Image
 
 from hivig.actions import PLATFORMS
 from hivig.logging import get_logger
-from hivig.media import (
+from hivig.messages import (
     ArrowMark,
     ChatMessage,
     ImagePart,

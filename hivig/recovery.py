@@ -178,7 +178,7 @@ class StepRecord:
 
 
 @dataclass
-class RecoveryConfig:
+class RecoveryTargetConfig:
     """How recovery targets are chosen and how long the brief may get."""
 
     strategy: str = "last_success"
@@ -257,7 +257,7 @@ def choose_recovery(
     diverged: bool | None = None,
     *,
     task: str | None = None,
-    config: RecoveryConfig | None = None,
+    config: RecoveryTargetConfig | None = None,
 ) -> Recovery | None:
     """Pick the step to return to after the latest steps failed, with a brief for the policy.
 
@@ -273,7 +273,7 @@ def choose_recovery(
         ``min_failures`` steps failed, the failures left the screen as it was, or no intact
         step exists); otherwise the target, a reason and the brief.
     """
-    cfg = config or RecoveryConfig()
+    cfg = config or RecoveryTargetConfig()
     records = _ordered(steps)
     if len(records) < 2:
         return None
@@ -333,7 +333,7 @@ def _brief(
     target: StepRecord,
     failing: list[StepRecord],
     task: str | None,
-    cfg: RecoveryConfig,
+    cfg: RecoveryTargetConfig,
 ) -> str:
     """Plain-text recovery instructions built from the macro history up to the target."""
     n = cfg.max_line_chars

@@ -43,7 +43,7 @@ from transformers import (
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from hivig.contracts import render_critique_target
-from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.models.qwen_vl import assemble_processor, load_chat_template, set_use_cache, token_ids
 from hivig.vision import canonical_frame
 

@@ -32,7 +32,7 @@ from hivig.actions import (
 )
 from hivig.actions._normalise import SCROLL_PIXELS_PER_CLICK
 from hivig.actions.model import round_half_up
-from hivig.media import Mark
+from hivig.messages import Mark
 from hivig.prompts import format_raw_step, format_step
 from serve.errors import ApiError
 

@@ -25,7 +25,7 @@ from hivig.contracts import (
     parse_critique,
     parse_history,
 )
-from hivig.media import ChatMessage, ImagePart, ImageRef, Mark
+from hivig.messages import ChatMessage, ImagePart, ImageRef, Mark
 from hivig.prompts import (
     CRITIC_PROMPTS,
     PromptMessages,

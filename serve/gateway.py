@@ -28,7 +28,7 @@ from hivig.actions import (
 )
 from hivig.backends import InferenceBackend
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
-from hivig.media import ArrowMark
+from hivig.messages import ArrowMark
 from hivig.prompts import format_trajectory
 from hivig.recovery import StepRecord, choose_recovery
 from serve.actions import Frame, ResolvedAction, resolve
@@ -37,7 +37,7 @@ from serve.critic import Critic, ModelResult, QueueGate
 from serve.errors import ApiError
 from serve.images import ImageStore, StoredImage
 from serve.metrics import Metrics
-from serve.recurrence import Detector, fired
+from serve.recurrence_state import Detector, fired
 from serve.sessions import SessionState, SessionStore, StoredResponse, now, open_store
 from serve.traces import TraceWriter, messages_json, valid_session_id
 

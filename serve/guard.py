@@ -92,7 +92,7 @@ class R3Config:
 
 
 @dataclass(frozen=True)
-class RecoveryConfig:
+class RecoveryLoopConfig:
     """ReTrace recovery settings.
 
     Attributes:
@@ -140,7 +140,7 @@ class GuardConfig:
     inject_history: bool = True
     feedback_template: str = DEFAULT_FEEDBACK
     r3: R3Config = field(default_factory=R3Config)
-    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    recovery: RecoveryLoopConfig = field(default_factory=RecoveryLoopConfig)
 
     def __post_init__(self) -> None:
         if self.max_reproposals < 0 or self.escalate_after < 1 or self.candidates < 1:
@@ -966,7 +966,7 @@ __all__ = [
     "GuardConfig",
     "PolicyContext",
     "R3Config",
-    "RecoveryConfig",
+    "RecoveryLoopConfig",
     "Review",
     "default_to_action",
     "describe",

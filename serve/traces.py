@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hivig import jsonio
-from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 

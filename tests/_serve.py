@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from hivig.backends import BackendHTTPError, Generation, Sampling, Usage
 from hivig.config import load_config
-from hivig.media import ChatMessage
+from hivig.messages import ChatMessage
 from serve.config import ServeConfig
 from serve.server import BackgroundServer
 

@@ -41,7 +41,7 @@ from hivig.actions import (
     render_tool_calls,
     space_for_platform,
 )
-from hivig.media import ArrowMark, PointMark
+from hivig.messages import ArrowMark, PointMark
 
 COMPUTER_ACTIONS = [
     Key(("ctrl", "c")),
@@ -534,7 +534,7 @@ def test_androidworld_errors(action, reason):
 
 def test_marks_for_tool_calls_skips_only_the_broken_block():
     from hivig.actions import marks_for_tool_calls
-    from hivig.media import PointMark
+    from hivig.messages import PointMark
 
     good = '<tool_call>\n{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [10, 20]}}\n</tool_call>'  # noqa: E501
     broken = '<tool_call>\n{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [30, 40]}\n</tool_call>'  # noqa: E501

@@ -42,7 +42,7 @@ from hivig.actions import (
     render_tool_calls,
     resolve_scale,
 )
-from hivig.media import ArrowMark, PointMark
+from hivig.messages import ArrowMark, PointMark
 
 W, H = 1920, 1080
 

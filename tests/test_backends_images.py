@@ -17,7 +17,7 @@ from hivig.backends import Sampling, request_hash, split_reasoning
 from hivig.backends.images import ImagePayloadCache, default_image_cache
 from hivig.backends.openai_client import chat_request_body
 from hivig.contracts import ContractError, split_think
-from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.testing import synthetic_screenshot
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,7 +18,7 @@ from hivig.backends import (
     request_hash,
 )
 from hivig.backends.transformers_backend import TransformersBackend
-from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.models import qwen_vl
 from hivig.testing import synthetic_conversation, tiny_model, tiny_processor
 

@@ -20,7 +20,7 @@ from data_gen.executor import (
     unit_float,
 )
 from hivig.config import FrameConfig
-from hivig.media import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
 
 # ---------------------------------------------------------------------------------------------
 # Shards and seeds

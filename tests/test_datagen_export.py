@@ -9,7 +9,7 @@ import pytest
 from PIL import Image, ImageChops
 
 import hivig.records
-from hivig.media import ImageRef, PointMark
+from hivig.messages import ImageRef, PointMark
 from hivig.records import _frame_png, _FrameSource
 from hivig.vision import canonical_frame
 

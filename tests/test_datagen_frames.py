@@ -17,7 +17,7 @@ from data_gen.config import DataGenConfig
 from data_gen.run import run
 from data_gen.sample_corpus import SampleConfig, make_sample
 from hivig.config import BackendConfig, FrameConfig, load_config
-from hivig.media import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
 from hivig.vision import ImageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def test_report_cards_without_sharegpt_render_each_frame_once(small_corpus, monk
 def test_stage_coroutines_run_in_slots():
     import asyncio
 
-    from data_gen.steps._work import LoopThread
+    from data_gen.steps.work import LoopThread
 
     running, peak, done = 0, 0, []
 

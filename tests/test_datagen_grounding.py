@@ -16,7 +16,7 @@ from data_gen.perturb.grounding import grounding_validator
 from data_gen.run import main
 from data_gen.sample_corpus import SampleConfig, make_sample
 from hivig.config import load_config
-from hivig.media import ImageRef
+from hivig.messages import ImageRef
 from hivig.prompts import build_grounding_messages
 
 ROOT = Path(__file__).resolve().parents[1]

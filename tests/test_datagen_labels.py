@@ -17,8 +17,8 @@ from data_gen.perturb.plan import draft_step, generator_rng
 from data_gen.perturb.programmatic import points_of
 from data_gen.perturb.properties import CHECKS, intent_contradiction, violation
 from data_gen.run import build_plan, load_work
-from data_gen.steps._work import critique_candidate, step_view
 from data_gen.steps.perturb import perturbation_validator
+from data_gen.steps.work import critique_candidate, step_view
 from hivig.taxonomy import DIMENSIONS
 
 

@@ -15,7 +15,7 @@ from _sample_run import ingested_demo_config
 from data_gen.perturb import PROGRAMMATIC, ElementIndex
 from data_gen.perturb.plan import generator_rng
 from data_gen.run import build_plan, gen_params, load_work
-from data_gen.steps._work import critique_candidate, step_view
+from data_gen.steps.work import critique_candidate, step_view
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"

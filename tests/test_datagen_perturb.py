@@ -12,7 +12,7 @@ from data_gen.perturb.calls import parse_calls, primary_point
 from data_gen.perturb.elements import Element, ElementIndex, target_at
 from data_gen.perturb.plan import UnreachableDimensionError, eligible_dimensions, target_shares
 from hivig.actions import ActionError, marks_for_tool_calls
-from hivig.media import ArrowMark, PointMark
+from hivig.messages import ArrowMark, PointMark
 from hivig.taxonomy import DIMENSIONS
 
 P = GenParams()
@@ -395,7 +395,7 @@ def test_unreachable_dimension_fails_before_work_with_its_name():
 
 def test_critique_marks_keep_a_drag_that_opens_its_step():
     # Rendered tool calls drop where a drag starts; the pointer the earlier steps left gives it.
-    from data_gen.steps._work import step_marks, step_text
+    from data_gen.steps.work import step_marks, step_text
     from hivig.actions import action_from_arguments
     from hivig.trajectory import Source, Step, Trajectory
 

@@ -15,12 +15,12 @@ import data_gen.annotator as annotator_mod
 from data_gen.annotator import Annotator, AnnotatorRequest, cache_key, usable_cpus
 from data_gen.config import DataGenConfig
 from data_gen.run import OPERATIONAL_FIELDS, resume_fingerprint
-from data_gen.steps._work import LoopThread
+from data_gen.steps.work import LoopThread
 from hivig.backends import Generation, PreparesImages, Sampling, Usage, request_hash
 from hivig.backends.images import default_image_cache
 from hivig.backends.openai_client import OpenAIClient
 from hivig.config import BackendConfig, ConfigError, FrameConfig, load_config
-from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.scripted_server import Reply, ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from data_gen.annotator import Annotator, AnnotatorRequest, Rejected, offline_an
 from data_gen.config import DataGenConfig, PerturbConfig, UnknownDimensionError
 from data_gen.perturb import ANNOTATOR_DIMENSIONS, DRAFTERS, PROGRAMMATIC
 from data_gen.run import run
-from data_gen.steps import _work
+from data_gen.steps import work as _work
 from data_gen.steps.history import validate_history
 from data_gen.steps.judge import validate_judge
 from data_gen.steps.perturb import perturbation_validator

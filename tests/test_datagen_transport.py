@@ -19,7 +19,7 @@ from hivig.backends.base import request_hash
 from hivig.backends.images import ImagePayloadCache
 from hivig.backends.openai_client import OpenAIClient, chat_request_body
 from hivig.config import ConfigError, load_config
-from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.scripted_server import Reply, ScriptedServer, request_images
 from hivig.vision import rgbx_array
 

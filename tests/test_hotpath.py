@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw
 from hivig import jsonio
 from hivig.actions import LeftClick, Wait
 from hivig.vision import _frame, deflate, encode_png
-from serve.recurrence import Detector
+from serve.recurrence_state import Detector
 from serve.sessions import SessionState
 
 

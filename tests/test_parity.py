@@ -24,7 +24,7 @@ from PIL import Image
 from hivig.actions import action_from_arguments, marks_for_actions
 from hivig.backends import OpenAIClient, Sampling
 from hivig.contracts import render_critique_target, render_history_target
-from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.models.qwen_vl import (
     IGNORE_INDEX,
     encode_sample,

@@ -20,7 +20,7 @@ from hivig.actions import (
     action_space,
     space_for_platform,
 )
-from hivig.media import ImagePart, ImageRef, PointMark, TextPart
+from hivig.messages import ImagePart, ImageRef, PointMark, TextPart
 from hivig.prompts import (
     ANNOTATOR_PROMPTS,
     CRITIC_PROMPTS,

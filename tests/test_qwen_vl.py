@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers import AutoProcessor, LlamaConfig
 
 from hivig.contracts import render_critique_target
-from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.models import qwen_vl
 from hivig.models.qwen_vl import IGNORE_INDEX, EncodeError, encode_sample
 from hivig.testing import (

@@ -8,7 +8,7 @@ import json
 import pytest
 from PIL import Image
 
-from hivig.media import ArrowMark, ChatMessage, ImagePart, ImageRef, PointMark, TextPart
+from hivig.messages import ArrowMark, ChatMessage, ImagePart, ImageRef, PointMark, TextPart
 from hivig.prompts import build_critique_messages, build_history_messages
 from hivig.records import (
     ImageSlot,

@@ -9,7 +9,7 @@ import pytest
 from hivig.config import ConfigError
 from hivig.recovery import (
     Recovery,
-    RecoveryConfig,
+    RecoveryTargetConfig,
     StepRecord,
     action_result_failed,
     choose_recovery,
@@ -157,11 +157,11 @@ def test_given_classification_overrides_the_text():
 
 def test_start_strategy_and_min_failures():
     recs = _trajectory([OK, OK, BAD], changed=[True] * 3)
-    rec = choose_recovery(recs, config=RecoveryConfig(strategy="start"))
+    rec = choose_recovery(recs, config=RecoveryTargetConfig(strategy="start"))
     assert rec.target_step == 0 and "full reset" in rec.reason
-    assert choose_recovery(recs, config=RecoveryConfig(min_failures=2)) is None
+    assert choose_recovery(recs, config=RecoveryTargetConfig(min_failures=2)) is None
     recs = _trajectory([OK, BAD, BAD], changed=[True] * 3)
-    assert choose_recovery(recs, config=RecoveryConfig(min_failures=2)).target_step == 1
+    assert choose_recovery(recs, config=RecoveryTargetConfig(min_failures=2)).target_step == 1
 
 
 def test_records_in_any_order_and_repeated_steps_keep_the_last():
@@ -175,7 +175,7 @@ def test_records_in_any_order_and_repeated_steps_keep_the_last():
 def test_brief_respects_its_length_limits():
     long = "The next page opened and shows a very long description of many things. " * 10
     recs = _trajectory([long] * 40 + [BAD], changed=[True] * 41)
-    cfg = RecoveryConfig(max_brief_chars=1200, max_brief_steps=12, max_line_chars=120)
+    cfg = RecoveryTargetConfig(max_brief_chars=1200, max_brief_steps=12, max_line_chars=120)
     brief = choose_recovery(recs, config=cfg).brief
     assert len(brief) <= 1200
     assert "earlier steps omitted" in brief
@@ -198,4 +198,4 @@ def test_from_dict_and_bad_records():
 )
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
-        RecoveryConfig(**{field: value})
+        RecoveryTargetConfig(**{field: value})

@@ -16,7 +16,7 @@ from hivig.actions import LeftClick, Terminate, Type
 from hivig.backends import Generation, Sampling, SyncBackend, Usage
 from hivig.config import FrameConfig
 from hivig.contracts import render_critique_target
-from hivig.media import ChatMessage, ImagePart
+from hivig.messages import ChatMessage, ImagePart
 from hivig.trajectory import Source, Step, Trajectory, write_trajectories
 from serve.diagnose import (
     DiagnoseInputError,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from test_serve_client import FakeGateway, _closed_sessions_are_unknown, make_client, png
 
-from serve.guard import CriticGuard, GuardConfig, PolicyContext, R3Config, RecoveryConfig
+from serve.guard import CriticGuard, GuardConfig, PolicyContext, R3Config, RecoveryLoopConfig
 
 
 class Env:
@@ -306,7 +306,7 @@ def test_config_is_validated_and_loads_from_overrides():
     with pytest.raises(ValueError):
         R3Config(reroute_attempts=0)
     with pytest.raises(ValueError):
-        RecoveryConfig(budget=0)
+        RecoveryLoopConfig(budget=0)
     cfg = load_config(GuardConfig, None, ["r3.on_failure=continue", "recovery.budget=5"])
     assert cfg.r3.on_failure == "continue" and cfg.recovery.budget == 5
     with pytest.raises(ConfigError):
@@ -523,7 +523,7 @@ def recovery_setup(policy_answer, budget=3):
         "brief": "Go back to the inbox list you saw at step 1.",
     }
     policy = Scripted(policy_answer)
-    guard = guard_for(gw, policy, recovery=RecoveryConfig(budget=budget))
+    guard = guard_for(gw, policy, recovery=RecoveryLoopConfig(budget=budget))
     return gw, env, policy, guard
 
 
@@ -575,7 +575,7 @@ def test_recovery_without_image_ref_compares_the_frames():
 
 def test_recovery_disabled():
     gw, env, policy, guard = recovery_setup(lambda ctx: {0: "inbox", 1: "open"}.get(ctx.step_idx))
-    guard.config = GuardConfig(recovery=RecoveryConfig(enabled=False))
+    guard.config = GuardConfig(recovery=RecoveryLoopConfig(enabled=False))
     guard.run(env.execute, env.shot(), max_steps=4)
     assert guard.recoveries == [] and all(c.mode == "normal" for c in policy.contexts)
 
@@ -626,6 +626,8 @@ def test_recovery_tolerates_a_clock_with_a_phash_distance(tolerance, reached):
         return screens[state["screen"]]
 
     policy = Scripted(lambda ctx: "back" if ctx.mode == "recovery" else "open")
-    guard = guard_for(gw, policy, recovery=RecoveryConfig(budget=1, phash_max_distance=tolerance))
+    guard = guard_for(
+        gw, policy, recovery=RecoveryLoopConfig(budget=1, phash_max_distance=tolerance)
+    )
     guard.run(execute, screens["inbox"], max_steps=3)
     assert guard.recoveries == [{"target_step": 0, "reached": reached, "steps": 1}]

@@ -14,7 +14,7 @@ import io
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from hivig.media import PointMark
+from hivig.messages import PointMark
 from hivig.scripted_server import Reply, ScriptedServer, request_images, request_text
 from hivig.vision import canonical_frame, draw_marks, size_class_for_platform
 from serve.app import create_app

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, Qwen2TokenizerFast
 
 from hivig.contracts import ContractError, parse_critique
-from hivig.media import ChatMessage, TextPart
+from hivig.messages import ChatMessage, TextPart
 from hivig.models import qwen_vl
 from hivig.testing import (
     QWEN_ADDED_TOKENS,

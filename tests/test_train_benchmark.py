@@ -15,7 +15,7 @@ from _sample_run import ingested_demo_config
 
 from data_gen.run import run as run_data_gen
 from hivig.contracts import render_critique_target, render_history_target
-from hivig.media import ImageRef, PointMark, TextPart
+from hivig.messages import ImageRef, PointMark, TextPart
 from hivig.records import (
     ImageSlot,
     Labels,

@@ -165,7 +165,7 @@ def test_data_parallel_scaling_two_ranks_simulated(model, samples):
 
 
 def test_pack_without_images_still_runs_the_vit(model, processor):
-    from hivig.media import ChatMessage, TextPart
+    from hivig.messages import ChatMessage, TextPart
 
     messages = [ChatMessage("user", [TextPart("no screenshot here")])]
     sample = encode_sample(processor, messages, "<think>\nok\n</think>\n\n<summary>s</summary>")

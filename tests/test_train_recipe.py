@@ -364,7 +364,7 @@ def test_unreadable_samples_are_quarantined_with_a_reason(data_dir, tmp_path):
     import dataclasses
 
     from hivig.config import FrameConfig
-    from hivig.media import ImageRef
+    from hivig.messages import ImageRef
     from train.data import Quarantine, compute_lengths, load_samples, plan_epoch
     from train.encode import RecordEncoder
 

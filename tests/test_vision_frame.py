@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as hf_smart_resize
 
-from hivig.media import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
 from hivig.vision import (
     ImageError,
     canonical_frame,

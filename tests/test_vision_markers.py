@@ -8,7 +8,7 @@ import math
 import pytest
 from PIL import Image
 
-from hivig.media import ArrowMark, PointMark
+from hivig.messages import ArrowMark, PointMark
 from hivig.vision import (
     ARROW_COLOUR,
     POINT_COLOUR,

@@ -29,7 +29,7 @@ from hivig.actions import (
     Type,
     Wait,
 )
-from hivig.media import PointMark
+from hivig.messages import PointMark
 from hivig.recurrence import DetectorConfig, new_state, update
 from hivig.vision import POINT_COLOUR, canonical_frame
 from serve.webenv import (

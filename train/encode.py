@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hivig.config import FrameConfig
-from hivig.media import ChatMessage
+from hivig.messages import ChatMessage
 from hivig.models.qwen_vl import EncodedSample, encode_sample
 from hivig.records import SFTRecord, record_messages
 from hivig.vision import materialise

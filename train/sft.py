@@ -532,9 +532,7 @@ def _progress(cfg: TrainConfig, total: int, start: int, rank: int) -> Any:
     return tqdm(total=total, initial=start, desc="train", dynamic_ncols=True)
 
 
-def _run_eval(
-    c: Components, final: bool = False, stop: Callable[[], bool] | None = None
-) -> None:
+def _run_eval(c: Components, final: bool = False, stop: Callable[[], bool] | None = None) -> None:
     """Held-out loss and, at the end, verdict accuracy by generation (``loop.eval_*``)."""
     if not c.eval_samples:
         return

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from hivig.media import ArrowMark, ImageRef, PointMark, TextPart
+from hivig.messages import ArrowMark, ImageRef, PointMark, TextPart
 from hivig.records import (
     ImageSlot,
     Labels,

@@ -22,7 +22,7 @@ from data_gen.perturb.calls import primary_point
 from data_gen.perturb.elements import Element, ElementIndex, target_at
 from hivig.actions import space_for_platform
 from hivig.contracts import ContractError, parse_grounding
-from hivig.media import ImageRef
+from hivig.messages import ImageRef
 from hivig.prompts import build_grounding_messages, format_step
 from hivig.trajectory import Trajectory
 from hivig.vision import size_class_for_platform

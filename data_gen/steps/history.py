@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats, unit_float
-from data_gen.steps._work import (
+from data_gen.steps.rationale import echoes
+from data_gen.steps.work import (
     INITIAL_SUMMARY,
     Context,
     Work,
@@ -24,7 +25,6 @@ from data_gen.steps._work import (
     sample_spec,
     step_text,
 )
-from data_gen.steps.rationale import echoes
 from hivig.contracts import ContractError, HistoryOutput, parse_history, render_history_target
 from hivig.prompts import build_history_annotation_messages, build_history_messages
 from hivig.trajectory import Trajectory

@@ -14,7 +14,7 @@ import random
 from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats, sample_seed, unit_float
 from data_gen.perturb import BadStep
-from data_gen.steps._work import (
+from data_gen.steps.work import (
     Context,
     Work,
     sample_id,

@@ -20,7 +20,7 @@ from data_gen.perturb import DRAFTERS, PROGRAMMATIC, BadStep, StepView, generato
 from data_gen.perturb.calls import parse_calls, render_calls
 from data_gen.perturb.programmatic import ACTION_FORMULATION
 from data_gen.perturb.properties import violation
-from data_gen.steps._work import (
+from data_gen.steps.work import (
     Context,
     Work,
     sample_id,

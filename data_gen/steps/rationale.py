@@ -18,7 +18,8 @@ from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats
 from data_gen.perturb import BadStep
 from data_gen.perturb.calls import parse_calls
-from data_gen.steps._work import (
+from data_gen.steps.transitions import target_oracle
+from data_gen.steps.work import (
     Context,
     Work,
     calls_of,
@@ -30,7 +31,6 @@ from data_gen.steps._work import (
     step_marks,
     step_text,
 )
-from data_gen.steps.transitions import target_oracle
 from hivig.contracts import ContractError, CritiqueOutput, parse_critique, render_critique_target
 from hivig.prompts import (
     build_critique_messages,

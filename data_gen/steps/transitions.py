@@ -15,7 +15,7 @@ from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats
 from data_gen.perturb.calls import primary_point
 from data_gen.perturb.elements import target_at
-from data_gen.steps._work import (
+from data_gen.steps.work import (
     Context,
     Work,
     calls_of,

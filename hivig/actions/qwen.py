@@ -25,7 +25,7 @@ from hivig.actions.model import (
     action_from_arguments,
 )
 from hivig.actions.render import marks_for_actions
-from hivig.media import Mark
+from hivig.messages import Mark
 
 
 def _parse_block(body: str) -> Action | ActionError:

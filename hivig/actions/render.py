@@ -23,7 +23,7 @@ from hivig.actions.model import (
     Swipe,
     in_space,
 )
-from hivig.media import ArrowMark, Mark, PointMark
+from hivig.messages import ArrowMark, Mark, PointMark
 
 
 def tool_call(action: Action, space: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from PIL import Image
 
 from hivig.backends.images import default_image_cache
 from hivig.contracts import UNCLOSED_THINK, ContractError, split_think
-from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.vision import encode_png
 
 T = TypeVar("T")

@@ -57,7 +57,7 @@ from hivig.backends.images import (
     default_image_cache,
 )
 from hivig.logging import get_logger
-from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.messages import ChatMessage, ImagePart, TextPart
 
 logger = get_logger(__name__)
 

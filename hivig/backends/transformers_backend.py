@@ -28,7 +28,7 @@ from hivig.backends.base import (
 )
 from hivig.backends.base import request_hash as hash_request
 from hivig.logging import get_logger
-from hivig.media import ChatMessage
+from hivig.messages import ChatMessage
 from hivig.models import qwen_vl
 
 logger = get_logger(__name__)

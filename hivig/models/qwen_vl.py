@@ -49,7 +49,7 @@ from transformers import (
 )
 
 from hivig.logging import get_logger
-from hivig.media import ChatMessage, ImagePart, TextPart
+from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.models._attention import (
     ATTENTION_BACKENDS,
     FLEX_BLOCK_SIZE,

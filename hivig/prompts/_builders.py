@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 
 from hivig.actions import Action, action_space, render_tool_calls, space_for_platform
-from hivig.media import ChatMessage, ImageRef
+from hivig.messages import ChatMessage, ImageRef
 from hivig.prompts._template import PromptError, PromptTemplate, load_prompt
 from hivig.taxonomy import DIMENSIONS, Dimension
 

@@ -27,7 +27,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from hivig.media import ChatMessage, ImagePart, ImageRef, TextPart
+from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 
 _FILE = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)_v(?P<version>[1-9][0-9]*)\.txt$")
 _SYSTEM = "@@ system"

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from hivig.logging import get_logger
-from hivig.media import ChatMessage, ImagePart, ImageRef, Mark, SizeClass
+from hivig.messages import ChatMessage, ImagePart, ImageRef, Mark, SizeClass
 from hivig.vision._markers import draw_marks_inplace
 
 try:

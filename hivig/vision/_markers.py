@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from PIL import Image, ImageDraw
 
-from hivig.media import ArrowMark, Mark, PointMark, SizeClass
+from hivig.messages import ArrowMark, Mark, PointMark, SizeClass
 
 POINT_COLOUR = (255, 0, 0)
 """Pure red, as in the reference."""

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hivig.media import ArrowMark, PointMark
+from hivig.messages import ArrowMark, PointMark
 from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png, size_class_for_platform
 
 DISPLAY_PIXELS = 1_048_576

@@ -22,8 +22,8 @@ from typing import Any
 from hivig.backends import InferenceBackend, Sampling, SyncBackend
 from hivig.config import FrameConfig
 from hivig.taxonomy import Dimension, lookup_dimension
-from serve.diagnose.critic import Inspection, Inspector, step_text
 from serve.diagnose.cuadebug import error_label
+from serve.diagnose.inspection import Inspection, Inspector, step_text
 from serve.diagnose.loaders import load_run
 from serve.diagnose.run import Run, RunStep
 from serve.diagnose.screens import VOLATILE_REGIONS, Change, Screens

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hivig.vision import ImageError, encode_png, reference_marked_image
-from serve.diagnose.critic import step_marks
+from serve.diagnose.inspection import step_marks
 from serve.diagnose.run import Run
 
 _STYLE = """

@@ -26,7 +26,7 @@ from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
 from data_gen.perturb.calls import primary_point
 from data_gen.perturb.elements import target_at
 from hivig.actions import marks_for_tool_calls, pointer_after, space_for_platform
-from hivig.media import (
+from hivig.messages import (
     ChatMessage,
     ImagePart,
     ImageRef,

@@ -19,7 +19,7 @@ from hivig.backends import BackendError, InferenceBackend, Sampling
 from hivig.config import FrameConfig
 from hivig.contracts import ContractError, CritiqueOutput, parse_critique, parse_history
 from hivig.logging import get_logger
-from hivig.media import ChatMessage, ImageRef
+from hivig.messages import ChatMessage, ImageRef
 from hivig.prompts import (
     PromptError,
     build_critique_messages,
