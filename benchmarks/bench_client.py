@@ -29,6 +29,7 @@ import glob
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,8 +40,11 @@ from PIL import Image
 from hivig.backends import OpenAIClient, Sampling
 from hivig.config import screen_size
 from hivig.messages import ChatMessage, ImagePart, TextPart
-from hivig.scripted_server import Reply, ScriptedServer
-from hivig.testing import synthetic_screenshot
+from hivig.tiny import synthetic_screenshot
+
+# The scripted OpenAI-compatible server is a test double (tests/fakes/); run from anywhere.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fakes.openai_server import Reply, ScriptedServer  # noqa: E402
 
 TARGET = 0.9
 REPLY = Reply(content="<summary>Progress Summary: ok</summary>", reasoning="fine")

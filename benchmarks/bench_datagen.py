@@ -31,6 +31,7 @@ import logging
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,7 +49,10 @@ from data_gen.steps.work import Context, LoopThread
 from hivig.backends import OpenAIClient, default_image_cache
 from hivig.config import BackendConfig, load_config
 from hivig.messages import ImageRef
-from hivig.scripted_server import Reply, ScriptedServer
+
+# The scripted OpenAI-compatible server is a test double (tests/fakes/); run from anywhere.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fakes.openai_server import Reply, ScriptedServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"

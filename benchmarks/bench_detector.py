@@ -33,7 +33,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from hivig.actions import Action, LeftClick, Type, Wait
 from hivig.recurrence import DetectorConfig, DetectorState, new_state, update
-from hivig.testing import synthetic_screenshot
+from hivig.tiny import synthetic_screenshot
 from hivig.vision import canonical_frame
 
 BUDGET_MS = 5.0

@@ -331,9 +331,7 @@ def _tree_cpu(pid: int) -> float:
 
 def _in_process_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple, float]:
     """The gateway as an app in this process (uvicorn in a thread) with an in-process backend."""
-    if str(ROOT / "tests") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tests"))
-    from tests._serve import LiveServer
+    from serve.server import BackgroundServer as LiveServer
 
     backend = EncodingBackend(delay)
     app = create_app(
@@ -349,8 +347,8 @@ def _cli_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple, float]:
     loopback OpenAI-compatible server in this process that answers after ``delay``."""
     import subprocess
 
-    from hivig.scripted_server import ScriptedServer, request_text
     from serve.server import free_port
+    from tests.fakes.openai_server import ScriptedServer, request_text
 
     def respond(body: dict) -> str:
         return GOOD if "Current Proposed Step" in request_text(body) else SUMMARY
@@ -469,7 +467,7 @@ def bench_throughput(
 
 
 def bench_tiny(runs: int) -> dict:
-    from hivig.testing import save_tiny_checkpoint
+    from hivig.tiny import save_tiny_checkpoint
 
     shot = base64.b64encode(screenshot(1920, 1080, 0)).decode()
     latencies = []

@@ -16,7 +16,7 @@ What it measures, per sample at the default canonical frame (max 1,048,576 px):
 - budget fill of the packed rows (tokens / rows x budget: the compute a row's budget buys),
   per packing strategy and window, against the bound of the fewest rows that could hold them.
 
-The processor is the offline one with the real Qwen tokenizer (``hivig.testing.tiny_processor``),
+The processor is the offline one with the real Qwen tokenizer (``hivig.tiny.tiny_processor``),
 so text and image token counts are the production ones.
 """
 
@@ -35,7 +35,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from hivig.config import FrameConfig, screen_size
-from hivig.testing import tiny_processor
+from hivig.tiny import tiny_processor
 from train.collate import collate_pack
 from train.data import Quarantine, build_loader, compute_lengths, load_samples
 from train.encode import RecordEncoder

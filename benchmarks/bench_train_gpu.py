@@ -120,7 +120,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> Qwen3VLConfig:
     if args.preset == "tiny":
-        from hivig.testing import tiny_config, tiny_processor
+        from hivig.tiny import tiny_config, tiny_processor
 
         config = tiny_config(tiny_processor())
     else:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._serve import LiveServer, ScriptedBackend, serve_config
+from tests.fakes.gateway import LiveServer, ScriptedBackend, serve_config
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ from hivig.backends import (
 from hivig.backends.openai_client import parse_retry_after
 from hivig.config import BackendConfig, ConfigError, SamplingConfig
 from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
-from hivig.scripted_server import Reply, ScriptedServer, request_images, request_text
+from tests.fakes.openai_server import Reply, ScriptedServer, request_images, request_text
 
 pytestmark = pytest.mark.timeout(30)
 

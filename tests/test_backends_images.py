@@ -18,7 +18,7 @@ from hivig.backends.images import ImagePayloadCache, default_image_cache
 from hivig.backends.openai_client import chat_request_body
 from hivig.contracts import ContractError, split_think
 from hivig.messages import ChatMessage, ImagePart, TextPart
-from hivig.testing import synthetic_screenshot
+from hivig.tiny import synthetic_screenshot
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -192,7 +192,7 @@ def test_truncated_reasoning_is_all_reasoning():
 
 def test_client_encodes_a_shared_frame_once_across_requests():
     from hivig.backends import OpenAIClient
-    from hivig.scripted_server import ScriptedServer, request_images
+    from tests.fakes.openai_server import ScriptedServer, request_images
 
     cache, frame = default_image_cache(), _screen(7)
     requests = [

@@ -20,7 +20,7 @@ from hivig.backends import (
 from hivig.backends.transformers_backend import TransformersBackend
 from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.models import qwen_vl
-from hivig.testing import synthetic_conversation, tiny_model, tiny_processor
+from hivig.tiny import synthetic_conversation, tiny_model, tiny_processor
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -220,7 +220,7 @@ def test_tiny_model_generates_on_gpu(processor, messages):
 def test_build_backend_loads_a_checkpoint(tmp_path, messages):
     from hivig.backends import build_backend
     from hivig.config import BackendConfig, FrameConfig
-    from hivig.testing import TINY_MAX_PIXELS, TINY_MIN_PIXELS, save_tiny_checkpoint
+    from hivig.tiny import TINY_MAX_PIXELS, TINY_MIN_PIXELS, save_tiny_checkpoint
 
     ckpt = save_tiny_checkpoint(tmp_path / "tiny")
     frame = FrameConfig(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)

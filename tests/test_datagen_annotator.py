@@ -22,7 +22,7 @@ from data_gen.run import run
 from data_gen.sample_corpus import SampleConfig, make_sample
 from hivig.config import load_config
 from hivig.records import SPLITS, read_records
-from hivig.scripted_server import Reply, ScriptedServer, request_images, request_text
+from tests.fakes.openai_server import Reply, ScriptedServer, request_images, request_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "configs" / "data_gen" / "default.yaml"

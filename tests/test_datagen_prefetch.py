@@ -21,7 +21,7 @@ from hivig.backends.images import default_image_cache
 from hivig.backends.openai_client import OpenAIClient
 from hivig.config import BackendConfig, ConfigError, FrameConfig, load_config
 from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
-from hivig.scripted_server import Reply, ScriptedServer
+from tests.fakes.openai_server import Reply, ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"

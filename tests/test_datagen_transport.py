@@ -20,8 +20,8 @@ from hivig.backends.images import ImagePayloadCache
 from hivig.backends.openai_client import OpenAIClient, chat_request_body
 from hivig.config import ConfigError, load_config
 from hivig.messages import ChatMessage, ImagePart, TextPart
-from hivig.scripted_server import Reply, ScriptedServer, request_images
 from hivig.vision import rgbx_array
+from tests.fakes.openai_server import Reply, ScriptedServer, request_images
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "configs" / "data_gen" / "default.yaml"

@@ -75,12 +75,12 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_library_code_does_not_import_the_test_fixtures():
-    # hivig.testing builds random models and offline tokenizers for tests and the demo; a
+    # hivig.tiny builds random models and offline tokenizers for tests and the demo; a
     # library default that reaches it would train or serve a fixture silently.
     offenders = [
         str(path.relative_to(ROOT))
         for path in _modules("hivig")
-        if path.name != "testing.py" and "hivig.testing" in _imported_modules(path)
+        if path.name != "testing.py" and "hivig.tiny" in _imported_modules(path)
     ]
     assert not offenders, offenders
 
@@ -92,13 +92,13 @@ def test_the_train_cli_and_recipe_do_not_import_each_other():
 
 
 def test_the_real_tokenizer_fixture_lives_with_the_other_fixtures():
-    text = (ROOT / "hivig" / "testing.py").read_text(encoding="utf-8")
+    text = (ROOT / "hivig" / "tiny.py").read_text(encoding="utf-8")
     assert "def qwen_tokenizer(" in text and "def tiny_processor(" in text
     stray = [
         str(p.relative_to(ROOT))
         for package in PACKAGES
         for p in _modules(package)
-        if p.name != "testing.py" and "qwen.tiktoken" in p.read_text(encoding="utf-8")
+        if p.name != "tiny.py" and "qwen.tiktoken" in p.read_text(encoding="utf-8")
     ]
     assert not stray, stray
 
@@ -113,3 +113,15 @@ def test_code_cites_only_documents_in_the_repository():
         if "\u00a7" in line
     ]
     assert offenders == []
+
+
+def test_test_doubles_live_with_the_tests():
+    """The library ships no fakes: the scripted servers and gateway helpers are in tests/fakes."""
+    library = [p for package in PACKAGES for p in _modules(package)]
+    assert not [p for p in library if p.name in ("testing.py", "scripted_server.py")]
+    for path in library:
+        assert "tests." not in "".join(
+            line
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith(("import ", "from "))
+        ), path

@@ -34,9 +34,9 @@ from hivig.models.qwen_vl import (
 )
 from hivig.prompts import build_critique_messages, build_history_messages, format_step
 from hivig.records import Labels, read_records, record_from_messages, record_messages, write_records
-from hivig.scripted_server import ScriptedServer, request_images
-from hivig.testing import synthetic_screenshot, tiny_model, tiny_processor
+from hivig.tiny import synthetic_screenshot, tiny_model, tiny_processor
 from hivig.vision import materialise, smart_resize
+from tests.fakes.openai_server import ScriptedServer, request_images
 
 MIN_PIXELS, MAX_PIXELS = 1024, 65_536
 TASK, PLATFORM = "Save the report as PDF", "windows"

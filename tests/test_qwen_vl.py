@@ -13,7 +13,7 @@ from hivig.contracts import render_critique_target
 from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 from hivig.models import qwen_vl
 from hivig.models.qwen_vl import IGNORE_INDEX, EncodeError, encode_sample
-from hivig.testing import (
+from hivig.tiny import (
     qwen_tokenizer,
     save_tiny_checkpoint,
     synthetic_conversation,

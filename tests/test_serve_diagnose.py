@@ -443,7 +443,7 @@ def test_sync_backend_and_async_entry_points(osworld_folder: Path):
 @pytest.mark.timeout(300)
 def test_tiny_transformers_backend_falls_back(tmp_path: Path):
     from hivig.backends.transformers_backend import TransformersBackend
-    from hivig.testing import TINY_MAX_PIXELS, TINY_MIN_PIXELS, tiny_model, tiny_processor
+    from hivig.tiny import TINY_MAX_PIXELS, TINY_MIN_PIXELS, tiny_model, tiny_processor
 
     processor = tiny_processor()
     backend = TransformersBackend(tiny_model(processor).eval(), processor, model_name="tiny")
@@ -494,7 +494,7 @@ def test_cli(tmp_path: Path, osworld_folder: Path, capsys):
 
 
 def _scripted_reply(body: dict) -> str:
-    from hivig.scripted_server import request_text
+    from tests.fakes.openai_server import request_text
 
     if "history tracker" in request_text(body):
         return (
@@ -507,7 +507,7 @@ def _scripted_reply(body: dict) -> str:
 
 
 def test_cli_openai_backend(tmp_path: Path, osworld_folder: Path):
-    from hivig.scripted_server import ScriptedServer
+    from tests.fakes.openai_server import ScriptedServer
 
     out = tmp_path / "http"
     with ScriptedServer(respond=_scripted_reply, model="critic") as server:
@@ -523,7 +523,7 @@ def test_cli_openai_backend(tmp_path: Path, osworld_folder: Path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cli_transformers_checkpoint(tmp_path: Path, osworld_folder: Path):
-    from hivig.testing import save_tiny_checkpoint
+    from hivig.tiny import save_tiny_checkpoint
 
     ckpt = save_tiny_checkpoint(tmp_path / "tiny")
     out = tmp_path / "tf"

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve.app import create_app
-from tests._serve import (
+from tests.fakes.gateway import (
     BAD,
     CLICK,
     SUMMARY,

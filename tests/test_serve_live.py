@@ -14,9 +14,17 @@ import time
 import httpx
 import pytest
 
-from hivig.testing import save_tiny_checkpoint
+from hivig.tiny import save_tiny_checkpoint
 from serve.app import create_app
-from tests._serve import CLICK, LiveServer, ScriptedBackend, b64, screen, serve_config, session_body
+from tests.fakes.gateway import (
+    CLICK,
+    LiveServer,
+    ScriptedBackend,
+    b64,
+    screen,
+    serve_config,
+    session_body,
+)
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ from hivig.actions import render_tool_calls, space_for_platform
 from hivig.backends import Generation, Usage, split_reasoning
 from hivig.models.qwen_vl import encode_sample
 from hivig.records import SPLITS, read_image_root, read_records, record_messages
-from hivig.testing import TINY_MAX_PIXELS, TINY_MIN_PIXELS, tiny_processor
+from hivig.tiny import TINY_MAX_PIXELS, TINY_MIN_PIXELS, tiny_processor
 from hivig.trajectory import read_trajectories
 from hivig.vision import materialise
 from serve.app import create_app
 from tests._sample_run import ingested_demo_config
-from tests._serve import b64, serve_config
+from tests.fakes.gateway import b64, serve_config
 
 
 class Replay:

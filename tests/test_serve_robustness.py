@@ -7,7 +7,7 @@ import threading
 import time
 
 from hivig.backends import Generation, Usage
-from tests._serve import (
+from tests.fakes.gateway import (
     BAD,
     CLICK,
     GOOD,

@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from hivig.messages import PointMark
-from hivig.scripted_server import Reply, ScriptedServer, request_images, request_text
 from hivig.vision import canonical_frame, draw_marks, size_class_for_platform
 from serve.app import create_app
-from tests._serve import CLICK, GOOD, SUMMARY, b64, screen, serve_config, session_body
+from tests.fakes.gateway import CLICK, GOOD, SUMMARY, b64, screen, serve_config, session_body
+from tests.fakes.openai_server import Reply, ScriptedServer, request_images, request_text
 
 # Top-level fields of vLLM's ChatCompletionRequest that the gateway may use.
 VLLM_FIELDS = {

@@ -9,7 +9,7 @@ import torch
 
 from hivig.models import qwen_vl
 from hivig.models._attention import flex_packed_attention
-from hivig.testing import synthetic_conversation, tiny_model, tiny_processor
+from hivig.tiny import synthetic_conversation, tiny_model, tiny_processor
 from train.loss import CriticLoss
 
 

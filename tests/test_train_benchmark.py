@@ -25,8 +25,8 @@ from hivig.records import (
     write_manifest,
     write_records,
 )
-from hivig.scripted_server import Reply, ScriptedServer, request_text
-from hivig.testing import save_tiny_checkpoint, synthetic_screenshot
+from hivig.tiny import save_tiny_checkpoint, synthetic_screenshot
+from tests.fakes.openai_server import Reply, ScriptedServer, request_text
 from train import benchmark as bm
 from train.benchmark import (
     CHANGED,

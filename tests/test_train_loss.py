@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from hivig.models.qwen_vl import encode_sample
-from hivig.testing import synthetic_conversation, tiny_model, tiny_processor
+from hivig.tiny import synthetic_conversation, tiny_model, tiny_processor
 from train.collate import collate_pack
 from train.loss import CriticLoss, chunked_cross_entropy, normalise, supervised_positions
 

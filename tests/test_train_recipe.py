@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hivig.config import ConfigError, load_config
-from hivig.testing import save_tiny_checkpoint, tiny_model, tiny_processor
+from hivig.tiny import save_tiny_checkpoint, tiny_model, tiny_processor
 from train.config import TrainConfig
 from train.sft import setup, train
 from train.synthetic import write_dataset
@@ -284,7 +284,7 @@ def test_lora_trains_only_adapters_and_merges_to_the_same_logits(data_dir, tmp_p
     from transformers import AutoModelForImageTextToText
 
     from hivig.models.qwen_vl import encode_sample
-    from hivig.testing import synthetic_conversation
+    from hivig.tiny import synthetic_conversation
     from train._cli import main
 
     base = save_tiny_checkpoint(tmp_path / "base")

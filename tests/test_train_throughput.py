@@ -9,7 +9,7 @@ import pytest
 
 from hivig.config import FrameConfig, load_config
 from hivig.models.qwen_vl import checkpointed_layers, enable_activation_checkpointing
-from hivig.testing import tiny_model, tiny_processor
+from hivig.tiny import tiny_model, tiny_processor
 from train.build import configure_deepspeed
 from train.config import TrainConfig
 from train.synthetic import write_dataset

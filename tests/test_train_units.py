@@ -282,7 +282,7 @@ def test_collate_restarts_text_positions_per_sample():
 
 
 def test_collate_casts_pixels_to_the_vision_dtype_and_the_model_sees_the_same_numbers():
-    from hivig.testing import tiny_model, tiny_processor
+    from hivig.tiny import tiny_model, tiny_processor
 
     s = _sample(5, 2, images=1)
     s["pixel_values"] = torch.randn(4, 1536)
@@ -302,7 +302,7 @@ def test_collate_casts_pixels_to_the_vision_dtype_and_the_model_sees_the_same_nu
 def test_the_loader_hands_pixels_over_in_the_vision_towers_dtype():
     from types import SimpleNamespace
 
-    from hivig.testing import tiny_model, tiny_processor
+    from hivig.tiny import tiny_model, tiny_processor
     from train.data import PackDataset
     from train.sft import _vision_dtype
 
@@ -553,7 +553,7 @@ def test_activation_checkpointing_is_enabled_without_deprecated_calls():
     import warnings
 
     from hivig.models.qwen_vl import enable_activation_checkpointing
-    from hivig.testing import tiny_model, tiny_processor
+    from hivig.tiny import tiny_model, tiny_processor
 
     model = tiny_model(tiny_processor())
     with warnings.catch_warnings():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hivig.testing import save_tiny_checkpoint
+from hivig.tiny import save_tiny_checkpoint
 from train.synthetic import write_dataset
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ import sys, torch
 from hivig.config import load_config
 from hivig.distributed import rank_and_world
 from hivig.models.qwen_vl import encode_sample
-from hivig.testing import synthetic_conversation
+from hivig.tiny import synthetic_conversation
 from train.config import TrainConfig
 from train.sft import setup, train
 
@@ -56,7 +56,7 @@ def test_lora_under_zero3_saves_the_gathered_adapter_and_merges_to_the_live_logi
     from transformers import AutoModelForImageTextToText
 
     from hivig.models.qwen_vl import encode_sample
-    from hivig.testing import synthetic_conversation, tiny_processor
+    from hivig.tiny import synthetic_conversation, tiny_processor
 
     data = write_dataset(tmp_path / "data", n_train=4, n_val=0, sizes=((64, 64),), words=(2, 6))
     base = save_tiny_checkpoint(tmp_path / "base")

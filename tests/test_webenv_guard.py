@@ -14,7 +14,7 @@ from serve.client import ClientConfig, CriticClient
 from serve.demo.episode import ScriptedPolicy, env_action
 from serve.guard import CriticGuard, GuardConfig
 from serve.webenv import BrowserEnv, find_browser
-from tests._serve import LiveServer, ScriptedBackend, serve_config
+from tests.fakes.gateway import LiveServer, ScriptedBackend, serve_config
 
 pytestmark = pytest.mark.skipif(
     find_browser() is None, reason="no Chromium executable (apt-get install chromium)"

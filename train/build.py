@@ -113,7 +113,7 @@ def build_model(
     if m.tiny:
         # The tiny random model and its offline (real Qwen) tokenizer are test fixtures: only an
         # explicit model.tiny=true reaches them.
-        from hivig.testing import tiny_model, tiny_processor
+        from hivig.tiny import tiny_model, tiny_processor
 
         processor = tiny_processor(min_pixels=frame.min_pixels, max_pixels=frame.max_pixels)
         model = tiny_model(processor, seed=m.tiny_seed).to(dtype)

@@ -20,7 +20,7 @@ from hivig.records import (
     write_manifest,
     write_records,
 )
-from hivig.testing import synthetic_screenshot
+from hivig.tiny import synthetic_screenshot
 
 # Small screens keep tiny-model runs fast; the benchmark passes real screen sizes instead.
 DEFAULT_SIZES = ((200, 90), (100, 60), (64, 64), (160, 120))

@@ -149,7 +149,7 @@ def build_processor(
     Args:
         path_or_none: Checkpoint directory (``resolve_model_path`` turns a hub id into one).
             ``None`` is refused: offline processors come from ``assemble_processor`` (the test
-            fixtures in ``hivig.testing`` build them), never from a library default.
+            fixtures in ``hivig.tiny`` build them), never from a library default.
         min_pixels: Lower bound on an image's area, in pixels.
         max_pixels: Upper bound on an image's area, in pixels (1,048,576 ≈ 1,024 tokens).
         chat_template: Template text to install. ``None`` keeps the checkpoint's template when it
@@ -164,7 +164,7 @@ def build_processor(
     if path_or_none is None:
         raise ValueError(
             "build_processor needs a checkpoint; offline processors are assembled with "
-            "assemble_processor (hivig.testing.tiny_processor for tests and the demo)"
+            "assemble_processor (hivig.tiny.tiny_processor for tests and the demo)"
         )
     processor = AutoProcessor.from_pretrained(str(path_or_none))
     if not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):

@@ -9,7 +9,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, Qwen2Tokeni
 from hivig.contracts import ContractError, parse_critique
 from hivig.messages import ChatMessage, TextPart
 from hivig.models import qwen_vl
-from hivig.testing import (
+from hivig.tiny import (
     QWEN_ADDED_TOKENS,
     SPECIAL_TOKENS,
     THINK_TOKENS,

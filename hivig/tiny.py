@@ -1,4 +1,4 @@
-"""Offline test fixtures: a tiny random-weight Qwen3-VL, its processor and synthetic screenshots.
+"""A tiny random-weight Qwen3-VL, its offline processor and synthetic inputs (demo and tests).
 
 Nothing is downloaded. Two tokenizers:
 
@@ -224,7 +224,7 @@ def qwen_tokenizer() -> PreTrainedTokenizerBase:
         A ``Qwen2TokenizerFast`` with 151,669 entries.
 
     Raises:
-        ModuleNotFoundError: ``dashscope`` (part of the test extra) is not installed.
+        ModuleNotFoundError: ``dashscope`` (part of the train and test extras) is not installed.
     """
     from tokenizers import Tokenizer
 
