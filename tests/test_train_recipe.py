@@ -18,6 +18,7 @@ from hivig.config import ConfigError, load_config
 from hivig.tiny import save_tiny_checkpoint, tiny_model, tiny_processor
 from train.config import TrainConfig
 from train.sft import setup, train
+from train.signals import PreemptionFlag
 from train.synthetic import write_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +199,10 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_with_dropout(
     assert len(ref.losses) == 6
     out = tmp_path / "cut"
     handler = signal.getsignal(signal.SIGTERM)
-    first = train(setup(_lora_cfg(data_dir, out, base, *extra)), on_step=_sigterm_at(2))
+    flag = PreemptionFlag()  # what `python -m train` installs at process start
+    first = train(
+        setup(_lora_cfg(data_dir, out, base, *extra)), signals=flag, on_step=_sigterm_at(2)
+    )
     assert first.preempted and first.state.step == 2 and first.final_dir is None
     assert signal.getsignal(signal.SIGTERM) is handler  # the recipe's handler is uninstalled
     saved = out / "checkpoints" / "step_000002"

@@ -318,11 +318,12 @@ def train(
 
     Args:
         c: What ``setup`` built.
-        signals: Preemption flag installed by the caller (``run`` installs it before the slow
-            set-up, so an early SIGUSR1 is not fatal); created here when ``None``.
+        signals: Preemption flag installed by the caller (the entry point installs it at process
+            start, so an early SIGUSR1 is not fatal). ``None`` (library use, tests): no handler
+            is installed, so the caller's own SIGTERM handling (a test runner's cancel) stays.
         on_step: Called after every optimizer step, before the preemption check.
     """
-    signals = signals or ckpt.PreemptionFlag()
+    signals = signals or ckpt.PreemptionFlag(signals=())
     try:
         return _train(c, signals, on_step)
     finally:
@@ -585,12 +586,11 @@ def run(cfg: TrainConfig, signals: PreemptionFlag | None = None) -> TrainResult:
 
     Args:
         cfg: The resolved config.
-        signals: The preemption flag the entry point installed at process start; installed
-            here when ``None`` (library use).
+        signals: The preemption flag the entry point installed at process start (before the
+            set-up: a SIGUSR1/SIGTERM during its minutes then stops the run at its first step
+            boundary instead of killing the process); ``None`` installs no handler.
     """
-    # Installed before the set-up: a SIGUSR1/SIGTERM during its minutes then stops the run at
-    # its first step boundary instead of killing the process.
-    signals = signals or PreemptionFlag()
+    signals = signals or PreemptionFlag(signals=())
     try:
         components = setup(cfg)
     except BaseException:
