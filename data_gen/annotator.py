@@ -21,10 +21,9 @@ import asyncio
 import hashlib
 import json
 import os
-import threading
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -37,7 +36,7 @@ from hivig.config import BackendConfig, FrameConfig
 from hivig.contracts import render_critique_target, render_history_target
 from hivig.logging import get_logger
 from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart, mark_to_json
-from hivig.vision import ImageError, canonical_frame, draw_marks
+from hivig.vision import FrameCache, ImageError, canonical_frame, draw_marks
 
 log = get_logger(__name__)
 
@@ -238,80 +237,6 @@ def cache_key(
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-class FrameStore:
-    """Prepared frames of one shard: each screenshot decoded and resized once, marked once.
-
-    Every request that uses a screenshot (with the same marks) gets the *same* PIL object, so a
-    client that caches its encoded payload per frame encodes each one once. Concurrent requests
-    for a frame that is being prepared wait for it instead of decoding it again. Memory is
-    bounded by ``max_bytes``; the least recently used frames go first.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._frames: OrderedDict[Hashable, Image.Image] = OrderedDict()
-        self._pending: dict[Hashable, Future[Image.Image]] = {}
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.counts: Counter[str] = Counter()
-        """``frames_prepared`` (decode/resize or mark drawing done), ``frames_evicted``."""
-
-    def get(self, key: Hashable, prepare: Callable[[], Image.Image]) -> Image.Image:
-        """The frame stored under ``key``, prepared by ``prepare()`` on its first use.
-
-        Raises:
-            Whatever ``prepare`` raises (``ImageError`` for an unreadable screenshot); a failed
-            preparation is not stored, so a later call tries again.
-        """
-        with self._lock:
-            frame = self._frames.get(key)
-            if frame is not None:
-                self._frames.move_to_end(key)
-                return frame
-            pending = self._pending.get(key)
-            owner = pending is None
-            if pending is None:
-                pending = self._pending[key] = Future()
-        if not owner:
-            return pending.result()
-        try:
-            frame = prepare()
-        except BaseException as e:
-            with self._lock:
-                del self._pending[key]
-            pending.set_exception(e)
-            raise
-        with self._lock:
-            del self._pending[key]
-            self.counts["frames_prepared"] += 1
-            self._insert(key, frame)
-        pending.set_result(frame)
-        return frame
-
-    def _insert(self, key: Hashable, frame: Image.Image) -> None:
-        self._frames[key] = frame
-        self._bytes += _nbytes(frame)
-        while self._bytes > self.max_bytes and len(self._frames) > 1:
-            _, old = self._frames.popitem(last=False)
-            self._bytes -= _nbytes(old)
-            self.counts["frames_evicted"] += 1
-
-    def clear(self) -> None:
-        """Release every frame (end of a shard)."""
-        with self._lock:
-            self._frames.clear()
-            self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._frames)
-
-
-def _nbytes(image: Image.Image) -> int:
-    # Pillow keeps every multi-band 8-bit mode (RGB included) at 4 bytes per pixel.
-    per_pixel = 1 if image.mode in ("1", "L", "P") else 4
-    return image.width * image.height * per_pixel
-
-
 def _image_paths(request: AnnotatorRequest) -> list[str]:
     return [
         part.image.path
@@ -375,7 +300,7 @@ class Annotator:
         max_attempts: Answers per request before giving up on the contract.
         backend: The HTTP backend (``None`` for the offline annotator).
         offline: The offline writer (required when ``backend`` is ``None``).
-        frame_cache_bytes: Memory for prepared frames (``FrameStore``).
+        frame_cache_bytes: Memory for prepared frames (``hivig.vision.FrameCache``).
         prefetch: Requests prepared (frames decoded, payloads encoded) ahead of a free request
             slot; see ``jobs_in_flight``.
         prepare_threads: Threads that prepare requests; 0 means one per CPU this process may
@@ -421,7 +346,7 @@ class Annotator:
         self.digest = ImageDigests(corpus_root)
         """File digests by screenshot path (shared with the stages' no-change checks)."""
         self._semaphore: asyncio.Semaphore | None = None
-        self.frames = FrameStore(frame_cache_bytes)
+        self.frames = FrameCache(max_bytes=frame_cache_bytes)
         """Prepared frames (canonical, and with marks) shared by every request of the shard."""
         self.counts: Counter[str] = Counter()
         """Run-wide counters: ``requests`` (new, paid), ``cache_hits``, ``backend_errors``."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,14 @@ from hivig.messages import (
     TextPart,
 )
 from hivig.taxonomy import lookup_dimension
-from hivig.vision import FAST_PNG_LEVEL, ImageError, canonical_frame, draw_marks, encode_png
+from hivig.vision import (
+    FAST_PNG_LEVEL,
+    FrameCache,
+    ImageError,
+    canonical_frame,
+    draw_marks,
+    encode_png,
+)
 
 logger = get_logger(__name__)
 
@@ -487,7 +493,7 @@ class _FrameSource:
     def __init__(self, image_root: Path, min_pixels: int, max_pixels: int, factor: int) -> None:
         self.root = image_root
         self.bounds = (min_pixels, max_pixels, factor)
-        self._clean: OrderedDict[str, Image.Image] = OrderedDict()
+        self._clean = FrameCache(max_items=_CLEAN_FRAMES)
 
     def frame(self, ref: ImageRef) -> Image.Image:
         """The canonical frame of ``ref`` with its marks drawn.
@@ -498,25 +504,21 @@ class _FrameSource:
         Returns:
             A new image; the cached clean frame is never drawn on.
         """
-        min_pixels, max_pixels, factor = self.bounds
-        clean = self._clean.get(ref.path)
-        if clean is None:
-            src = Path(ref.path)
-            clean = canonical_frame(
-                src if src.is_absolute() else self.root / src,
-                min_pixels=min_pixels,
-                max_pixels=max_pixels,
-                factor=factor,
-            )
-            self._clean[ref.path] = clean
-            if len(self._clean) > _CLEAN_FRAMES:
-                self._clean.popitem(last=False)
-        else:
-            self._clean.move_to_end(ref.path)
+        clean = self._clean.get(ref.path, lambda: self._canonical(ref.path))
         # Only the marks are drawn, on a copy. Not a second canonical_frame pass: smart_resize is
         # not idempotent where growing rounds up past max_pixels, so a second pass could resize
         # a frame training never resizes.
         return draw_marks(clean, ref.marks, ref.size_class).image
+
+    def _canonical(self, path: str) -> Image.Image:
+        min_pixels, max_pixels, factor = self.bounds
+        src = Path(path)
+        return canonical_frame(
+            src if src.is_absolute() else self.root / src,
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+            factor=factor,
+        )
 
 
 def _frame_png(ref: ImageRef, frames_dir: Path, source: _FrameSource) -> Path:

@@ -23,7 +23,14 @@ from pathlib import Path
 from PIL import Image
 
 from hivig.config import FrameConfig
-from hivig.vision import FAST_PNG_LEVEL, ImageError, canonical_frame, encode_png, load_image
+from hivig.vision import (
+    FAST_PNG_LEVEL,
+    FrameCache,
+    ImageError,
+    canonical_frame,
+    encode_png,
+    load_image,
+)
 from serve.errors import ApiError
 
 REF_PREFIX = "sha256:"
@@ -78,7 +85,7 @@ class ImageStore:
         self.frame = frame
         self.max_bytes = max_bytes
         self.max_pixels = max_pixels
-        self._frames: OrderedDict[str, Image.Image] = OrderedDict()
+        self._frames = FrameCache(max_items=cache_size)
         self._sizes: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -132,22 +139,24 @@ class ImageStore:
             raise ApiError(400, "bad_image", f"screenshot size {w}x{h} is unusable")
         return image
 
-    def _remember(self, ref: str, image: Image.Image) -> None:
-        frame = canonical_frame(
+    def _canonical(self, image: Image.Image) -> Image.Image:
+        return canonical_frame(
             image,
             min_pixels=self.frame.min_pixels,
             max_pixels=self.frame.max_pixels,
             factor=self.frame.factor,
         )
+
+    def _remember_size(self, ref: str, size: tuple[int, int]) -> None:
         with self._lock:
-            self._sizes[ref] = image.size
+            self._sizes[ref] = size
             self._sizes.move_to_end(ref)
             while len(self._sizes) > 16 * self._cache_size:
                 self._sizes.popitem(last=False)
-            self._frames[ref] = frame
-            self._frames.move_to_end(ref)
-            while len(self._frames) > self._cache_size:
-                self._frames.popitem(last=False)
+
+    def _remember(self, ref: str, image: Image.Image) -> None:
+        self._remember_size(ref, image.size)
+        self._frames.put(ref, self._canonical(image))
 
     def close(self) -> None:
         """Stop the image threads."""
@@ -179,23 +188,12 @@ class ImageStore:
 
     def clean_frame(self, ref: str) -> Image.Image:
         """The clean canonical frame of ``ref`` (shared: callers must not draw on it)."""
-        with self._lock:
-            frame = self._frames.get(ref)
-            if frame is not None:
-                self._frames.move_to_end(ref)
-                return frame
+        return self._frames.get(ref, lambda: self._from_disk(ref))
+
+    def _from_disk(self, ref: str) -> Image.Image:
         image = load_image(self.require(ref))
-        self._remember(ref, image)
-        with self._lock:  # another thread may evict it again at once
-            frame = self._frames.get(ref)
-        if frame is not None:
-            return frame
-        return canonical_frame(
-            image,
-            min_pixels=self.frame.min_pixels,
-            max_pixels=self.frame.max_pixels,
-            factor=self.frame.factor,
-        )
+        self._remember_size(ref, image.size)
+        return self._canonical(image)
 
 
 def _valid(ref: str) -> bool:

@@ -12,7 +12,8 @@ from PIL import Image
 
 import data_gen.annotator as annotator_mod
 import data_gen.export as export_mod
-from data_gen.annotator import Annotator, FrameStore
+from data_gen.annotator import Annotator
+from hivig.vision import FrameCache
 from data_gen.config import DataGenConfig
 from data_gen.run import run
 from data_gen.sample_corpus import SampleConfig, make_sample
@@ -89,12 +90,12 @@ def test_concurrent_requests_wait_for_one_preparation(tmp_path, monkeypatch):
 
 def test_frame_store_budget_and_failures():
     # Pillow holds an RGB pixel in 4 bytes: the budget counts those, not 3 per pixel.
-    store = FrameStore(max_bytes=3 * 64 * 48 * 4)
+    store = FrameCache(max_bytes=3 * 64 * 48 * 4)
     img = lambda: Image.new("RGB", (64, 48))  # noqa: E731
     for key in "abcd":
         store.get(key, img)
     assert len(store) == 3 and store.counts["frames_evicted"] == 1
-    tight = FrameStore(max_bytes=3 * 64 * 48 * 3)
+    tight = FrameCache(max_bytes=3 * 64 * 48 * 3)
     for key in "abc":
         tight.get(key, img)
     assert len(tight) == 2

@@ -433,3 +433,26 @@ def test_smart_resize_matches_transformers_property(height, width, cap_tokens):
     )
     h, w = ours
     assert h % 32 == 0 and w % 32 == 0 and MIN_PX <= h * w <= max_pixels
+
+
+def test_frame_cache_bounds_by_count_and_memory_and_prepares_once():
+    from hivig.vision import FrameCache, frame_nbytes
+
+    frames = {k: Image.new("RGB", (8, 8), (k, 0, 0)) for k in range(4)}
+    calls = []
+
+    def prepare(k):
+        calls.append(k)
+        return frames[k]
+
+    by_count = FrameCache(max_items=2)
+    for k in (0, 1, 0, 2):  # 0 is used again, so 1 is the least recent when 2 arrives
+        by_count.get(k, lambda k=k: prepare(k))
+    assert calls == [0, 1, 2] and 0 in by_count and 1 not in by_count and len(by_count) == 2
+    assert by_count.counts == {"frames_prepared": 3, "frames_evicted": 1}
+    by_count.put(3, frames[3])  # prepared elsewhere (the gateway's upload path)
+    assert 3 in by_count and by_count.get(3, lambda: pytest.fail("stored")) is frames[3]
+    by_memory = FrameCache(max_bytes=2 * frame_nbytes(frames[0]))
+    for k in range(3):
+        by_memory.put(k, frames[k])
+    assert len(by_memory) == 2 and 0 not in by_memory

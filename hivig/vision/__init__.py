@@ -9,6 +9,7 @@ One code path prepares every screenshot the model sees, at data-gen, train and s
 deterministic bytes for storage or an HTTP backend.
 """
 
+from hivig.vision._cache import FrameCache, frame_nbytes
 from hivig.vision._fingerprint import (
     GridBox,
     apply_masks,
@@ -47,6 +48,8 @@ from hivig.vision._markers import (
 )
 
 __all__ = [
+    "FrameCache",
+    "frame_nbytes",
     "FAST_PNG_LEVEL",
     "ARROW_COLOUR",
     "MAX_ASPECT_RATIO",
