@@ -13,13 +13,12 @@ from PIL import Image
 import data_gen.annotator as annotator_mod
 import data_gen.export as export_mod
 from data_gen.annotator import Annotator
-from hivig.vision import FrameCache
 from data_gen.config import DataGenConfig
 from data_gen.run import run
 from data_gen.sample_corpus import SampleConfig, make_sample
 from hivig.config import BackendConfig, FrameConfig, load_config
 from hivig.messages import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
-from hivig.vision import ImageError
+from hivig.vision import FrameCache, ImageError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
