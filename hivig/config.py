@@ -31,9 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 T = TypeVar("T")
 
 # Packages whose versions every run records next to its outputs.
@@ -141,6 +138,15 @@ class BackendConfig:
 # Loading
 
 
+def _omegaconf() -> tuple[Any, type[Exception]]:
+    # Imported on first use: the runner side (serve.client, serve.guard) imports this module
+    # for its error and size types and installs no OmegaConf.
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    return OmegaConf, OmegaConfBaseException
+
+
 def load_config(schema: type[T], path: str | os.PathLike | None, overrides: list[str] = ()) -> T:
     """Build a ``schema`` instance from defaults, then a YAML file, then dotlist overrides.
 
@@ -155,6 +161,7 @@ def load_config(schema: type[T], path: str | os.PathLike | None, overrides: list
     Raises:
         ConfigError: Unknown key, wrong type, or a failed cross-field rule.
     """
+    OmegaConf, OmegaConfBaseException = _omegaconf()
     try:
         merged = OmegaConf.structured(schema)
     except OmegaConfBaseException as e:
@@ -177,6 +184,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def _merge_file(base: Any, path: Path) -> Any:
+    OmegaConf, OmegaConfBaseException = _omegaconf()
     import yaml
 
     try:
@@ -204,6 +212,7 @@ def _merge_file(base: Any, path: Path) -> Any:
 
 
 def _merge_override(base: Any, override: str) -> Any:
+    OmegaConf, OmegaConfBaseException = _omegaconf()
     if "=" not in override or not override.split("=", 1)[0].strip():
         raise ConfigError(f"override {override!r} is not KEY=VALUE (e.g. optim.lr=5e-6)")
     try:
@@ -221,6 +230,7 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def config_to_yaml(cfg: Any) -> str:
     """The resolved config as YAML (what ``--dry-run`` prints and every run saves)."""
+    OmegaConf, OmegaConfBaseException = _omegaconf()
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 

@@ -48,8 +48,11 @@ agent = Agent()
 guarded = GuardedOSWorldAgent(agent, CriticClient(base_url=sys.argv[1]), screen=(1920, 1080))
 guarded.reset()
 executed = [guarded.predict("Open the menu", {"screenshot": shot(k)})[1] for k in range(2)]
+from serve.guard import _frames_match  # the recovery arrival check compares screenshots
+same = _frames_match(shot(1), shot(1), 0) and not _frames_match(shot(1), shot(2), 0)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)
-print(json.dumps({"executed": executed, "asked": len(agent.instructions), "heavy": heavy}))
+print(json.dumps({"executed": executed, "asked": len(agent.instructions), "heavy": heavy,
+                  "frames_compare": same}))
 """.replace("HEAVY", repr(HEAVY))
 
 
@@ -89,6 +92,7 @@ def test_runner_side_extra_runs_a_guarded_episode_without_the_training_stack(tmp
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["heavy"] == []
+    assert result["frames_compare"]  # fingerprints work without torch (they needed it before)
     # Each step: the first click rejected, the agent re-asked, its second proposal executed.
     assert result["executed"] == [["pyautogui.click(960, 540)"]] * 2
     assert result["asked"] == 4

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from hivig.logging import get_logger
@@ -254,8 +252,10 @@ def rgbx_array(img: Image.Image) -> np.ndarray:
     return flat.reshape(img.height, img.width, 4)
 
 
-def rgbx_tensor(img: Image.Image) -> torch.Tensor:
-    """``rgbx_array`` as a (H, W, 4) uint8 tensor (a view where the array is one)."""
+def rgbx_tensor(img: Image.Image) -> Any:
+    """``rgbx_array`` as a (H, W, 4) uint8 torch tensor (a view where the array is one)."""
+    import torch
+
     storage = _rgbx_storage(img)
     if isinstance(storage, bytearray):
         flat = torch.frombuffer(storage, dtype=torch.uint8)
@@ -278,6 +278,10 @@ def resize_rgb(img: Image.Image, width: int, height: int) -> Image.Image:
     # (1, 4, H, W) channels-last view of the pixels; the pad channel is resampled and dropped
     # again on import (RGB results equal the 3-channel path), and the 4-channel layout is torch's
     # native uint8 kernel.
+    # torch is imported here, not with the module: what only fingerprints or decodes screens
+    # (the runner-side guard) never loads it.
+    import torch.nn.functional as F
+
     pixels = rgbx_tensor(img).unsqueeze(0).permute(0, 3, 1, 2)
     out = F.interpolate(pixels, size=(height, width), mode=RESAMPLE, antialias=True)
     packed = out[0].permute(1, 2, 0).contiguous().numpy()  # (height, width, 4)
