@@ -609,6 +609,15 @@ def _emit(text: str, err: bool = False) -> None:
 def main(argv: list[str] | None = None, signals: PreemptionFlag | None = None) -> int:
     """``python -m train.sft --config FILE [key=value ...]``: 0 done, 2 user error, 75 preempted."""
     signals = signals or PreemptionFlag()
+    try:
+        return _main(argv, signals)
+    finally:
+        # Whatever the outcome (a user error returns early): an in-process caller gets its own
+        # handlers back.
+        signals.restore()
+
+
+def _main(argv: list[str] | None, signals: PreemptionFlag) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m train",
         description="Supervised fine-tuning of the Qwen3-VL critic.",
