@@ -41,6 +41,7 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from hivig.config import FrameConfig
 from hivig.models.qwen_vl import (
     apply_freezing,
+    attention_backend_of,
     enable_activation_checkpointing,
     flash_attn_available,
     mrope_position_ids,
@@ -408,10 +409,11 @@ def run(argv: list[str] | None = None) -> dict[str, float]:
         "loss": float(loss_sum.detach() / n),
     }
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if fused else None
-    requested = args.attn if args.attn != "auto" else attn
+    # What the text tower really ran, read back from the model (not the name resolved above).
+    ran = attention_backend_of(model)
     checks = {
         "finite_loss": math.isfinite(result["loss"]),
-        "backend_as_requested": attn == requested,
+        "backend_as_requested": ran == attn,
         # A floor far under the 35-45 % target: below it something is broken (a CPU fallback,
         # an eager kernel, a sync per layer), not slow.
         "mfu_at_least_5_percent": not fused

@@ -32,6 +32,7 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python}"
 SMALL="${GPU_CHECK_SMALL:-0}"
 PARTS="$(mktemp -d)"
+trap 'rm -rf "$PARTS"' EXIT  # wheels unpacked, compile caches, logs (the JSON keeps the tails)
 START=$(date +%s)
 BUDGET="${GPU_CHECK_BUDGET:-420}"  # seconds for all steps (the device allows 10 min a call)
 

@@ -180,7 +180,8 @@ def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
         # Starlette's own answers (an unknown route, a wrong method) in the documented shape,
         # not {"detail": ...}.
         code = _HTTP_CODES.get(exc.status_code, "bad_request")
-        return _error(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return _error(exc.status_code, code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:

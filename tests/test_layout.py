@@ -107,8 +107,18 @@ def test_code_cites_only_documents_in_the_repository():
     """No section-sign pointers into design notes a reader of the repository does not have."""
     offenders = [
         f"{path.relative_to(ROOT)}:{i}"
-        for top in ("hivig", "data_gen", "train", "serve", "benchmarks", "tests")
-        for path in (ROOT / top).rglob("*.py")
+        for top in (
+            "hivig",
+            "data_gen",
+            "train",
+            "serve",
+            "benchmarks",
+            "tests",
+            "configs",
+            "slurm",
+        )
+        for pattern in ("*.py", "*.yaml", "*.sbatch", "*.sh")
+        for path in (ROOT / top).rglob(pattern)
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if "\u00a7" in line
     ]

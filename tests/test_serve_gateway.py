@@ -505,4 +505,5 @@ def test_unknown_routes_and_methods_answer_in_the_error_shape(tmp_path):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     assert "GET /v1/nothing" in missing.json()["error"]["message"]
     assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in wrong.headers["allow"]  # the methods the route has, as HTTP asks
     assert "detail" not in missing.json() and "detail" not in wrong.json()

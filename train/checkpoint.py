@@ -426,13 +426,13 @@ def export_final(
     # A collective under ZeRO-3 and FSDP (every rank gathers). With plain replicas only rank 0
     # reads it: each rank would copy the whole model to host memory (8 x 17.5 GB per node at 8B).
     collective = _state_dict_is_collective(accelerator)
-    state_dict = accelerator.get_state_dict(model) if rank0 or collective else {}
     error: BaseException | None = None
-    if rank0:
-        try:
+    try:
+        state_dict = accelerator.get_state_dict(model) if rank0 or collective else {}
+        if rank0:
             _write_final(out, accelerator, model, processor, cfg, lora, state_dict)
-        except Exception as e:  # noqa: BLE001 (re-raised below, after the other ranks know)
-            error = e
+    except Exception as e:  # noqa: BLE001 (re-raised below, after the other ranks know)
+        error = e
     # The other ranks learn of a failure here instead of waiting in a barrier until the
     # process-group timeout.
     if not _all_ok(error is None):
@@ -449,7 +449,8 @@ def _state_dict_is_collective(accelerator: Any) -> bool:
         ds = accelerator.state.deepspeed_plugin.deepspeed_config
         tp = (ds.get("tensor_parallel") or {}).get("autotp_size", 0) or 0
         return zero_stage(accelerator) == 3 or int(tp) > 1
-    return kind not in (DistributedType.NO, DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
+    sharded = {"FSDP", "MEGATRON_LM", "TP"}  # names differ across accelerate releases
+    return kind.name in sharded
 
 
 def _all_ok(ok: bool) -> bool:

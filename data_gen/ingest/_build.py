@@ -256,7 +256,7 @@ class FileIngest:
 def drop_copies(built: list[Built], ledger: Ledger) -> tuple[list[Built], list[dict]]:
     """One trajectory per id: the preferred copy stays, the others' steps become ``duplicate``.
 
-    The SPEC id hashes source folder and task, so a navigation and a planning_cot copy of one
+    The trajectory id hashes source folder and task, so a navigation and a planning_cot copy of one
     episode share it, and downstream steps refuse a repeated id. The kept copy is the one with
     ``<think>`` reasoning, then the longer one; the others' kept lines move from
     ``kept`` to ``duplicate`` so ``lines == kept + Σ dropped`` still holds.

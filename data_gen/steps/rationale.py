@@ -86,7 +86,7 @@ def echoes(text: str, hidden: str | None) -> bool:
 def rationale_problem(parsed: CritiqueOutput, hidden_intent: str | None) -> Rejected | None:
     """The checks every annotator's rationale must pass (retried, then dropped with a reason).
 
-    The explanation is what the policy reads, so it gives no coordinates (SPEC: describe, do
+    The explanation is what the policy reads, so it gives no coordinates (describe, do
     not dictate) and names no dimension (the verdict line does that); and no part of the
     target may quote an intent that the sample's input masked (the critic would learn to
     answer from what it was not shown).
