@@ -61,6 +61,7 @@ def read_frame(path: str | os.PathLike) -> tuple[int, int]:
         CheckpointError: No processor file, or one without a numeric ``size``.
     """
     folder = Path(path)
+    without_images = []
     for name in PROCESSOR_FILES:
         file = folder / name
         if not file.is_file():
@@ -68,6 +69,7 @@ def read_frame(path: str | os.PathLike) -> tuple[int, int]:
         obj = _read_json(file)
         nested = obj.get("image_processor") if isinstance(obj, dict) else None
         if name == "processor_config.json" and not isinstance(nested, dict):
+            without_images.append(name)
             continue  # a processor file without an image processor: the flat file may have it
         size = (_image_processor(obj) or {}).get("size")
         if not isinstance(size, dict):
@@ -79,6 +81,11 @@ def read_frame(path: str | os.PathLike) -> tuple[int, int]:
                 f"got {lo!r}/{hi!r}"
             )
         return lo, hi
+    if without_images:
+        raise CheckpointError(
+            f"{folder}: processor_config.json has no image_processor and there is no "
+            "preprocessor_config.json; the checkpoint records no frame"
+        )
     raise CheckpointError(
         f"{folder}: no {' or '.join(PROCESSOR_FILES)}; pass a checkpoint folder that train/ "
         "wrote (RUN/final, or RUN/merged after merge-lora)"

@@ -105,6 +105,9 @@ def test_read_frame_names_the_missing_file(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="no processor_config.json or preprocessor"):
         read_frame(tmp_path)
+    (tmp_path / "processor_config.json").write_text('{"processor_class": "Qwen3VLProcessor"}')
+    with pytest.raises(CheckpointError, match="has no image_processor"):
+        read_frame(tmp_path)
     (tmp_path / "preprocessor_config.json").write_text('{"size": {"shortest_edge": "x"}}')
     with pytest.raises(CheckpointError, match="positive pixel counts"):
         read_frame(tmp_path)
