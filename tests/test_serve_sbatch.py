@@ -256,3 +256,27 @@ def test_transformers_4_57_loads_the_checkpoint_to_the_same_logits(final_ckpt, t
     assert old["ids"] == new["ids"] and old["mrope"] == new["mrope"]
     assert old["size"] == new["size"] == {"shortest_edge": MIN_PX, "longest_edge": MAX_PX}
     assert old["logit_sum"] == pytest.approx(new["logit_sum"], rel=1e-6)
+
+
+def test_a_corrupt_processor_file_is_one_line_and_exit_2_everywhere(final_ckpt, tmp_path):
+    """Provoked: a half-written processor_config.json (a killed save) in a checkpoint folder."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_bytes((final_ckpt / "config.json").read_bytes())
+    (broken / "processor_config.json").write_text('{"image_processor": {"si')
+    with pytest.raises(CheckpointError, match="not readable JSON"):
+        read_frame(broken)
+    cli = subprocess.run(
+        [sys.executable, "-m", "hivig.cli", "checkpoint", "frame", str(broken)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "not readable JSON" in cli.stderr
+    gateway = subprocess.run(
+        [sys.executable, "-m", "serve", "--config", "configs/serve/local.yaml", f"model={broken}",
+         f"sessions.state_dir={tmp_path / 'state'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert gateway.returncode == 2 and gateway.stderr.count("\n") == 1
+    job = _job(tmp_path, broken)
+    assert job.returncode == 2 and "not readable JSON" in job.stderr
+    assert not (tmp_path / "stubs" / "vllm.args").exists()

@@ -571,6 +571,7 @@ def test_export_reads_the_state_dict_on_rank_zero_only_outside_zero3(monkeypatch
 
     class Acc:
         calls = 0
+        device = "cpu"
 
         def get_state_dict(self, model):
             Acc.calls += 1
@@ -589,6 +590,8 @@ def test_export_failure_on_rank_zero_is_raised_not_left_for_a_barrier(monkeypatc
     import train.checkpoint as ckpt
 
     class Acc:
+        device = "cpu"
+
         def get_state_dict(self, model):
             return {}
 

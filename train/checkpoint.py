@@ -34,6 +34,7 @@ from hivig.config import ConfigError, config_to_dict, write_run_description
 from hivig.distributed import rank_and_world
 from hivig.logging import get_logger
 from train.build import zero_stage
+from train.metrics import all_reduce_sum
 from train.signals import PreemptionFlag  # noqa: F401  (re-exported for the recipe)
 
 log = get_logger(__name__)
@@ -435,7 +436,7 @@ def export_final(
         error = e
     # The other ranks learn of a failure here instead of waiting in a barrier until the
     # process-group timeout.
-    if not _all_ok(error is None):
+    if not _all_ok(error is None, accelerator.device):
         raise error or RuntimeError("rank 0 could not write the final checkpoint (see its log)")
     return out
 
@@ -453,15 +454,9 @@ def _state_dict_is_collective(accelerator: Any) -> bool:
     return kind.name in sharded
 
 
-def _all_ok(ok: bool) -> bool:
-    """``ok`` on every rank (a MIN all-reduce; also the ranks' synchronisation point)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return ok
-    flag = torch.tensor([1 if ok else 0])
-    if dist.get_backend() == "nccl":
-        flag = flag.cuda()
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+def _all_ok(ok: bool, device: Any) -> bool:
+    """``ok`` on every rank (a sum of failures over the ranks; also their synchronisation point)."""
+    return all_reduce_sum([0.0 if ok else 1.0], device)[0] == 0
 
 
 def _write_final(
