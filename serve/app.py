@@ -1,7 +1,8 @@
 """The FastAPI app of the critic gateway: ``create_app(config, backend)``.
 
-Routes validate their body and hand it to ``serve.gateway.Gateway``. The backend is created in
-the lifespan hook (never at import), or injected, which is how tests use a stub::
+The routes (``serve.routes``, one router per resource) validate their body into a
+``serve.protocol`` model and hand it to ``serve.gateway.Gateway``. The backend is created in the
+lifespan hook (never at import), or injected, which is how tests use a stub::
 
     app = create_app(load_config(ServeConfig, "configs/serve/local.yaml"), backend=None)
     uvicorn.run(app, host="127.0.0.1", port=8080)
@@ -14,39 +15,42 @@ import contextlib
 import hmac
 import logging
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse as _StarletteJSONResponse
-from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hivig import jsonio
-from hivig.actions import PLATFORM_ALIASES
 from hivig.backends import InferenceBackend, build_backend
 from hivig.checkpoint_files import CheckpointError, read_frame
 from hivig.config import ConfigError, FrameConfig
 from hivig.prompts import CRITIC_PROMPTS, load_prompt_dir
-from hivig.taxonomy import DIMENSIONS
-from serve.config import ACTION_FORMATS, COORD_SPACES, ServeConfig
+from serve import protocol
+from serve.config import ServeConfig
 from serve.errors import ApiError
 from serve.gateway import SCHEMA_VERSION, Gateway
+from serve.respond import JSONResponse, error_response
+from serve.routes import ROUTERS
 
 logger = logging.getLogger(__name__)
 
 _OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json")
 
-
-class JSONResponse(_StarletteJSONResponse):
-    """A JSON response rendered by orjson (compact UTF-8, as Starlette's but faster)."""
-
-    def render(self, content: Any) -> bytes:
-        return jsonio.dumps(content)
+_REQUEST_MODELS = (
+    protocol.SessionCreate,
+    protocol.Observe,
+    protocol.Critique,
+    protocol.ObserveStateless,
+    protocol.CritiqueStateless,
+    protocol.ImageUpload,
+    protocol.DiagnoseRequest,
+)
+"""The bodies ``serve.routes._common.body`` reads (FastAPI does not see them to document them)."""
 
 
 def checkpoint_frame(path: str) -> FrameConfig:
@@ -110,10 +114,26 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
     if cfg.critic.prompt_dir:
         load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)  # a bad profile fails before serving
     app = FastAPI(title="hivig critic gateway", version=SCHEMA_VERSION, lifespan=lifespan)
+    app.state.config = cfg
     token = os.environ.get(cfg.auth_token_env, "") if cfg.auth_token_env else ""
     _add_middleware(app, cfg, token)
-    _add_routes(app, cfg)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with the request bodies the routes read themselves."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        _, defs = models_json_schema(
+            [(m, "validation") for m in _REQUEST_MODELS],
+            ref_template="#/components/schemas/{model}",
+        )
+        doc.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,12 +142,6 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 """Error codes of the answers Starlette gives before any route runs."""
-
-
-def _error(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status, headers=headers)
 
 
 class _Guard:
@@ -155,11 +169,11 @@ class _Guard:
         headers = Headers(scope=scope)
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
-            return _error(413, "image_too_large", f"body over {self.max_body} bytes")
+            return error_response(413, "image_too_large", f"body over {self.max_body} bytes")
         if self.expected and not scope["path"].startswith(_OPEN_PATHS):
             given = headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, self.expected):
-                return _error(401, "unauthorized", "missing or wrong bearer token")
+                return error_response(401, "unauthorized", "missing or wrong bearer token")
         return None
 
 
@@ -167,180 +181,37 @@ def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
     app.add_middleware(_Guard, max_body=cfg.limits.max_body_bytes, token=token)
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    async def internalerror_response(request: Request, exc: Exception) -> JSONResponse:
         # A bug must still answer in the documented shape (runners branch on the code).
         logger.error("unhandled error on %s", request.url.path, exc_info=exc)
         gateway = getattr(request.app.state, "gateway", None)
         if gateway is not None:
             gateway.metrics.errors.labels("internal").inc()
-        return _error(500, "internal", f"{type(exc).__name__}: the gateway failed on this request")
+        return error_response(
+            500, "internal", f"{type(exc).__name__}: the gateway failed on this request"
+        )
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def httperror_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Starlette's own answers (an unknown route, a wrong method) in the documented shape,
         # not {"detail": ...}.
         code = _HTTP_CODES.get(exc.status_code, "bad_request")
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        return _error(exc.status_code, code, message, getattr(exc, "headers", None))
+        return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Path and query parameters (bodies are validated by serve.routes into ApiError).
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"])
+        return error_response(422, "bad_request", f"`{where}`: {first['msg']}")
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    async def apierror_response(request: Request, exc: ApiError) -> JSONResponse:
         gateway = getattr(request.app.state, "gateway", None)
         if gateway is not None:
             gateway.metrics.errors.labels(exc.code).inc()
-        return _error(exc.status, exc.code, exc.message, exc.headers)
-
-
-async def _body(request: Request, limit: int) -> dict[str, Any]:
-    """The JSON object of a request, read with the size limit (chunked bodies too)."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, "image_too_large", f"body over {limit} bytes")
-        chunks.append(chunk)
-    try:
-        # Strict: ``NaN``, ``Infinity`` and overflowing numbers are not JSON, so no coordinate
-        # can be one. A UTF-8 byte-order mark (some Windows clients send one) is dropped.
-        body = jsonio.loads(b"".join(chunks).removeprefix(_BOM) or b"{}")
-    except jsonio.JSONDecodeError as e:
-        raise ApiError(422, "bad_request", f"body is not JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError(422, "bad_request", "body must be a JSON object")
-    if _too_deep(body, _MAX_DEPTH):
-        # Anything the gateway keeps is written back as JSON, which allows less nesting than
-        # it reads; no request field needs more than a few levels.
-        raise ApiError(422, "bad_request", f"body nests deeper than {_MAX_DEPTH} levels")
-    return body
-
-
-_BOM = b"\xef\xbb\xbf"
-_MAX_DEPTH = 32
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    """Whether a parsed JSON value nests lists and objects deeper than ``limit``."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node
-        for child in children:
-            if isinstance(child, (dict, list)):
-                if depth >= limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
-
-
-# ---------------------------------------------------------------------------------------------
-# Routes
-
-
-def _add_routes(app: FastAPI, cfg: ServeConfig) -> None:
-    limit = cfg.limits.max_body_bytes
-
-    def gw(request: Request) -> Gateway:
-        return request.app.state.gateway
-
-    async def timed(
-        route: str, request: Request, work: Awaitable[dict[str, Any]], status: int = 200
-    ) -> JSONResponse:
-        start = time.perf_counter()
-        try:
-            out = await work
-        finally:
-            gw(request).metrics.latency.labels(route).observe(time.perf_counter() - start)
-        return JSONResponse(out, status)
-
-    @app.post("/v1/sessions", status_code=201)
-    async def create_session(request: Request) -> JSONResponse:
-        body = await _body(request, limit)
-        return JSONResponse(gw(request).create(body), 201)
-
-    @app.post("/v1/sessions/{sid}/observe")
-    async def observe(sid: str, request: Request) -> JSONResponse:
-        body = await _body(request, limit)
-        return await timed("observe", request, gw(request).observe(sid, body))
-
-    @app.post("/v1/sessions/{sid}/critique")
-    async def critique(sid: str, request: Request) -> JSONResponse:
-        body = await _body(request, limit)
-        return await timed("critique", request, gw(request).critique(sid, body))
-
-    @app.get("/v1/sessions/{sid}")
-    async def get_session(sid: str, request: Request) -> JSONResponse:
-        return JSONResponse(gw(request).get(sid))
-
-    @app.delete("/v1/sessions/{sid}")
-    async def close_session(sid: str, request: Request) -> JSONResponse:
-        return JSONResponse(await gw(request).close_session(sid))
-
-    @app.post("/v1/observe")
-    async def observe_stateless(request: Request) -> JSONResponse:
-        body = await _body(request, limit)
-        return await timed("observe_stateless", request, gw(request).observe_stateless(body))
-
-    @app.post("/v1/critique")
-    async def critique_stateless(request: Request) -> JSONResponse:
-        body = await _body(request, limit)
-        return await timed("critique_stateless", request, gw(request).critique_stateless(body))
-
-    @app.post("/v1/images", status_code=201)
-    async def upload(request: Request) -> JSONResponse:
-        body = await _body(request, limit)
-        return JSONResponse(await gw(request).upload(body), 201)
-
-    @app.post("/v1/diagnose", status_code=202)
-    async def diagnose(request: Request) -> JSONResponse:
-        body = await _body(request, limit)
-        return JSONResponse(gw(request).start_diagnosis(body), 202)
-
-    @app.get("/v1/jobs/{job_id}")
-    async def job(job_id: str, request: Request) -> JSONResponse:
-        return JSONResponse(gw(request).job(job_id))
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/readyz")
-    async def readyz(request: Request) -> JSONResponse:
-        ready = getattr(request.app.state, "ready", False)
-        detail = getattr(request.app.state, "ready_detail", "starting")
-        return JSONResponse({"ready": ready, "detail": detail}, 200 if ready else 503)
-
-    @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        return Response(
-            generate_latest(gw(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
-        )
-
-    @app.get("/v1/info")
-    async def info(request: Request) -> dict[str, Any]:
-        g = gw(request)
-        return {
-            **g.versions(),
-            "backend": cfg.backend.kind,
-            "frame": {
-                "min_pixels": cfg.frame.min_pixels,
-                "max_pixels": cfg.frame.max_pixels,
-                "factor": cfg.frame.factor,
-            },
-            "coord_spaces": list(COORD_SPACES),
-            "action_formats": list(ACTION_FORMATS),
-            "platforms": sorted(PLATFORM_ALIASES),
-            "limits": {
-                "max_body_bytes": cfg.limits.max_body_bytes,
-                "max_image_bytes": cfg.limits.max_image_bytes,
-                "max_candidates": cfg.limits.max_candidates,
-                "max_queue": cfg.limits.max_queue,
-            },
-            "deadlines_s": {
-                "observe": cfg.critic.observe_deadline_s,
-                "critique": cfg.critic.critique_deadline_s,
-            },
-            "taxonomy": [d.name for d in DIMENSIONS],
-        }
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """What the gateway does per request, independent of HTTP: sessions, steps, verdicts, traces.
 
 ``Gateway`` owns the session store, the screenshot store, the critic and the trace writer. The
-FastAPI routes (``serve.app``) only validate bodies and call these methods. Per session, requests
+FastAPI routes (``serve.routes``) validate bodies into ``serve.protocol`` models and call these
+methods. Per session, requests
 run one at a time (a lock per session), so a runner's retry of a step waits for the first try
 and then gets its stored answer instead of applying the step twice.
 """
@@ -18,14 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hivig.actions import (
-    PLATFORM_ALIASES,
-    ActionError,
-    action_from_arguments,
-    platform_name,
-    pointer_after,
-    space_for_platform,
-)
+from hivig.actions import ActionError, action_from_arguments, pointer_after, space_for_platform
 from hivig.backends import InferenceBackend
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
 from hivig.messages import ArrowMark
@@ -37,6 +31,19 @@ from serve.critic import Critic, ModelResult, QueueGate
 from serve.errors import ApiError
 from serve.images import ImageStore, StoredImage
 from serve.metrics import Metrics
+from serve.protocol import (
+    Critique,
+    CritiqueStateless,
+    DiagnoseRequest,
+    Echo,
+    HistoryText,
+    ImageObject,
+    ImageUpload,
+    Observe,
+    ObserveStateless,
+    SessionCreate,
+    SessionFields,
+)
 from serve.recurrence_state import Detector, fired
 from serve.sessions import SessionState, SessionStore, StoredResponse, now, open_store
 from serve.traces import TraceWriter, messages_json, valid_session_id
@@ -142,22 +149,14 @@ class Gateway:
         return state
 
     async def image(
-        self, body: dict[str, Any], key: str = "screenshot", ref_key: str = "image_ref"
+        self, inline: str | ImageObject | None, ref: str | None = None
     ) -> StoredImage | None:
-        """The screenshot a body names inline (``key``) or by reference (``ref_key``).
-
-        ``key`` may also hold an image object, ``{"screenshot": ...}`` or ``{"image_ref": ...}``.
-        """
-        inline, ref = body.get(key), body.get(ref_key)
-        if isinstance(inline, dict):
-            inline, ref = inline.get("screenshot"), inline.get("image_ref", ref)
+        """The screenshot a body gives inline (base64, or an image object) or by reference."""
+        if isinstance(inline, ImageObject):
+            inline, ref = inline.screenshot, inline.image_ref or ref
         if inline is not None:
-            if not isinstance(inline, str):
-                raise ApiError(422, "bad_request", f"`{key}` must be a base64 string")
             return await self._cpu(self.images.put_base64, inline)
         if ref is not None:
-            if not isinstance(ref, str):
-                raise ApiError(422, "bad_request", f"`{ref_key}` must be a string")
             self.images.require(ref)
             w, h = await self._cpu(self.images.size, ref)
             return StoredImage(ref, w, h, self.images.path_of(ref))
@@ -165,9 +164,9 @@ class Gateway:
 
     # -- sessions ------------------------------------------------------------------------------
 
-    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+    def create(self, req: SessionCreate) -> dict[str, Any]:
         """``POST /v1/sessions``: a new session, or one re-created from an echo."""
-        state = new_state(body)
+        state = new_state(req, req.session_id or uuid.uuid4().hex)
         sid = state.session_id
         existing = self.store.load(sid)
         if existing is not None and not existing.closed:
@@ -186,9 +185,8 @@ class Gateway:
             existing.last_seen = now()
             self.store.save(existing)
             return {"session_id": sid, "created": False, "echo": existing.echo(), **self.versions()}
-        echo = body.get("echo")
-        if echo is not None:
-            seed_from_echo(state, echo)
+        if req.echo is not None:
+            seed_from_echo(state, req.echo)
         if existing is not None:
             # Re-created under its old id: answers filed for the closed timeline are void.
             self.store.forget(sid)
@@ -200,7 +198,7 @@ class Gateway:
             platform=state.platform,
             screen={"w": state.screen_w, "h": state.screen_h},
             coord_space=state.coord_space,
-            reseeded=echo is not None,
+            reseeded=req.echo is not None,
         )
         self.metrics.sessions_open.set(self.store.count_open())
         return {"session_id": sid, "created": True, "echo": state.echo(), **self.versions()}
@@ -247,28 +245,28 @@ class Gateway:
 
     # -- observe -------------------------------------------------------------------------------
 
-    async def observe(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def observe(self, sid: str, req: Observe) -> dict[str, Any]:
         """``POST /v1/sessions/{sid}/observe``: the history update of the executed step."""
         timer = Timer(time.perf_counter())
-        k = _step_idx(body)
+        k = req.step_idx
         async with self._lock(sid):
             state = self._open_session(sid)
-            if k <= state.step_idx and not body.get("force"):
+            if k <= state.step_idx and not req.force:
                 stored = self.store.response(sid, "observe", k, "")
                 if stored is not None:
                     return stored
             expected = state.step_idx + 1
-            if k != expected and not body.get("force"):
+            if k != expected and not req.force:
                 raise ApiError(409, "step_conflict", f"expected step_idx {expected}, got {k}")
-            shot = await self.image(body)
+            shot = await self.image(req.screenshot, req.image_ref)
             if shot is None:
                 raise ApiError(422, "bad_request", "observe needs `screenshot` or `image_ref`")
             if k <= state.step_idx:  # forced back to an earlier step: later steps are undone
                 rewind(state, k)
-            prev_shot = await self.image(body, "prev_screenshot", "prev_image_ref")
+            prev_shot = await self.image(req.prev_screenshot, req.prev_image_ref)
             if prev_shot is not None and k > 0:
                 state.screens[str(k - 1)] = prev_shot.ref
-            response, event = await self._observe(state, k, shot, body.get("prev_action"), timer)
+            response, event = await self._observe(state, k, shot, req.prev_action, timer)
             # Retries only ever ask for the latest steps again: older answers are dropped.
             self.store.save(state, StoredResponse("observe", k, "", response), prune_before=k - 1)
             self.traces.write(sid, "observe", **event)
@@ -400,15 +398,15 @@ class Gateway:
 
     # -- critique ------------------------------------------------------------------------------
 
-    async def critique(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def critique(self, sid: str, req: Critique) -> dict[str, Any]:
         """``POST /v1/sessions/{sid}/critique``: verdict(s) on the proposed step(s)."""
         timer = Timer(time.perf_counter())
-        k = _step_idx(body)
+        k = req.step_idx
         async with self._lock(sid):
             state = self._open_session(sid)
             # The key names the screen too: a session re-seeded from an earlier echo (an R3
             # Restore) reaches step k again on another screen, and must not get the old answer.
-            key = _request_key(body, state.screens.get(str(k)))
+            key = _request_key(req, state.screens.get(str(k)))
             stored = self.store.response(sid, "critique", k, key)
             if stored is not None:
                 return stored
@@ -418,11 +416,11 @@ class Gateway:
                     "step_conflict",
                     f"critique step_idx {k} but the latest observed is {state.step_idx}",
                 )
-            shot = await self.image(body)
+            shot = await self.image(req.screenshot, req.image_ref)
             ref = shot.ref if shot is not None else state.screens.get(str(k))
             if ref is None:
                 raise ApiError(422, "bad_request", "no screenshot for this step: observe it first")
-            response, event = await self._critique(state, ref, body, timer)
+            response, event = await self._critique(state, ref, req, timer)
             state.last_seen = now()
             # A verdict lost to a timeout or a backend failure is not filed: a retry may get a
             # real one (a critique changes no session state, so nothing is applied twice).
@@ -434,9 +432,9 @@ class Gateway:
             return response
 
     async def _critique(
-        self, state: SessionState, ref: str, body: dict[str, Any], timer: Timer
+        self, state: SessionState, ref: str, req: Critique | CritiqueStateless, timer: Timer
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        items = _proposals(body, self.cfg.limits.max_candidates)
+        items = _proposals(req, self.cfg.limits.max_candidates)
         frame = session_frame(state)
         resolved = [resolve(a, state.platform, frame, state.action_format) for a in items]
         trajectory = format_trajectory([s["step_text"] for s in state.steps])
@@ -459,8 +457,8 @@ class Gateway:
         verdicts = []
         for r, marks, _ in jobs:
             result = None if r.out_of_frame else next(it)
-            verdict = self._verdict(state, r, marks, result, body)
-            if body.get("return_image"):
+            verdict = self._verdict(state, r, marks, result, req.return_thinking)
+            if req.return_image:
                 verdict["annotated_image"] = await self._cpu(
                     self._annotated, ref, marks, state.platform
                 )
@@ -483,7 +481,7 @@ class Gateway:
             "verdicts": verdicts,
             "timing_ms": common["timing_ms"],
         }
-        if "candidates" in body:
+        if req.candidates is not None:
             return {"results": verdicts, "ranking": rank(verdicts), **common}, event
         return {**verdicts[0], **common}, event
 
@@ -493,7 +491,7 @@ class Gateway:
         r: ResolvedAction,
         marks: list[Any],
         result: ModelResult | None,
-        body: dict[str, Any],
+        return_thinking: bool,
     ) -> dict[str, Any]:
         marker = _marker(marks, state)
         base: dict[str, Any] = {
@@ -540,7 +538,7 @@ class Gateway:
             "model_ms": result.model_ms,
             "_raw": result.raw_output,
         }
-        if body.get("return_thinking") and parsed is not None:
+        if return_thinking and parsed is not None:
             out["thinking"] = parsed.think
         return out
 
@@ -563,56 +561,49 @@ class Gateway:
 
     # -- stateless -----------------------------------------------------------------------------
 
-    async def observe_stateless(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def observe_stateless(self, req: ObserveStateless) -> dict[str, Any]:
         """``POST /v1/observe``: a history update with the caller's history and screenshots."""
         timer = Timer(time.perf_counter())
-        state = new_state({**body, "session_id": "stateless"})
-        if "previous_summary" in body:
-            seed_summary(state, body["previous_summary"])
-        before = await self.image(body, "before", "before_ref")
-        after = await self.image(body, "after", "after_ref")
+        state = new_state(req, "stateless")
+        if req.previous_summary is not None:
+            seed_summary(state, req.previous_summary)
+        before = await self.image(req.before, req.before_ref)
+        after = await self.image(req.after, req.after_ref)
         if after is None:
             raise ApiError(422, "bad_request", "observe needs `after` (or `after_ref`)")
         k = 0
         if before is not None:
             state.screens["0"] = before.ref
             state.step_idx, k = 0, 1
-        response, _ = await self._observe(state, k, after, body.get("prev_action"), timer)
+        response, _ = await self._observe(state, k, after, req.prev_action, timer)
         response.pop("session_id", None)
         return response
 
-    async def critique_stateless(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def critique_stateless(self, req: CritiqueStateless) -> dict[str, Any]:
         """``POST /v1/critique``: a verdict with the caller's trajectory and screenshot."""
         timer = Timer(time.perf_counter())
-        state = new_state({**body, "session_id": "stateless"})
-        trajectory = body.get("trajectory", [])
-        if not isinstance(trajectory, list):
-            raise ApiError(422, "bad_request", "`trajectory` must be a list of executed actions")
-        for i, step in enumerate(trajectory):
+        state = new_state(req, "stateless")
+        for i, step in enumerate(req.trajectory):
             executed = resolve(step, state.platform, session_frame(state), state.action_format)
             self._append_step(state, i, executed, None)
-        shot = await self.image(body)
+        shot = await self.image(req.screenshot, req.image_ref)
         if shot is None:
             raise ApiError(422, "bad_request", "critique needs `screenshot` or `image_ref`")
         self.detector.reset(state)
-        response, _ = await self._critique(state, shot.ref, body, timer)
+        response, _ = await self._critique(state, shot.ref, req, timer)
         response.pop("echo", None)
         return response
 
     # -- diagnosis jobs ------------------------------------------------------------------------
 
-    def start_diagnosis(self, body: dict[str, Any]) -> dict[str, Any]:
+    def start_diagnosis(self, req: DiagnoseRequest) -> dict[str, Any]:
         """``POST /v1/diagnose``: start a job on a session's trace or an allowed path."""
-        sid, path = body.get("session_id"), body.get("path")
+        sid, path = req.session_id, req.path
         if sid is not None:
-            if (
-                not isinstance(sid, str)
-                or not valid_session_id(sid)
-                or not self.traces.path(sid).is_file()
-            ):
+            if not valid_session_id(sid) or not self.traces.path(sid).is_file():
                 raise ApiError(404, "unknown_session", f"no trace for session {sid!r}")
             target = self.traces.path(sid)
-        elif isinstance(path, str) and path:
+        elif path is not None:
             target = Path(path).resolve()
             roots = [Path(self.cfg.sessions.state_dir), *map(Path, self.cfg.diagnose.allowed_roots)]
             if not any(target.is_relative_to(r.resolve()) for r in roots):
@@ -705,13 +696,10 @@ class Gateway:
 
     # -- images --------------------------------------------------------------------------------
 
-    async def upload(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def upload(self, req: ImageUpload) -> dict[str, Any]:
         """``POST /v1/images``."""
-        data = body.get("image")
-        if not isinstance(data, str):
-            raise ApiError(422, "bad_request", "`image` must be a base64 string")
         start = time.perf_counter()
-        stored = await self._cpu(self.images.put_base64, data)
+        stored = await self._cpu(self.images.put_base64, req.image)
         return {
             "image_ref": stored.ref,
             "w": stored.width,
@@ -725,45 +713,22 @@ class Gateway:
 # Request helpers
 
 
-def new_state(body: dict[str, Any]) -> SessionState:
-    """A session from a ``POST /v1/sessions`` body (validated here, 422 on any mistake)."""
-    task = body.get("task")
-    if not isinstance(task, str) or not task.strip():
-        raise ApiError(422, "bad_request", "`task` must be a non-empty string")
-    platform = platform_name(body.get("platform"))
-    if platform is None:
-        raise ApiError(422, "bad_request", f"`platform` must be one of {sorted(PLATFORM_ALIASES)}")
-    w, h = _size(body.get("screen"), "screen")
-    space = body.get("coord_space", "screen_px")
-    if space not in ("screen_px", "norm1000", "norm999", "norm01", "resized_px"):
-        raise ApiError(422, "bad_request", f"unknown coord_space {space!r}")
-    fw, fh = w, h
-    if space == "resized_px":
-        fw, fh = _size(body.get("frame"), "frame")
-    sid = body.get("session_id") or uuid.uuid4().hex
-    if not isinstance(sid, str) or not valid_session_id(sid):
-        raise ApiError(422, "bad_request", "`session_id` may hold letters, digits and _.- only")
-    fmt = body.get("action_format", "auto")
-    if fmt not in ("auto", "qwen", "scalecua", "osworld", "androidworld"):
-        raise ApiError(422, "bad_request", f"unknown action_format {fmt!r}")
-    regions = body.get("volatile_regions") or []
-    if not (isinstance(regions, list) and all(_is_box(r) for r in regions)):
-        raise ApiError(
-            422, "bad_request", "`volatile_regions` must be [[x0, y0, x1, y1], ...] on 0-1000"
-        )
+def new_state(req: SessionFields, session_id: str) -> SessionState:
+    """A session from its validated fields."""
+    frame = req.frame if req.coord_space == "resized_px" and req.frame else req.screen
     t = now()
     return SessionState(
-        session_id=sid,
-        task=task,
-        platform=platform,
-        screen_w=w,
-        screen_h=h,
-        coord_space=space,
-        frame_w=fw,
-        frame_h=fh,
-        action_format=fmt,
-        policy_id=str(body.get("policy_id") or ""),
-        volatile_regions=[list(map(int, r)) for r in regions],
+        session_id=session_id,
+        task=req.task,
+        platform=req.platform,
+        screen_w=req.screen.w,
+        screen_h=req.screen.h,
+        coord_space=req.coord_space,
+        frame_w=frame.w,
+        frame_h=frame.h,
+        action_format=req.action_format,
+        policy_id=req.policy_id or "",
+        volatile_regions=[[int(v) for v in box] for box in req.volatile_regions],
         created=t,
         last_seen=t,
     )
@@ -796,80 +761,25 @@ def rewind(state: SessionState, k: int) -> None:
     state.detector, state.signals = None, None
 
 
-def seed_from_echo(state: SessionState, echo: Any) -> None:
-    """Restore history, steps and screens from a response's ``echo`` (a lost session).
-
-    Every field is checked here, so a malformed echo is one 422 and never a session that fails
-    at its next step.
-    """
-    if not isinstance(echo, dict):
-        raise ApiError(422, "bad_request", "`echo` must be the echo object of an earlier response")
-    summary = echo.get("summary") or {}
-    step_idx = echo.get("step_idx", -1)
-    screens = echo.get("screens") or {}
-    steps = echo.get("steps") or []
-    pointer = echo.get("pointer")
-    problems = [
-        not isinstance(summary, dict) and "summary",
-        not (_int(step_idx) and step_idx >= -1) and "step_idx",
-        not (
-            isinstance(screens, dict)
-            and all(str(k).isdigit() and _ref(v) for k, v in screens.items())
-        )
-        and "screens",
-        not (isinstance(steps, list) and all(_echo_step(x) for x in steps)) and "steps",
-        not (pointer is None or _point(pointer)) and "pointer",
-    ]
-    bad = [p for p in problems if p]
-    if bad:
-        raise ApiError(422, "bad_request", f"malformed `echo`: bad {', '.join(bad)}")
-    state.progress = str(summary.get("progress_summary", INITIAL_HISTORY.progress))
-    state.last_result = str(summary.get("last_action_result", INITIAL_HISTORY.last_result))
-    version = summary.get("version", 0)
-    state.history_version = version if _int(version) else 0
-    state.stale = bool(summary.get("stale", False))
-    state.step_idx = step_idx
-    state.screens = {str(k): v for k, v in screens.items()}
-    state.steps = [dict(x) for x in steps]
-    state.pointer = [int(pointer[0]), int(pointer[1])] if pointer is not None else None
+def seed_from_echo(state: SessionState, echo: Echo) -> None:
+    """Restore history, steps and screens from a response's ``echo`` (a lost session)."""
+    summary = echo.summary
+    progress, last = summary.progress_summary, summary.last_action_result
+    state.progress = INITIAL_HISTORY.progress if progress is None else progress
+    state.last_result = INITIAL_HISTORY.last_result if last is None else last
+    state.history_version = summary.version
+    state.stale = summary.stale
+    state.step_idx = echo.step_idx
+    state.screens = dict(echo.screens)
+    state.steps = [step.model_dump(exclude_unset=True) for step in echo.steps]
+    state.pointer = list(echo.pointer) if echo.pointer is not None else None
 
 
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _ref(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith("sha256:") and len(value) == 71
-
-
-def _point(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(_int(v) for v in value)
-
-
-def _echo_step(step: Any) -> bool:
-    """One executed step of an echo, with the fields the gateway reads back."""
-    if not isinstance(step, dict):
-        return False
-    texts = ("intent", "action_text", "last_action_result", "progress_summary")
-    return (
-        _int(step.get("step_idx"))
-        and step["step_idx"] >= 0
-        and isinstance(step.get("step_text"), str)
-        and all(step.get(k) is None or isinstance(step[k], str) for k in texts)
-        and (step.get("image_ref") is None or _ref(step["image_ref"]))
-        and (step.get("actions") is None or isinstance(step["actions"], list))
-        and (step.get("changed") is None or isinstance(step["changed"], bool))
-    )
-
-
-def seed_summary(state: SessionState, summary: Any) -> None:
+def seed_summary(state: SessionState, summary: str | HistoryText) -> None:
     """Stateless observe: the caller's previous history (text or the ``history`` object)."""
-    if isinstance(summary, dict):
-        state.progress = str(summary.get("progress_summary", state.progress))
-        state.last_result = str(summary.get("last_action_result", state.last_result))
+    if isinstance(summary, HistoryText):
+        state.progress, state.last_result = summary.progress_summary, summary.last_action_result
         return
-    if not isinstance(summary, str):
-        raise ApiError(422, "bad_request", "`previous_summary` must be text or a history object")
     from hivig.contracts import parse_history
 
     parsed = parse_history(f"<think>-</think><summary>{summary}</summary>")
@@ -899,52 +809,25 @@ def rank(verdicts: list[dict[str, Any]]) -> list[int]:
     )
 
 
-def _step_idx(body: dict[str, Any]) -> int:
-    k = body.get("step_idx")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise ApiError(422, "bad_request", "`step_idx` must be an integer >= 0")
-    return k
+def _proposals(req: Critique | CritiqueStateless, limit: int) -> list[Any]:
+    if req.candidates is None:
+        return [req.action]
+    if len(req.candidates) > limit:
+        raise ApiError(422, "bad_action", f"at most {limit} candidates per critique")
+    return req.candidates
 
 
-def _size(obj: Any, name: str) -> tuple[int, int]:
-    ok = isinstance(obj, dict) and all(
-        isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool) and obj[k] > 0
-        for k in ("w", "h")
-    )
-    if not ok:
-        raise ApiError(422, "bad_request", f'`{name}` must be {{"w": int > 0, "h": int > 0}}')
-    return obj["w"], obj["h"]
-
-
-def _is_box(r: Any) -> bool:
-    return (
-        isinstance(r, (list, tuple))
-        and len(r) == 4
-        and all(isinstance(v, (int, float)) and 0 <= v <= 1000 for v in r)
-        and r[0] < r[2]
-        and r[1] < r[3]
-    )
-
-
-def _proposals(body: dict[str, Any], limit: int) -> list[Any]:
-    if "candidates" in body:
-        cands = body["candidates"]
-        if not isinstance(cands, list) or not cands:
-            raise ApiError(422, "bad_action", "`candidates` must be a non-empty list of actions")
-        if len(cands) > limit:
-            raise ApiError(422, "bad_action", f"at most {limit} candidates per critique")
-        return cands
-    if "action" not in body:
-        raise ApiError(422, "bad_action", "critique needs `action` or `candidates`")
-    return [body["action"]]
-
-
-def _request_key(body: dict[str, Any], screen: str | None) -> str:
+def _request_key(req: Critique, screen: str | None) -> str:
     """Idempotency key of a critique: what is judged, on which screen."""
-    keep = {k: body.get(k) for k in ("action", "candidates", "image_ref", "return_thinking")}
-    keep["screen"] = screen
-    if body.get("screenshot"):
-        keep["screenshot"] = hashlib.sha256(str(body["screenshot"]).encode()).hexdigest()
+    keep: dict[str, Any] = {
+        "action": req.action,
+        "candidates": req.candidates,
+        "image_ref": req.image_ref,
+        "return_thinking": req.return_thinking,
+        "screen": screen,
+    }
+    if req.screenshot:
+        keep["screenshot"] = hashlib.sha256(str(req.screenshot).encode()).hexdigest()
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from hivig import jsonio
 from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 def messages_json(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -65,4 +65,5 @@ class TraceWriter:
 
 def valid_session_id(session_id: str) -> bool:
     """Session ids become file names: letters, digits, ``_.-`` only."""
-    return bool(_SAFE_ID.match(session_id)) and session_id not in (".", "..")
+    # fullmatch: ``$`` would also match before a final newline ("abc\n" names a file too).
+    return bool(_SAFE_ID.fullmatch(session_id)) and session_id not in (".", "..")

@@ -1,0 +1,68 @@
+"""Operations: liveness, readiness, Prometheus metrics and the gateway's capabilities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hivig.actions import PLATFORM_ALIASES
+from hivig.taxonomy import DIMENSIONS
+from serve.config import ACTION_FORMATS, COORD_SPACES, ServeConfig
+from serve.respond import JSONResponse
+from serve.routes._common import gateway
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: 200 once the warm-up went through the backend, 503 before."""
+    ready = getattr(request.app.state, "ready", False)
+    detail = getattr(request.app.state, "ready_detail", "starting")
+    return JSONResponse({"ready": ready, "detail": detail}, 200 if ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics."""
+    return Response(
+        generate_latest(gateway(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )
+
+
+@router.get("/v1/info")
+async def info(request: Request) -> dict[str, Any]:
+    """Versions, frame, accepted spaces and formats, limits, deadlines and the taxonomy."""
+    cfg: ServeConfig = request.app.state.config
+    return {
+        **gateway(request).versions(),
+        "backend": cfg.backend.kind,
+        "frame": {
+            "min_pixels": cfg.frame.min_pixels,
+            "max_pixels": cfg.frame.max_pixels,
+            "factor": cfg.frame.factor,
+        },
+        "coord_spaces": list(COORD_SPACES),
+        "action_formats": list(ACTION_FORMATS),
+        "platforms": sorted(PLATFORM_ALIASES),
+        "limits": {
+            "max_body_bytes": cfg.limits.max_body_bytes,
+            "max_image_bytes": cfg.limits.max_image_bytes,
+            "max_candidates": cfg.limits.max_candidates,
+            "max_queue": cfg.limits.max_queue,
+        },
+        "deadlines_s": {
+            "observe": cfg.critic.observe_deadline_s,
+            "critique": cfg.critic.critique_deadline_s,
+        },
+        "taxonomy": [d.name for d in DIMENSIONS],
+    }
