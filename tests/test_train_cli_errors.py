@@ -143,22 +143,22 @@ def test_an_unknown_hub_id_offline_is_one_line(capsys, tmp_path, monkeypatch, da
     assert "neither a directory nor a Hugging Face id" in line
 
 
-def test_evaluate_forwards_its_arguments_to_the_benchmark(monkeypatch):
+def test_evaluate_forwards_its_arguments_to_the_critic_eval(monkeypatch):
     import sys
     import types
 
     seen = []
-    fake = types.ModuleType("train.benchmark")
+    fake = types.ModuleType("train.critic_eval")
     fake.main = lambda argv: seen.append(argv) or 3
-    monkeypatch.setitem(sys.modules, "train.benchmark", fake)
+    monkeypatch.setitem(sys.modules, "train.critic_eval", fake)
     assert main(["evaluate", "--config", "x.yaml", "k=v"]) == 3
     assert seen == [["--config", "x.yaml", "k=v"]]
 
 
-def test_evaluate_without_the_benchmark_module_is_one_line(monkeypatch, capsys):
+def test_evaluate_without_the_critic_eval_package_is_one_line(monkeypatch, capsys):
     import sys
 
-    monkeypatch.setitem(sys.modules, "train.benchmark", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "train.critic_eval", None)  # import raises ImportError
     assert main(["evaluate"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")

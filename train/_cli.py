@@ -3,7 +3,7 @@
 python -m train --config configs/train/tiny_cpu.yaml data=DIR out=DIR [key=value ...]
 python -m train --config configs/train/qwen3vl_8b_full.yaml --dry-run
 python -m train merge-lora --adapter OUT/final --out OUT/merged [--base CKPT]
-python -m train evaluate ARGS...      # the offline critic benchmark (train.benchmark)
+python -m train evaluate ARGS...      # the offline critic evaluation (train.critic_eval)
 
 Exit status: 0 done, 2 a user error (one line on stderr), 75 preempted after a checkpoint
 (rerun to resume), 1 anything else.
@@ -47,13 +47,13 @@ def merge_main(argv: list[str]) -> int:
 
 def evaluate_main(argv: list[str]) -> int:
     try:
-        from train.benchmark import main as benchmark_main
+        from train.critic_eval import main as critic_eval_main
     except ImportError as e:
-        if getattr(e, "name", None) not in ("train.benchmark", None):
-            raise  # a dependency of the benchmark is missing: show it
-        print("error: the critic benchmark (train.benchmark) is not installed", file=sys.stderr)
+        if getattr(e, "name", None) not in ("train.critic_eval", None):
+            raise  # a dependency of the evaluation is missing: show it
+        print("error: the critic evaluation (train.critic_eval) is not installed", file=sys.stderr)
         return 2
-    return int(benchmark_main(argv) or 0)
+    return int(critic_eval_main(argv) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The offline critic benchmark (train.benchmark): metrics, backends, outputs and the CLI."""
+"""The offline critic evaluation (train.critic_eval): config, metrics, backends, outputs, CLI."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from _sample_run import ingested_demo_config
 
 from data_gen.run import run as run_data_gen
+from hivig.config import ConfigError, load_config
 from hivig.contracts import render_critique_target, render_history_target
 from hivig.messages import ImageRef, PointMark, TextPart
 from hivig.records import (
@@ -27,19 +28,21 @@ from hivig.records import (
 )
 from hivig.tiny import save_tiny_checkpoint, synthetic_screenshot
 from tests.fakes.openai_server import Reply, ScriptedServer, request_text
-from train import benchmark as bm
-from train.benchmark import (
+from train import critic_eval as ce
+from train.critic_eval import (
     CHANGED,
     NO_CHANGE,
     Answer,
+    CriticEvalConfig,
     OraclePredictor,
     compute_metrics,
+    evaluate_predictor,
     main,
     parse_backend_spec,
-    run_benchmark,
     select_records,
     transition_class,
 )
+from train.critic_eval.specs import unique_names
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_FRAME = ["--min-pixels", "1024", "--max-pixels", "65536"]
@@ -127,7 +130,9 @@ def test_oracle_scores_100_percent_on_every_metric(generated, test_records, tmp_
     assert (out / "confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "| verdict accuracy | 100.0 % |" in report and "| Bad F1 | 100.0 % |" in report
-    assert (out / "config.yaml").is_file() and (out / "run_info.json").is_file()
+    assert (out / "run_info.json").is_file()
+    saved = load_config(CriticEvalConfig, out / "config.yaml")  # the run's settings reload
+    assert saved == CriticEvalConfig(data=str(generated), out=str(out), backends=["oracle"])
 
 
 def test_a_wrong_label_costs_the_oracle_exactly_its_samples(test_records, tmp_path):
@@ -139,7 +144,7 @@ def test_a_wrong_label_costs_the_oracle_exactly_its_samples(test_records, tmp_pa
         for r in test_records
     ]
     transitions = {r.id: (CHANGED if r.kind == "history" else None) for r in records}
-    result = run_benchmark(records, OraclePredictor(), transitions)
+    result = evaluate_predictor(records, OraclePredictor(), transitions)
     crit = result.metrics["critique"]
     n, n_bad = crit["n"], crit["n_bad"]
     assert crit["verdict_accuracy"] == pytest.approx((n - 1) / n)
@@ -474,7 +479,7 @@ def test_backend_specs():
     assert parse_backend_spec("openai:https://h/v1/").target == "https://h/v1"
     assert parse_backend_spec("openai:http://h:8000@m").model == "m"
     for bad in ("gpt", "oracle:x", "openai:h:8000", "openai:http://h/v1@", "transformers:"):
-        with pytest.raises(bm.BenchmarkError):
+        with pytest.raises(ce.CriticEvalError):
             parse_backend_spec(bad)
 
 
@@ -493,7 +498,7 @@ def test_metrics_of_no_rows_are_empty_not_errors():
 
 def test_failed_answers_are_never_right(test_records):
     record = next(r for r in test_records if r.kind == "critique")
-    row = bm.score_sample(record, Answer("", error="backend_timeout", finish_reason=""), None)
+    row = ce.score_sample(record, Answer("", error="backend_timeout", finish_reason=""), None)
     assert row["failure"] == "backend_timeout" and not row["correct"] and row["pred"] is None
 
 
@@ -529,6 +534,74 @@ def test_user_errors_exit_2_with_one_line(generated, tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"limit": -1}, "`limit` (--limit) must be >= 0, got -1"),
+        ({"max_tokens": 0}, "`max_tokens` (--max-tokens) must be >= 1"),
+        ({"concurrency": 0}, "`concurrency` (--concurrency) must be >= 1"),
+        ({"temperature": -0.5}, "`temperature` (--temperature) must be >= 0"),
+        ({"timeout_s": 0.0}, "`timeout_s` (--timeout) must be > 0"),
+        ({"min_pixels": -1}, "`min_pixels` (--min-pixels)"),
+        ({"max_pixels": -1}, "`max_pixels` (--max-pixels)"),
+        ({"backends": []}, "name a backend"),
+        ({"data": ""}, "`data` (--data)"),
+        ({"out": ""}, "`out` (--out)"),
+    ],
+)
+def test_config_rejects_a_bad_value_naming_field_and_flag(change, named):
+    good = {"data": "d", "out": "o", "backends": ["oracle"]}
+    CriticEvalConfig(**good)
+    with pytest.raises(ConfigError) as err:
+        CriticEvalConfig(**{**good, **change})
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_config_loads_from_yaml_values(tmp_path):
+    path = tmp_path / "eval.yaml"
+    path.write_text(
+        "data: runs/gen\nout: runs/eval\nbackends: [oracle, 'openai:http://h:8000/v1@m']\n"
+        "limit: 10\nseed: 3\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(CriticEvalConfig, path)
+    assert cfg.backends == ["oracle", "openai:http://h:8000/v1@m"] and cfg.limit == 10
+    assert (cfg.seed, cfg.concurrency, cfg.max_tokens) == (3, 8, 2048)  # the dataclass defaults
+    with pytest.raises(ConfigError, match="`concurrency` \\(--concurrency\\) must be >= 1"):
+        load_config(CriticEvalConfig, path, ["concurrency=0"])
+    with pytest.raises(ConfigError, match="max_token"):
+        load_config(CriticEvalConfig, path, ["max_token=5"])  # a misspelt key
+
+
+def test_flags_left_out_take_the_config_defaults(tmp_path):
+    args = ce.cli._parser().parse_args(
+        ["--data", "d", "--out", "o", "--backend", "oracle", "--compare", "a", "b"]
+    )
+    assert ce.build_config(args) == CriticEvalConfig(
+        data="d", out="o", backends=["oracle", "a", "b"]
+    )
+    args = ce.cli._parser().parse_args(
+        ["--data", "d", "--out", "o", "--backend", "oracle"]
+        + ["--timeout", "5", "--max-tokens", "16", "--seed", "1", "--no-progress"]
+    )
+    cfg = ce.build_config(args)
+    assert (cfg.timeout_s, cfg.max_tokens, cfg.seed) == (5.0, 16, 1)
+
+
+def test_a_bad_flag_value_exits_2_without_a_traceback(generated, tmp_path, capsys):
+    argv = ["--data", str(generated), "--backend", "oracle", "--out", str(tmp_path / "o")]
+    assert "`concurrency` (--concurrency)" in _user_error(capsys, [*argv, "--concurrency", "0"])
+    assert "`timeout_s` (--timeout)" in _user_error(capsys, [*argv, "--timeout", "0"])
+    # A value of the wrong type is argparse's: its usage line, then one error line.
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--limit", "many"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].endswith("argument --limit: invalid int value: 'many'")
+    assert not (tmp_path / "o").exists()  # nothing written before the settings are valid
+
+
 def test_an_unreachable_server_without_a_model_name_is_a_user_error(generated, tmp_path, capsys):
     with ScriptedServer() as server:
         url = server.base_url
@@ -541,7 +614,7 @@ def test_an_unreachable_server_without_a_model_name_is_a_user_error(generated, t
 
 @pytest.mark.slow
 def test_module_entry_point(tmp_path):
-    cmd = [sys.executable, "-m", "train.benchmark", "--data", str(tmp_path / "x"), "--out", "o"]
+    cmd = [sys.executable, "-m", "train.critic_eval", "--data", str(tmp_path / "x"), "--out", "o"]
     proc = subprocess.run(
         [*cmd, "--backend", "oracle"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
@@ -551,12 +624,12 @@ def test_module_entry_point(tmp_path):
 
 def test_backend_names_stay_apart():
     specs = [
-        bm.BackendSpec("transformers", "runs/a/final"),
-        bm.BackendSpec("transformers", "runs/b/final"),
-        bm.BackendSpec("oracle"),
-        bm.BackendSpec("oracle"),
+        ce.BackendSpec("transformers", "runs/a/final"),
+        ce.BackendSpec("transformers", "runs/b/final"),
+        ce.BackendSpec("oracle"),
+        ce.BackendSpec("oracle"),
     ]
-    assert bm._unique_names(specs) == [
+    assert unique_names(specs) == [
         "transformers:a/final",
         "transformers:b/final",
         "oracle#1",
