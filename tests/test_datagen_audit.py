@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _sample_run import ingested_demo_config
+from _sample_run import demo_config
 
 from data_gen.annotator import Rejected
 from data_gen.audit import (
@@ -160,9 +160,8 @@ def test_history_target_may_not_quote_the_masked_intent():
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    cfg = ingested_demo_config(root, 60, 0)
+def demo(sample60, tmp_path_factory):
+    cfg = demo_config(sample60, tmp_path_factory.mktemp("demo"))
     stats = run(cfg, None)
     out = Path(cfg.out)
     records = [

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from _sample_run import ingested_demo_config
+from _sample_run import demo_config
 
 from data_gen.perturb import DRAFTERS, PROGRAMMATIC, ElementIndex, GenParams, StepView
 from data_gen.perturb.calls import primary_point, render_calls
@@ -23,9 +23,9 @@ from hivig.taxonomy import DIMENSIONS
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(sample60, tmp_path_factory):
     """Views of every critique step of a 60-trajectory sample corpus, with the run config."""
-    cfg = ingested_demo_config(tmp_path_factory.mktemp("labels"), 60, 0, "keep_failed=true")
+    cfg = demo_config(sample60, tmp_path_factory.mktemp("labels"), "keep_failed=true")
     works, _ = load_work(cfg)
     elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
     views = [

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _sample_run import ingested_demo_config
+from _sample_run import demo_config
 
 from data_gen.perturb import PROGRAMMATIC, ElementIndex
 from data_gen.perturb.plan import generator_rng
@@ -32,9 +32,9 @@ TEMPLATES = {
 
 
 @pytest.fixture(scope="module")
-def bad_rows(tmp_path_factory) -> list[Row]:
+def bad_rows(sample60, tmp_path_factory) -> list[Row]:
     """Every planned programmatic Bad step of a 60-trajectory sample corpus."""
-    cfg = ingested_demo_config(tmp_path_factory.mktemp("leaks"), 60, 0)
+    cfg = demo_config(sample60, tmp_path_factory.mktemp("leaks"))
     works, _ = load_work(cfg)
     elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
     views = {

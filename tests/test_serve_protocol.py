@@ -12,6 +12,7 @@ from serve.config import ACTION_FORMATS, COORD_SPACES
 from serve.routes import ROUTERS
 from tests.fakes.gateway import CLICK, b64, gateway_client, observe, screen, session_body
 
+
 def _error(r) -> tuple[int, str, str]:
     body = r.json()
     assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
