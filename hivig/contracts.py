@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from hivig.taxonomy import Dimension, lookup_dimension
 
@@ -89,6 +90,33 @@ class ContractError:
 
     reason: str
     message: str
+
+
+class _Reject(Exception):
+    """A contract failure raised inside the parsers; the public parser returns its ``error``.
+
+    The private helpers raise it so that a failure found deep in a helper travels up without a
+    check at every level; ``_returning_errors`` turns it back into a value at the public
+    boundary, and it never escapes a public parser.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.error = ContractError(reason, message)
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _returning_errors(
+    body: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+) -> _T | ContractError:
+    """Run a parser body that raises ``_Reject``; return its ``ContractError`` instead."""
+    try:
+        return body(*args, **kwargs)
+    except _Reject as reject:
+        return reject.error
 
 
 class _Reasoned:
@@ -219,8 +247,13 @@ def split_think(
         blank), or a ``ContractError`` (``empty``, ``unclosed_think``, ``text_before_think``,
         ``duplicate_think``).
     """
+    return _returning_errors(_split_think, text, answer_tag)
+
+
+def _split_think(text: str, answer_tag: str | None) -> tuple[str | None, str]:
+    """``split_think``, raising ``_Reject`` on malformed reasoning."""
     if not isinstance(text, str) or not text.strip():
-        return ContractError(EMPTY, "empty output")
+        raise _Reject(EMPTY, "empty output")
     answer_at = _answer_start(text, answer_tag)
     tags = list(_THINK_TAG.finditer(text, 0, answer_at))
     closes = [t for t in tags if t.group(1)]
@@ -234,25 +267,21 @@ def split_think(
     if not tags:
         return None, text
     if not closes:
-        return ContractError(UNCLOSED_THINK, "<think> is never closed (truncated output?)")
+        raise _Reject(UNCLOSED_THINK, "<think> is never closed (truncated output?)")
     close = closes[-1]
     # Explicit: the text opens with <think>. Otherwise the opening tag was pre-filled and any
     # <think> in the text is either a mention inside the reasoning or an opening after a preamble.
     explicit = not tags[0].group(1) and not text[: tags[0].start()].strip()
-    problem = _think_structure(tags, close, explicit)
-    if problem is not None:
-        return problem
+    _check_think_structure(tags, close, explicit)
     after = [t for t in tags if t.start() > close.start()]
     if after:
         # Only openings can follow the last </think> before the answer: a block never closed.
-        return ContractError(UNCLOSED_THINK, "<think> after the reasoning is never closed")
+        raise _Reject(UNCLOSED_THINK, "<think> after the reasoning is never closed")
     start = tags[0].end() if explicit else 0
     return text[start : close.start()].strip(), text[close.end() :]
 
 
-def _think_structure(
-    tags: list[re.Match[str]], close: re.Match[str], explicit: bool
-) -> ContractError | None:
+def _check_think_structure(tags: list[re.Match[str]], close: re.Match[str], explicit: bool) -> None:
     """Reject a ``<think>`` that opens once the first block has closed (nesting depth zero)."""
     depth = 1
     inner = tags[1:] if explicit else tags
@@ -262,38 +291,33 @@ def _think_structure(
         if tag.group(1):
             depth -= 1
         elif depth <= 0:
-            return ContractError(DUPLICATE_THINK, "a second <think> block after the first one")
+            raise _Reject(DUPLICATE_THINK, "a second <think> block after the first one")
         else:
             depth += 1
     if not explicit and depth > 1:
         # A pre-filled block that closes less often than it opens: an opening tag after text.
-        return ContractError(TEXT_BEFORE_THINK, "text before the opening <think>")
-    return None
+        raise _Reject(TEXT_BEFORE_THINK, "text before the opening <think>")
 
 
-def _reasoning(
-    text: str, reasoning: str | None, answer_tag: str | None
-) -> tuple[str | None, str] | ContractError:
+def _reasoning(text: str, reasoning: str | None, answer_tag: str | None) -> tuple[str | None, str]:
     """Reasoning and answer, from a separate ``reasoning`` field when given, else from ``text``."""
     if reasoning is not None and not isinstance(reasoning, str):
-        return ContractError(EMPTY, "reasoning must be a string or None")
+        raise _Reject(EMPTY, "reasoning must be a string or None")
     if reasoning is None or not reasoning.strip():
-        return split_think(text, answer_tag=answer_tag)
+        return _split_think(text, answer_tag)
     if not isinstance(text, str) or not text.strip():
-        return ContractError(EMPTY, "empty answer")
+        raise _Reject(EMPTY, "empty answer")
     # Delivered separately (e.g. vLLM ``reasoning_content``): trusted as is, never scanned.
     return reasoning.strip(), text
 
 
 def _think_and_answer(
     text: str, reasoning: str | None, answer_tag: str | None, require_think: bool
-) -> tuple[str | None, str] | ContractError:
+) -> tuple[str | None, str]:
     """Split the reasoning off (or take the separate one) and enforce ``require_think``."""
     split = _reasoning(text, reasoning, answer_tag)
-    if isinstance(split, ContractError):
-        return split
     if require_think and (split[0] is None or not split[0].strip()):
-        return ContractError(MISSING_THINK, "the output has no reasoning")
+        raise _Reject(MISSING_THINK, "the output has no reasoning")
     return split
 
 
@@ -301,15 +325,15 @@ def _think_and_answer(
 # Tagged blocks and labelled fields
 
 
-def _block(text: str, tag: str) -> str | ContractError:
+def _block(text: str, tag: str) -> str:
     opens = list(re.finditer(rf"<{tag}\s*>", text, re.IGNORECASE))
     closes = list(re.finditer(rf"</{tag}\s*>", text, re.IGNORECASE))
     if not opens or not closes:
-        return ContractError(MISSING_TAG, f"no complete <{tag}>…</{tag}> block")
+        raise _Reject(MISSING_TAG, f"no complete <{tag}>…</{tag}> block")
     if len(opens) > 1 or len(closes) > 1:
-        return ContractError(DUPLICATE_TAG, f"more than one <{tag}> block")
+        raise _Reject(DUPLICATE_TAG, f"more than one <{tag}> block")
     if closes[0].start() < opens[0].end():
-        return ContractError(MISSING_TAG, f"</{tag}> before <{tag}>")
+        raise _Reject(MISSING_TAG, f"</{tag}> before <{tag}>")
     return text[opens[0].end() : closes[0].start()]
 
 
@@ -341,13 +365,13 @@ def _value_start(block: str, match: re.Match[str]) -> int:
     return end
 
 
-def _fields(block: str, names: tuple[str, ...]) -> dict[str, str] | ContractError:
+def _fields(block: str, names: tuple[str, ...]) -> dict[str, str]:
     """Cut a block into labelled fields; each runs to the next label or the end of the block."""
     hits: list[tuple[int, int, str]] = []
     for name in names:
         found = list(_LABELS[name].finditer(block))
         if len(found) > 1:
-            return ContractError(DUPLICATE_FIELD, f"field {name!r} appears {len(found)} times")
+            raise _Reject(DUPLICATE_FIELD, f"field {name!r} appears {len(found)} times")
         hits.extend((m.start(), _value_start(block, m), name) for m in found)
     hits.sort()
     out: dict[str, str] = {}
@@ -369,12 +393,12 @@ def _strip_emphasis(value: str) -> str:
     return text
 
 
-def _require(fields: dict[str, str], name: str, label: str) -> str | ContractError:
+def _require(fields: dict[str, str], name: str, label: str) -> str:
     value = fields.get(name)
     if value is None:
-        return ContractError(MISSING_FIELD, f"no {label!r} line")
+        raise _Reject(MISSING_FIELD, f"no {label!r} line")
     if not value:
-        return ContractError(MISSING_FIELD, f"{label!r} is empty")
+        raise _Reject(MISSING_FIELD, f"{label!r} is empty")
     return value
 
 
@@ -397,22 +421,14 @@ def parse_history(
     Returns:
         A ``HistoryOutput`` or a ``ContractError``.
     """
-    split = _think_and_answer(text, reasoning, "summary", require_think)
-    if isinstance(split, ContractError):
-        return split
-    think, rest = split
-    block = _block(rest, "summary")
-    if isinstance(block, ContractError):
-        return block
-    fields = _fields(block, ("progress", "last_result"))
-    if isinstance(fields, ContractError):
-        return fields
+    return _returning_errors(_history, text, reasoning, require_think)
+
+
+def _history(text: str, reasoning: str | None, require_think: bool) -> HistoryOutput:
+    think, rest = _think_and_answer(text, reasoning, "summary", require_think)
+    fields = _fields(_block(rest, "summary"), ("progress", "last_result"))
     progress = _require(fields, "progress", "Progress Summary")
-    if isinstance(progress, ContractError):
-        return progress
     last = _require(fields, "last_result", "Last Action Result")
-    if isinstance(last, ContractError):
-        return last
     return HistoryOutput(think=think, progress=progress, last_result=last)
 
 
@@ -443,35 +459,27 @@ def parse_critique(
         A ``CritiqueOutput`` or a ``ContractError`` (``bad_verdict``, ``unknown_dimension`` for a
         name outside the taxonomy, ``unexpected_dimension`` for a dimension on a Good verdict, ...).
     """
-    split = _think_and_answer(text, reasoning, "criticism", require_think)
-    if isinstance(split, ContractError):
-        return split
-    think, rest = split
-    block = _block(rest, "criticism")
-    if isinstance(block, ContractError):
-        return block
-    fields = _fields(block, ("grading", "dimension", "explanation"))
-    if isinstance(fields, ContractError):
-        return fields
+    return _returning_errors(_critique, text, reasoning, require_think)
+
+
+def _critique(text: str, reasoning: str | None, require_think: bool) -> CritiqueOutput:
+    think, rest = _think_and_answer(text, reasoning, "criticism", require_think)
+    fields = _fields(_block(rest, "criticism"), ("grading", "dimension", "explanation"))
     grading = _require(fields, "grading", "Overall Grading")
-    if isinstance(grading, ContractError):
-        return grading
     verdict = _verdict(grading)
     if verdict is None:
-        return ContractError(BAD_VERDICT, f"grading {grading!r} is neither Good nor Bad")
+        raise _Reject(BAD_VERDICT, f"grading {grading!r} is neither Good nor Bad")
     explanation = _require(fields, "explanation", "Explanation")
-    if isinstance(explanation, ContractError):
-        return explanation
     raw_dim = fields.get("dimension")
     if verdict == "Good":
         if raw_dim is not None and raw_dim.lower().strip(" .") not in _NONE_VALUES:
-            return ContractError(UNEXPECTED_DIMENSION, f"Good verdict names {raw_dim!r}")
+            raise _Reject(UNEXPECTED_DIMENSION, f"Good verdict names {raw_dim!r}")
         return CritiqueOutput(think, "Good", None, explanation)
     if raw_dim is None or not raw_dim:
-        return ContractError(MISSING_FIELD, "Bad verdict without an 'Error Dimension' line")
+        raise _Reject(MISSING_FIELD, "Bad verdict without an 'Error Dimension' line")
     dim = lookup_dimension(raw_dim)
     if dim is None:
-        return ContractError(UNKNOWN_DIMENSION, f"{raw_dim!r} is not one of the 12 dimensions")
+        raise _Reject(UNKNOWN_DIMENSION, f"{raw_dim!r} is not one of the 12 dimensions")
     return CritiqueOutput(think, "Bad", dim, explanation)
 
 
@@ -513,16 +521,14 @@ def parse_next_state(
     Returns:
         A ``TransitionOutput`` or a ``ContractError``.
     """
-    split = _think_and_answer(text, reasoning, "next_state", require_think)
-    if isinstance(split, ContractError):
-        return split
-    think, rest = split
-    block = _block(rest, "next_state")
-    if isinstance(block, ContractError):
-        return block
-    next_state = block.strip()
+    return _returning_errors(_next_state, text, reasoning, require_think)
+
+
+def _next_state(text: str, reasoning: str | None, require_think: bool) -> TransitionOutput:
+    think, rest = _think_and_answer(text, reasoning, "next_state", require_think)
+    next_state = _block(rest, "next_state").strip()
     if not next_state:
-        return ContractError(MISSING_FIELD, "<next_state> is empty")
+        raise _Reject(MISSING_FIELD, "<next_state> is empty")
     parts = _think_parts(think)
     return TransitionOutput(
         think=think,
@@ -539,7 +545,7 @@ def parse_next_state(
 _DECODER = json.JSONDecoder()
 
 
-def _json_object(text: str, keys: tuple[str, ...]) -> dict[str, Any] | ContractError:
+def _json_object(text: str, keys: tuple[str, ...]) -> dict[str, Any]:
     """The answer object: the last JSON object in ``text`` that has every key of ``keys``.
 
     Every ``{`` is tried as the start of an object, so a stray brace in prose cannot swallow the
@@ -566,29 +572,23 @@ def _json_object(text: str, keys: tuple[str, ...]) -> dict[str, Any] | ContractE
         return complete
     if partial is not None:
         return partial
-    return ContractError(BAD_JSON, "no parseable JSON object in the output")
+    raise _Reject(BAD_JSON, "no parseable JSON object in the output")
 
 
-def _string_key(obj: dict[str, Any], key: str) -> str | ContractError:
+def _string_key(obj: dict[str, Any], key: str) -> str:
     if key not in obj:
-        return ContractError(MISSING_KEY, f"JSON lacks {key!r}")
+        raise _Reject(MISSING_KEY, f"JSON lacks {key!r}")
     value = obj[key]
     if not isinstance(value, str) or not value.strip():
-        return ContractError(BAD_VALUE, f"{key!r} must be a non-empty string")
+        raise _Reject(BAD_VALUE, f"{key!r} must be a non-empty string")
     return value.strip()
 
 
 def _json_answer(
     text: str, reasoning: str | None, keys: tuple[str, ...], require_think: bool
-) -> tuple[str | None, dict[str, Any]] | ContractError:
-    split = _think_and_answer(text, reasoning, None, require_think)
-    if isinstance(split, ContractError):
-        return split
-    think, rest = split
-    obj = _json_object(rest, keys)
-    if isinstance(obj, ContractError):
-        return obj
-    return think, obj
+) -> tuple[str | None, dict[str, Any]]:
+    think, rest = _think_and_answer(text, reasoning, None, require_think)
+    return think, _json_object(rest, keys)
 
 
 _PERTURBATION_KEYS = ("dimension_violated", "rejected_thought", "rejected_proposed_step")
@@ -613,23 +613,19 @@ def parse_perturbation(
         A ``PerturbationOutput`` or a ``ContractError``. The rejected step must contain a
         ``<tool_call>`` block; the dimension must resolve to one of the 12.
     """
-    answer = _json_answer(text, reasoning, _PERTURBATION_KEYS, require_think)
-    if isinstance(answer, ContractError):
-        return answer
-    think, obj = answer
-    values: dict[str, str] = {}
-    for key in _PERTURBATION_KEYS:
-        value = _string_key(obj, key)
-        if isinstance(value, ContractError):
-            return value
-        values[key] = value
+    return _returning_errors(_perturbation, text, reasoning, require_think)
+
+
+def _perturbation(text: str, reasoning: str | None, require_think: bool) -> PerturbationOutput:
+    think, obj = _json_answer(text, reasoning, _PERTURBATION_KEYS, require_think)
+    values = {key: _string_key(obj, key) for key in _PERTURBATION_KEYS}
     dim = lookup_dimension(values["dimension_violated"])
     if dim is None:
-        return ContractError(
+        raise _Reject(
             UNKNOWN_DIMENSION, f"{values['dimension_violated']!r} is not one of the 12 dimensions"
         )
     if "<tool_call>" not in values["rejected_proposed_step"].lower():
-        return ContractError(BAD_VALUE, "rejected_proposed_step has no <tool_call> block")
+        raise _Reject(BAD_VALUE, "rejected_proposed_step has no <tool_call> block")
     return PerturbationOutput(
         think=think,
         dimension=dim,
@@ -657,23 +653,19 @@ def parse_judge(
         A ``JudgeOutput`` (``dimension=None`` for ``Invalid``) or a ``ContractError``. The
         candidate must be exactly A or B (``"Candidate B"`` is B, ``"AB"`` is an error).
     """
-    answer = _json_answer(text, reasoning, _JUDGE_KEYS, require_think)
-    if isinstance(answer, ContractError):
-        return answer
-    think, obj = answer
-    values: dict[str, str] = {}
-    for key in _JUDGE_KEYS:
-        value = _string_key(obj, key)
-        if isinstance(value, ContractError):
-            return value
-        values[key] = value
+    return _returning_errors(_judge, text, reasoning, require_think)
+
+
+def _judge(text: str, reasoning: str | None, require_think: bool) -> JudgeOutput:
+    think, obj = _json_answer(text, reasoning, _JUDGE_KEYS, require_think)
+    values = {key: _string_key(obj, key) for key in _JUDGE_KEYS}
     letter = _CANDIDATE.match(_strip_emphasis(values["better_candidate"]).strip("'\"`").lower())
     if letter is None:
-        return ContractError(BAD_VALUE, f"better_candidate {values['better_candidate']!r}")
+        raise _Reject(BAD_VALUE, f"better_candidate {values['better_candidate']!r}")
     raw_dim = values["predicted_error_dimension"]
     dim = lookup_dimension(raw_dim)
     if dim is None and re.sub(r"[^a-z]", "", raw_dim.lower()) != "invalid":
-        return ContractError(UNKNOWN_DIMENSION, f"{raw_dim!r} is neither a dimension nor Invalid")
+        raise _Reject(UNKNOWN_DIMENSION, f"{raw_dim!r} is neither a dimension nor Invalid")
     choice: Literal["A", "B"] = "A" if letter.group(1) == "a" else "B"
     return JudgeOutput(think, choice, dim, values["reasoning_summary"])
 
@@ -693,25 +685,26 @@ def parse_grounding(text: str, reasoning: str | None = None) -> GroundingOutput 
         ``bad_value`` for a label that is not a non-empty string or a box that is not four
         integers with 0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000.
     """
-    answer = _json_answer(text, reasoning, _GROUNDING_KEYS, False)
-    if isinstance(answer, ContractError):
-        return answer
-    think, obj = answer
+    return _returning_errors(_grounding, text, reasoning)
+
+
+def _grounding(text: str, reasoning: str | None) -> GroundingOutput:
+    think, obj = _json_answer(text, reasoning, _GROUNDING_KEYS, False)
     for key in _GROUNDING_KEYS:
         if key not in obj:
-            return ContractError(MISSING_KEY, f"grounding answer lacks {key!r}")
+            raise _Reject(MISSING_KEY, f"grounding answer lacks {key!r}")
     label, role, box = obj["label"], obj["role"], obj["box"]
     if not isinstance(label, str) or not label.strip() or not isinstance(role, str):
-        return ContractError(BAD_VALUE, f"label {label!r} / role {role!r}")
+        raise _Reject(BAD_VALUE, f"label {label!r} / role {role!r}")
     if (
         not isinstance(box, list)
         or len(box) != 4
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in box)
     ):
-        return ContractError(BAD_VALUE, f"box must be four integers, got {box!r}")
+        raise _Reject(BAD_VALUE, f"box must be four integers, got {box!r}")
     x1, y1, x2, y2 = box
     if not (0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000):
-        return ContractError(BAD_VALUE, f"box {box} is not an area on the 0-1000 grid")
+        raise _Reject(BAD_VALUE, f"box {box} is not an area on the 0-1000 grid")
     return GroundingOutput(think, label.strip(), role.strip(), (x1, y1, x2, y2))
 
 

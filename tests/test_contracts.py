@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import random
+import typing
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hivig import contracts
 from hivig.contracts import (
     ContractError,
     CritiqueOutput,
@@ -407,14 +411,105 @@ _TEXT = st.lists(
     ),
     max_size=40,
 ).map("".join)
-_PARSERS = (parse_critique, parse_history, parse_next_state, parse_perturbation, parse_judge)
+# Arbitrary bytes as a server might decode them; surrogateescape keeps lone surrogates in the str.
+_DECODED = st.binary(max_size=200).map(lambda b: b.decode("utf-8", errors="surrogateescape"))
+# Every public parser, read from ``__all__`` so that a new one is covered without a test edit.
+_PARSERS = tuple(
+    getattr(contracts, name) for name in contracts.__all__ if name.startswith(("parse_", "split_"))
+)
+
+
+def test_every_public_function_is_a_parser_or_a_renderer():
+    # A public parser named otherwise would slip past the never-raise tests.
+    functions = [n for n in contracts.__all__ if inspect.isfunction(getattr(contracts, n))]
+    assert all(n.startswith(("parse_", "split_", "render_")) for n in functions), functions
+    assert {split_think, parse_critique, contracts.parse_grounding} <= set(_PARSERS)
 
 
 @settings(max_examples=300, deadline=None)
-@given(_TEXT)
+@given(st.one_of(_TEXT, _DECODED))
 def test_parsers_never_raise(text):
     for parse in _PARSERS:
         parse(text)
+
+
+def _random_text(seed: int, encoding: str, errors: str = "strict") -> str:
+    return random.Random(seed).randbytes(65_536).decode(encoding, errors=errors)
+
+
+# Far beyond what any max_tokens cap lets a model emit (characters; tags: repeats). Shapes that
+# cost quadratic time in the parsers (long runs of spaces in a block, many ``{``) are kept small.
+_HUGE = 1_000_000
+_MANY_TAGS = 20_000
+_HOSTILE: dict[str, object] = {
+    "empty": "",
+    "blank": " \n\t\r\x0b\x0c\u00a0\u3000",
+    "nul": "\x00" * 64,
+    "none": None,
+    "int": 3,
+    "nan": float("nan"),
+    "bytes": b"<think>t</think><criticism>Overall Grading: Good</criticism>",
+    "list": ["<criticism>"],
+    "dict": {"better_candidate": "A"},
+    "huge_plain": "a" * _HUGE,
+    "huge_newlines": "\n" * _HUGE,
+    "huge_open_think": "<think>" * _MANY_TAGS,
+    "huge_close_think": "</think>" * _MANY_TAGS,
+    "huge_answer_tags": "<criticism></criticism>" * _MANY_TAGS,
+    "huge_field": GOOD.replace("Explanation: ", "Explanation: " + "word " * (_HUGE // 5)),
+    "huge_json_string": json.dumps({"label": "x" * _HUGE, "role": "button", "box": [1, 2, 3, 4]}),
+    "many_braces": "{" * 2_000,
+    "deep_json_array": '{"a": ' + "[" * 100_000,
+    "deep_json_objects": '{"a": ' * 3_000 + "1" + "}" * 3_000,
+    "unicode": (
+        "<think>理由 🙂 \u202eevil\u202c</think><criticism>\nOverall Grading: Ｇｏｏｄ\n"
+        "Explanation: é\u0301\u200b\n</criticism>"
+    ),
+    "unicode_labels": (
+        "<think>t</think><criticism>\nＯverall Grading: Good\nExplanation: e\n</criticism>"
+    ),
+    "fullwidth_tags": "＜think＞t＜/think＞＜criticism＞Overall Grading: Good＜/criticism＞",
+    "lone_surrogates": "<think>\ud800</think><summary>Progress Summary: \udfff\n</summary>",
+    "unclosed_think": "<think>the reasoning is cut off by the token cap",
+    "unclosed_answer": "<think>t</think><criticism>\nOverall Grading: Bad\nError Dimension:",
+    "unclosed_tag_bracket": "<think>t</think><criticism\nOverall Grading: Good",
+    "unclosed_json": '<think>t</think>{"better_candidate": "A", "predicted_error_dimension": ',
+    "nested_think": (
+        "<think><think><think>t</think></think></think>"
+        "<summary>Progress Summary: p\nLast Action Result: r</summary>"
+    ),
+    "nested_answer": (
+        "<think>t</think><criticism><criticism>Overall Grading: Good\nExplanation: e"
+        "</criticism></criticism>"
+    ),
+    "answer_inside_think": "<think><criticism>Overall Grading: Good</criticism>",
+    "interleaved": "<think><criticism></think></criticism><summary></think></summary>",
+    "random_utf8": _random_text(0, "utf-8", "replace"),
+    "random_surrogateescape": _random_text(1, "utf-8", "surrogateescape"),
+    "random_latin1": _random_text(2, "latin-1"),
+    "random_utf16": _random_text(3, "utf-16", "replace"),
+}
+
+
+def _declared_results(parse) -> tuple[type, ...]:
+    """The classes a parser's return annotation names (``tuple[...]`` as ``tuple``)."""
+    hint = typing.get_type_hints(parse)["return"]
+    return tuple(typing.get_origin(t) or t for t in typing.get_args(hint))
+
+
+@pytest.mark.parametrize("name", sorted(_HOSTILE))
+def test_parsers_never_raise_on_hostile_inputs(name):
+    value = _HOSTILE[name]
+    for parse in _PARSERS:
+        params = inspect.signature(parse).parameters
+        results = [parse(value)]
+        if "reasoning" in params:
+            # Hostile separate reasoning, beside a well-formed answer and beside itself.
+            results += [parse(GOOD, value), parse(value, value)]
+        if "require_think" in params:
+            results.append(parse(value, require_think=True))
+        for result in results:
+            assert isinstance(result, _declared_results(parse)), (parse.__name__, result)
 
 
 _FREE = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=80)
