@@ -338,11 +338,13 @@ def _block(text: str, tag: str) -> str:
 
 
 def _label_pattern(label: str) -> re.Pattern[str]:
-    words = r"[ \t]+".join(re.escape(w) for w in label.split())
+    words = r"[ \t]++".join(re.escape(w) for w in label.split())
     # Line start, optional bullet, optional opening emphasis, the label, emphasis, colon. Emphasis
     # right after the colon is not matched here: it may open the value (``Label: **x**``).
+    # The blank runs are possessive: two optional runs side by side otherwise split a long run
+    # of spaces every possible way before failing (quadratic: 8 s for a 32,000-space line).
     return re.compile(
-        rf"^[ \t]*(?:[-+*][ \t]+)?(?P<open>[*_]*)[ \t]*{words}[ \t]*(?P<mid>[*_]*)[ \t]*:",
+        rf"^[ \t]*+(?:[-+*][ \t]++)?(?P<open>[*_]*+)[ \t]*+{words}[ \t]*+(?P<mid>[*_]*+)[ \t]*+:",
         re.IGNORECASE | re.MULTILINE,
     )
 

@@ -734,3 +734,15 @@ def test_grounding_answer_is_the_last_object_with_its_keys():
     ]:
         result = parse_grounding(bad)
         assert isinstance(result, ContractError) and result.reason == reason, bad
+
+
+def test_a_long_blank_run_in_an_answer_is_parsed_in_linear_time():
+    # Two optional blank runs side by side once split a long run every possible way (8 s here).
+    import time
+
+    blank = " " * 32_000
+    text = f"<think>x</think><criticism>{blank}y\nOverall Grading:{blank}Good\n</criticism>"
+    start = time.perf_counter()
+    for parse in (parse_critique, parse_history):
+        parse(text)
+    assert time.perf_counter() - start < 0.5
