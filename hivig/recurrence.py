@@ -11,29 +11,20 @@ JSON and calls ``update`` on every observe::
                     #  "action_key", "screen_key"}
     recurrence_note(sig)  # one plain-English line when a repeat or cycle is flagged, else None
 
-How a step is judged (all on a grey/RGB thumbnail about 480 px on its long side, so a 1920×1080
-screen costs a few milliseconds on one core):
+How a step is judged is ``hivig.screens``'s business (the one screen judge, shared with the
+guard's recovery check and the offline diagnosis): masked thumbnail signals ``identical``,
+``dhash_dist``, ``masked_diff_frac``, ``region_changed`` and the ``no_effect`` judgement. This
+module adds what needs a session's history:
 
-- **Volatile mask** = the platform's clock/status-bar boxes ∪ the session's boxes ∪ a mask learned
-  from cells that keep changing unprompted: in ``learn_min_hits`` of the recent frames that
-  changed without any action (a wait, or a re-capture with ``actions=None``) or in a no-effect
-  step. A spinner or a clock is learned after a few ticks; a one-off change during a wait (a
-  report replacing its spinner) is content arriving, reported as a change and kept watched.
-- **Change**: ``identical`` (masked thumbnails equal), ``dhash_dist`` (global 9×8 dHash Hamming
-  distance), ``masked_diff_frac`` (share of unmasked pixels whose grey value moved by more than
-  ``pixel_delta``) and ``region_changed`` (a crop around each pointer target; a blinking caret
-  alone does not count). ``no_effect`` is ``identical``, or a small masked diff with the global
-  hash and every target region unchanged. A step with an action that has no target point
-  (``type``, ``key``, raw text) may act anywhere, so for it any changed unmasked pixel is an
-  effect (``untargeted_max_px``), a lone caret line aside except when text was typed.
+- **Learned mask**: on top of the platform's clock/status-bar boxes and the session's boxes,
+  cells that keep changing unprompted — in ``learn_min_hits`` of the recent frames that changed
+  without any action (a wait, or a re-capture with ``actions=None``) or in a no-effect step. A
+  spinner or a clock is learned after a few ticks; a one-off change during a wait (a report
+  replacing its spinner) is content arriving, reported as a change and kept watched.
 - **Recurrence**: consecutive single, non-wait actions with the same relaxed action key and no
   effect (R3's trigger, ``k`` = 2 by default); the shortest screen-continuous return of 2–8
   action transitions, grouped up to rotation and reported from its second traversal on; and how
   often the current screen was entered before.
-
-The R3 paper's detector compares full-resolution pixels; here "identical" means the masked
-thumbnails are equal, so a change must move some block average by at least one grey level (one
-changed pixel of contrast ≥ ``factor²`` grey levels always does).
 """
 
 from __future__ import annotations
@@ -55,75 +46,41 @@ import numpy as np
 from PIL import Image
 
 from hivig.actions.model import (
-    PLATFORM_ALIASES,
     Action,
     Answer,
     CallUser,
     HScroll,
     Key,
-    LeftClickDrag,
     LongPress,
     MobileKey,
     Open,
     Scroll,
-    Swipe,
     SystemButton,
     Terminate,
     Type,
     Wait,
-    platform_name,
 )
 from hivig.config import ConfigError
-from hivig.vision._fingerprint import (
-    GridBox,
-    dhash_array,
-    grid_box_px,
-    hamming,
-    mask_array,
-    screen_thumbnail,
+from hivig.screens import (
+    Mask,
+    Screen,
+    ScreenChange,
+    ScreenThresholds,
+    Slices,
+    action_points,
+    compare,
+    grey_of,
+    platform_masks,
+    screen_key,
+    volatile_boxes,
 )
+from hivig.vision._fingerprint import GridBox
 from hivig.vision._frame import deflate
 
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 """Version of the ``DetectorState`` JSON layout; ``from_json`` refuses other versions."""
-
-PLATFORM_MASKS: dict[str, tuple[GridBox, ...]] = {
-    # Taskbar notification area and clock, bottom right.
-    "windows": ((870, 955, 1000, 1000),),
-    # Menu-bar status items and clock, top right.
-    "mac": ((650, 0, 1000, 30),),
-    # GNOME top bar: the centred clock and the system menu on the right.
-    "ubuntu": ((420, 0, 580, 30), (880, 0, 1000, 30)),
-    # The whole status bar (clock, battery, signal, notification icons).
-    "android": ((0, 0, 1000, 40),),
-    # A browser viewport has no OS chrome; page clocks and tickers are left to the learned mask.
-    "web": (),
-}
-"""Default volatile regions per platform, on the 0–1000 grid."""
-
-
-def platform_masks(platform: str | None) -> tuple[GridBox, ...]:
-    """The default volatile regions of a platform (``None``: no defaults).
-
-    Args:
-        platform: ``windows``, ``mac``/``macos``, ``ubuntu``/``linux``, ``android``, ``web``.
-
-    Returns:
-        Grid boxes ``(x1, y1, x2, y2)`` on 0–1000.
-
-    Raises:
-        ValueError: An unknown platform.
-    """
-    if platform is None:
-        return ()
-    name = platform_name(platform)
-    if name not in PLATFORM_MASKS:
-        known = ", ".join(sorted({*PLATFORM_MASKS, *PLATFORM_ALIASES}))
-        raise ValueError(f"unknown platform {platform!r}; use one of: {known}")
-    return PLATFORM_MASKS[name]
-
 
 # ---------------------------------------------------------------------------------------------
 # Config
@@ -134,8 +91,9 @@ class DetectorConfig:
     """Thresholds of the detector.
 
     Defaults: R3's cycle bound (8 transitions) and no-wait, single-action trigger; ``k`` = 2 as in
-    GUI agents that give up after two unchanged repeats; dHash limits of the common 9×8
-    difference hash. All are starting points to tune on the project's own trajectories.
+    GUI agents that give up after two unchanged repeats. How a pair of frames is judged is
+    ``screen`` (``hivig.screens``, the thresholds every stage shares). All are starting points
+    to tune on the project's own trajectories.
     """
 
     k: int = 2
@@ -144,34 +102,12 @@ class DetectorConfig:
     """Longest screen–action cycle searched, in transitions (R3 paper: 8)."""
     revisit_window: int = 30
     """How many recent screen entries ``screen_revisits`` counts over."""
-    pixel_delta: int = 24
-    """Grey-level change (0–255) above which a thumbnail pixel counts as changed."""
-    no_effect_frac: float = 0.001
-    """``no_effect`` needs fewer changed unmasked pixels than this share (0.1 %)."""
-    dhash_unchanged: int = 2
-    """Largest global 9×8 dHash distance (of 64 bits) that still counts as unchanged."""
-    crop_dhash_unchanged: int = 4
-    """Largest dHash distance of a target crop that still counts as unchanged."""
-    region_diff_frac: float = 0.004
-    """A target crop changed when more than this share of its pixels changed."""
-    caret_max_px: int = 6
-    """A change at a target confined to a vertical band this narrow (screen pixels) is a blinking
-    text caret, not an effect of the action (0 disables the rule)."""
-    untargeted_max_px: int = 0
-    """A step with an action that has no target point (``type``, ``key``, a scroll without a
-    point, raw text) has no effect only when at most this many unmasked thumbnail pixels changed,
-    a lone caret band aside. Such an action may act anywhere (typing a few characters changes
-    well under ``no_effect_frac`` of the screen), so by default any visible change is an effect."""
-    crop_frac: float = 0.10
-    """Side of the crop around a pointer target, as a share of the screen's short side."""
-    crop_min_px: int = 160
-    """Smallest crop side, in screen pixels."""
+    screen: ScreenThresholds = field(default_factory=ScreenThresholds)
+    """The frame comparison's thresholds (changed pixels, dHash limits, target crops, caret)."""
     coord_tol_frac: float = 0.004
     """Relaxed action keys: pointer targets this close (share of the screen diagonal) match."""
     coord_tol_min_px: float = 8.0
     """Smallest coordinate tolerance, in screen pixels."""
-    thumb_long_side: int = 480
-    """Long side of the comparison thumbnail, in pixels (integer box reduction)."""
     learn_cell_px: int = 8
     """Learned-mask cell side, in thumbnail pixels (32 screen px at 1920×1080)."""
     learn_max_step_frac: float = 0.01
@@ -190,29 +126,14 @@ class DetectorConfig:
     spinners of up to 15 phases."""
 
     def __post_init__(self) -> None:
-        positive = ("k", "max_cycle", "revisit_window", "crop_min_px", "learn_cell_px")
-        for name in positive:
+        for name in ("k", "max_cycle", "revisit_window", "learn_cell_px"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"`recurrence.{name}` must be at least 1")
         if self.max_cycle < 2:
             raise ConfigError("`recurrence.max_cycle` must be at least 2 (a cycle has 2 steps)")
-        if not 0 <= self.pixel_delta < 255:
-            raise ConfigError("`recurrence.pixel_delta` must be in [0, 255)")
-        for name in (
-            "no_effect_frac",
-            "region_diff_frac",
-            "crop_frac",
-            "coord_tol_frac",
-            "learn_max_step_frac",
-            "learn_max_total_frac",
-        ):
+        for name in ("coord_tol_frac", "learn_max_step_frac", "learn_max_total_frac"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"`recurrence.{name}` must be in [0, 1]")
-        for name in ("caret_max_px", "untargeted_max_px"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"`recurrence.{name}` must be >= 0")
-        if self.thumb_long_side < 16:
-            raise ConfigError("`recurrence.thumb_long_side` must be at least 16")
         if self.learn_min_hits < 1 or self.learn_window < self.learn_min_hits:
             raise ConfigError("`recurrence.learn_window` must be >= learn_min_hits >= 1")
 
@@ -303,7 +224,7 @@ class DetectorState:
                 frame_size=tuple(size) if size else None,
                 factor=int(obj.get("factor", 1)),
                 thumb=thumb,
-                grey=_grey_of(thumb) if thumb is not None else None,
+                grey=grey_of(thumb) if thumb is not None else None,
                 screen_key=obj.get("screen_key"),
                 learned_cells=tuple(obj.get("learned_cells", ())),
                 noeffect_cells=tuple(tuple(c) for c in obj.get("noeffect_cells", ())),
@@ -338,10 +259,9 @@ def new_state(
     Raises:
         ValueError: An unknown platform or a malformed box.
     """
-    platform_masks(platform)
-    boxes = tuple(tuple(int(v) for v in box) for box in volatile_regions)
-    mask_array(boxes, 10, 10)  # validates every box now, not at the first frame
-    return DetectorState(platform=platform, volatile_regions=boxes)  # type: ignore[arg-type]
+    platform_masks(platform)  # an unknown platform fails now, not at the first frame
+    boxes = volatile_boxes(None, volatile_regions)  # and so does a malformed box
+    return DetectorState(platform=platform, volatile_regions=boxes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,16 +274,6 @@ _SPACES = re.compile(r"\s+")
 def _norm_text(text: str) -> str:
     """Relaxed text: case-folded, whitespace collapsed and stripped."""
     return _SPACES.sub(" ", text).strip().casefold()
-
-
-def _points(action: Action) -> tuple[tuple[int, int], ...]:
-    """Pointer targets of an action on the 0–1000 grid (drag: start, if known, then end)."""
-    if isinstance(action, LeftClickDrag):
-        return tuple(p for p in (action.start, action.coordinate) if p is not None)
-    if isinstance(action, Swipe):
-        return (action.coordinate, action.coordinate2)
-    coord = getattr(action, "coordinate", None)
-    return (tuple(coord),) if coord is not None else ()  # type: ignore[return-value]
 
 
 def _shape(action: Action | str, relaxed: bool) -> str:
@@ -406,9 +316,10 @@ def exact_action_key(actions: Sequence[Action | str]) -> str:
     Returns:
         One key, the actions' keys joined by ``"; "``, e.g. ``left_click()@501,553``.
     """
-    return "; ".join(
-        _with_points(_shape(a, False), () if isinstance(a, str) else _points(a)) for a in actions
-    )
+    keys = []
+    for a in actions:
+        keys.append(_with_points(_shape(a, False), () if isinstance(a, str) else action_points(a)))
+    return "; ".join(keys)
 
 
 def _tolerance_px(width: int, height: int, cfg: DetectorConfig) -> float:
@@ -433,7 +344,7 @@ def _relaxed_key(
     new = list(anchors)
     for action in actions:
         shape = _shape(action, True)
-        points = () if isinstance(action, str) else _points(action)
+        points = () if isinstance(action, str) else action_points(action)
         if not points:
             parts.append(shape)
             continue
@@ -481,85 +392,7 @@ def relaxed_action_key(
 
 
 # ---------------------------------------------------------------------------------------------
-# Frame comparison
-
-
-@dataclass(frozen=True)
-class _Compared:
-    identical: bool
-    dhash_dist: int
-    region_changed: bool | None
-    masked_diff_frac: float
-    no_effect: bool
-    changed_px: np.ndarray  # bool (h, w): changed unmasked thumbnail pixels
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "identical": self.identical,
-            "dhash_dist": self.dhash_dist,
-            "region_changed": self.region_changed,
-            "masked_diff_frac": round(self.masked_diff_frac, 6),
-            "no_effect": self.no_effect,
-        }
-
-
-def _crop_boxes(
-    points: Sequence[tuple[int, int]],
-    shape: tuple[int, int],
-    size: tuple[int, int],
-    factor: int,
-    cfg: DetectorConfig,
-) -> list[tuple[int, int, int, int]]:
-    """Thumbnail-pixel boxes ``(y1, y2, x1, x2)`` centred on each pointer target."""
-    h, w = shape
-    side_px = max(cfg.crop_frac * min(size), cfg.crop_min_px)
-    half = max(1, round(side_px / factor / 2))
-    boxes = []
-    for x, y in points:
-        cx, cy = min(w - 1, int(x * w / 1000)), min(h - 1, int(y * h / 1000))
-        boxes.append((max(0, cy - half), min(h, cy + half), max(0, cx - half), min(w, cx + half)))
-    return boxes
-
-
-Slices = tuple[tuple[int, int, int, int], ...]
-"""Masked rectangles ``(y1, y2, x1, x2)`` in thumbnail pixels (zeroing by slice is far cheaper
-than boolean indexing of an RGB array)."""
-
-
-@dataclass(frozen=True)
-class _Mask:
-    """The volatile mask of one thumbnail shape, as rectangles and as a boolean array."""
-
-    slices: Slices
-    px: np.ndarray  # bool (h, w), True = volatile
-
-    @classmethod
-    def build(
-        cls, static: Slices, cells: Sequence[int], shape: tuple[int, int], cell: int
-    ) -> _Mask:
-        slices = (*static, *_cell_slices(cells, shape, cell))
-        px = np.zeros(shape, dtype=bool)
-        for y1, y2, x1, x2 in slices:
-            px[y1:y2, x1:x2] = True
-        return cls(slices, px)
-
-    def zeroed(self, arr: np.ndarray) -> np.ndarray:
-        """A copy of ``arr`` (or ``arr`` itself when nothing is masked) with the mask zeroed."""
-        if not self.slices:
-            return arr
-        out = arr.copy()
-        for y1, y2, x1, x2 in self.slices:
-            out[y1:y2, x1:x2] = 0
-        return out
-
-
-def _static_slices(boxes: Sequence[GridBox], shape: tuple[int, int]) -> Slices:
-    h, w = shape
-    out = []
-    for box in boxes:
-        x1, y1, x2, y2 = grid_box_px(box, w, h)
-        out.append((y1, y2, x1, x2))
-    return tuple(out)
+# Learned mask cells
 
 
 def _cell_grid(shape: tuple[int, int], cell: int) -> tuple[int, int]:
@@ -610,132 +443,6 @@ def _cells_of(px: np.ndarray, cell: int) -> np.ndarray:
     return np.flatnonzero(hit)
 
 
-def _caret_cols(factor: int, cfg: DetectorConfig) -> int:
-    """Thumbnail columns a caret line of up to ``caret_max_px`` can cover (0: rule off)."""
-    # A caret line can straddle one more thumbnail column than its width needs.
-    return math.ceil(cfg.caret_max_px / factor) + 1 if cfg.caret_max_px else 0
-
-
-def _is_caret_line(changed: np.ndarray, caret_cols: int, caret_rows: int) -> bool:
-    """Whether all changed pixels form one upright line, as a text caret's blink does.
-
-    The line is under ``caret_cols`` columns wide, at least twice as tall as wide and under
-    ``caret_rows`` rows tall.
-    """
-    cols = np.flatnonzero(changed.any(axis=0))
-    if not cols.size or cols[-1] - cols[0] >= caret_cols:
-        return False
-    rows = np.flatnonzero(changed[:, cols[0] : cols[-1] + 1].any(axis=1))
-    width, height = cols[-1] - cols[0] + 1, rows[-1] - rows[0] + 1
-    return bool(2 * width <= height < caret_rows)
-
-
-def _untargeted_still(
-    changed: np.ndarray, n_changed: int, factor: int, caret_rows: int, cfg: DetectorConfig
-) -> bool:
-    """The untargeted rule: at most ``untargeted_max_px`` changed pixels, or a lone caret line.
-
-    ``caret_rows`` = 0 allows no caret.
-    """
-    if n_changed <= cfg.untargeted_max_px:
-        return True
-    caret_cols = _caret_cols(factor, cfg)
-    # Cheap bound first: more changed pixels than the band holds cannot be a caret.
-    if not caret_cols or n_changed > caret_cols * caret_rows:
-        return False
-    return _is_caret_line(changed, caret_cols, caret_rows)
-
-
-def _compare(
-    prev: tuple[np.ndarray, np.ndarray],
-    cur: tuple[np.ndarray, np.ndarray],
-    mask: _Mask,
-    crops: list[tuple[int, int, int, int]],
-    factor: int,
-    cfg: DetectorConfig,
-    untargeted: tuple[bool, int] = (False, 0),
-) -> _Compared:
-    """Change signals between two equally sized ``(rgb, grey)`` thumbnails under one mask.
-
-    ``untargeted`` is ``(has_untargeted_action, caret_rows)``: a step with an action without a
-    target point can act anywhere, so ``untargeted_max_px`` bounds its change instead of
-    ``no_effect_frac``; a lone caret line up to ``caret_rows`` thumbnail rows tall is not an
-    effect (0: no allowance).
-    """
-    (prev_rgb, prev_g), (cur_rgb, cur_g) = prev, cur
-    if np.array_equal(prev_rgb, cur_rgb):
-        # The common no-effect case, without any per-pixel work.
-        nothing = np.zeros(mask.px.shape, dtype=bool)
-        return _Compared(True, 0, False if crops else None, 0.0, True, nothing)
-    keep = ~mask.px
-    # |a - b| on uint8 without widening: max - min never wraps.
-    delta = np.maximum(prev_g, cur_g) - np.minimum(prev_g, cur_g)
-    changed = (delta > cfg.pixel_delta) & keep
-    n_changed = int(np.count_nonzero(changed))
-    kept = int(np.count_nonzero(keep))
-    frac = n_changed / kept if kept else 0.0
-    # A visibly changed unmasked pixel settles it; otherwise compare the masked colours exactly.
-    identical = n_changed == 0 and bool(np.array_equal(mask.zeroed(prev_rgb), mask.zeroed(cur_rgb)))
-    prev_g, cur_g = mask.zeroed(prev_g), mask.zeroed(cur_g)
-    dist = hamming(dhash_array(prev_g), dhash_array(cur_g))
-    region: bool | None = None
-    if crops:
-        region = False
-        caret_cols = _caret_cols(factor, cfg)
-        for y1, y2, x1, x2 in crops:
-            if y2 <= y1 or x2 <= x1:
-                continue
-            crop_changed = changed[y1:y2, x1:x2]
-            if caret_cols and _is_caret_line(crop_changed, caret_cols, y2 - y1 + 1):
-                # Everything that moved is one thin upright line: the text caret of the field
-                # the pointer is in blinked. Counting it would hide every repeated click into
-                # an already focused field. (A changed digit or a radio dot is not that thin.)
-                continue
-            crop_frac = float(np.count_nonzero(crop_changed)) / crop_changed.size
-            crop_dist = hamming(dhash_array(prev_g[y1:y2, x1:x2]), dhash_array(cur_g[y1:y2, x1:x2]))
-            if crop_frac > cfg.region_diff_frac or crop_dist > cfg.crop_dhash_unchanged:
-                region = True
-                break
-    # Besides the paper's identity rule, a sub-threshold diff counts as "no effect" only when
-    # neither the global structure (dHash) nor the area around the target moved.
-    no_effect = identical or (
-        frac < cfg.no_effect_frac and dist <= cfg.dhash_unchanged and region is not True
-    )
-    if no_effect and not identical and untargeted[0]:
-        # Typing "Acme Ltd" into a field changes about 0.06 % of the screen, under the global
-        # share, and there is no target crop to see it: any visible change is the action's.
-        no_effect = _untargeted_still(changed, n_changed, factor, untargeted[1], cfg)
-    return _Compared(identical, dist, region, frac, no_effect, changed)
-
-
-def _resized_compare(
-    state: DetectorState,
-    prev_rgb: np.ndarray,
-    cur: tuple[np.ndarray, np.ndarray],
-    mask: _Mask,
-    has_targets: bool,
-) -> _Compared:
-    """Signals across a change of screen size: always a change; the dHash still compares."""
-    prev_shape = (prev_rgb.shape[0], prev_rgb.shape[1])
-    boxes = (*platform_masks(state.platform), *state.volatile_regions)
-    prev_mask = _Mask.build(_static_slices(boxes, prev_shape), (), prev_shape, 1)
-    prev_g = prev_mask.zeroed(state.grey if state.grey is not None else _grey_of(prev_rgb))
-    dist = hamming(dhash_array(prev_g), dhash_array(mask.zeroed(cur[1])))
-    nothing = np.zeros(mask.px.shape, dtype=bool)
-    return _Compared(False, dist, True if has_targets else None, 1.0, False, nothing)
-
-
-def _screen_key(rgb: np.ndarray, mask: _Mask) -> str:
-    """First 16 hex digits of the SHA-256 of the masked RGB thumbnail (and its size)."""
-    digest = hashlib.sha256(f"{rgb.shape[1]}x{rgb.shape[0]}:".encode())
-    digest.update(np.ascontiguousarray(mask.zeroed(rgb)).data)
-    return digest.hexdigest()[:16]
-
-
-def _grey_of(rgb: np.ndarray) -> np.ndarray:
-    return np.asarray(Image.fromarray(rgb).convert("L"))
-
-
 # ---------------------------------------------------------------------------------------------
 # The entry point
 
@@ -778,28 +485,9 @@ def _is_wait(actions: Sequence[Action | str]) -> bool:
     return all(isinstance(a, Wait) for a in actions)
 
 
-def _untargeted(
-    acts: tuple[Action | str, ...], size: tuple[int, int], factor: int, cfg: DetectorConfig
-) -> tuple[bool, int]:
-    """``(has_untargeted_action, caret_rows)`` of a step, for ``_compare``.
-
-    An action is untargeted when it has no pointer target (raw text included; waits are not
-    actions here). A blinking caret is allowed for as a line up to a target crop's side tall
-    (a caret is a line of text tall) — except when the step types text: a field whose caret
-    blinks has the focus, so the typed characters would show, and a narrow character such as
-    "i" changes no more of a thumbnail than a caret does.
-    """
-    untargeted = any(
-        isinstance(a, str) or (not isinstance(a, Wait) and not _points(a)) for a in acts
-    )
-    if not untargeted or any(isinstance(a, Type) and a.text for a in acts):
-        return untargeted, 0
-    return True, max(1, round(max(cfg.crop_frac * min(size), cfg.crop_min_px) / factor))
-
-
 def _learn(
     state: DetectorState,
-    compared: _Compared,
+    compared: ScreenChange,
     no_action: bool,
     shape: tuple[int, int],
     cfg: DetectorConfig,
@@ -857,7 +545,7 @@ def _find_cycle(
 
 def _advance_run(
     run: tuple[str | None, str | None, int],
-    compared: _Compared | None,
+    compared: ScreenChange | None,
     acts: tuple[Action | str, ...],
     key: str | None,
     screen: str | None,
@@ -916,11 +604,9 @@ def _advance_trail(
 
 @dataclass(frozen=True)
 class _Judged:
-    rgb: np.ndarray
-    grey: np.ndarray
-    factor: int
-    mask: _Mask
-    compared: _Compared | None
+    screen: Screen
+    mask: Mask
+    compared: ScreenChange | None
     learned_cells: tuple[int, ...]
     history: tuple[tuple[int, ...], ...]
     learned_now: bool
@@ -934,42 +620,29 @@ def _judge(
     cfg: DetectorConfig,
 ) -> _Judged:
     """Thumbnail the frame, compare it with the last one and let it teach the volatile mask."""
-    thumb_img, factor = screen_thumbnail(frame, cfg.thumb_long_side)
-    cur = np.asarray(thumb_img)
-    cur_grey = np.asarray(thumb_img.convert("L"))
-    shape = (cur.shape[0], cur.shape[1])
-    size = (frame.width, frame.height)
-    prev = state.thumb
-    same_shape = prev is not None and prev.shape == cur.shape
-    # Learned cells index one thumbnail shape; a new screen size starts learning afresh.
-    learned_cells = state.learned_cells if same_shape else ()
-    history = state.noeffect_cells if same_shape else ()
-    static = _static_slices((*platform_masks(state.platform), *state.volatile_regions), shape)
-    mask = _Mask.build(static, learned_cells, shape, cfg.learn_cell_px)
-    crops = []
-    for a in acts:
-        if not isinstance(a, str):
-            crops += _crop_boxes(_points(a), shape, size, factor, cfg)
-    untargeted = _untargeted(acts, size, factor, cfg)
-
-    compared: _Compared | None = None
-    learned_now = False
-    if same_shape:
-        prev_pair = (prev, state.grey if state.grey is not None else _grey_of(prev))
-        pair = (cur, cur_grey)
-        compared = _compare(prev_pair, pair, mask, crops, factor, cfg, untargeted)  # type: ignore[arg-type]
-        new_cells, history = _learn(state, compared, no_action, shape, cfg)
-        if new_cells != learned_cells:
-            learned_now = True
-            learned_cells = new_cells
-            mask = _Mask.build(static, learned_cells, shape, cfg.learn_cell_px)
-            # Judge this frame under the mask it just taught, so the spinner tick that proves
-            # it volatile already reads as "no effect".
-            compared = _compare(prev_pair, pair, mask, crops, factor, cfg, untargeted)  # type: ignore[arg-type]
-    elif prev is not None:
-        logger.info("frame size changed (%s -> %s); screen treated as new", state.frame_size, size)
-        compared = _resized_compare(state, prev, (cur, cur_grey), mask, bool(crops))
-    return _Judged(cur, cur_grey, factor, mask, compared, learned_cells, history, learned_now)
+    cur = Screen.of(frame, cfg.screen)
+    shape = cur.shape
+    boxes = (*platform_masks(state.platform), *state.volatile_regions)
+    if state.thumb is None:
+        return _Judged(cur, Mask.build(shape, boxes), None, (), (), False)
+    grey = state.grey if state.grey is not None else grey_of(state.thumb)
+    prev = Screen(state.thumb, grey, state.factor, state.frame_size or cur.size)
+    if prev.shape != shape:
+        # Learned cells index one thumbnail shape; a new screen size starts learning afresh.
+        logger.info("frame size changed (%s -> %s); screen treated as new", prev.size, cur.size)
+        mask = Mask.build(shape, boxes)
+        return _Judged(cur, mask, compare(prev, cur, boxes, acts, cfg.screen), (), (), False)
+    cells = state.learned_cells
+    mask = Mask.build(shape, boxes, _cell_slices(cells, shape, cfg.learn_cell_px))
+    compared = compare(prev, cur, boxes, acts, cfg.screen, mask=mask)
+    new_cells, history = _learn(state, compared, no_action, shape, cfg)
+    if new_cells == cells:
+        return _Judged(cur, mask, compared, cells, history, False)
+    mask = Mask.build(shape, boxes, _cell_slices(new_cells, shape, cfg.learn_cell_px))
+    # Judge this frame under the mask it just taught, so the spinner tick that proves it
+    # volatile already reads as "no effect".
+    compared = compare(prev, cur, boxes, acts, cfg.screen, mask=mask)
+    return _Judged(cur, mask, compared, new_cells, history, True)
 
 
 def update(
@@ -997,7 +670,7 @@ def update(
     no_action = not acts or _is_wait(acts)
     size = (frame.width, frame.height)
     j = _judge(state, frame, acts, no_action, cfg)
-    cur, cur_grey, mask, compared = j.rgb, j.grey, j.mask, j.compared
+    mask, compared = j.mask, j.compared
     learned_cells, history, learned_now = j.learned_cells, j.history, j.learned_now
 
     prev_key = state.screen_key
@@ -1006,7 +679,7 @@ def update(
     if unchanged and not learned_now:
         key = prev_key  # sub-threshold differences do not make a new screen; keep its identity
     else:
-        key = _screen_key(cur, mask)
+        key = screen_key(j.screen, mask)
         if unchanged:
             # The same screen under a wider mask: rename it everywhere.
             remap = {prev_key: key}  # type: ignore[dict-item]
@@ -1039,9 +712,9 @@ def update(
         volatile_regions=state.volatile_regions,
         steps=state.steps + 1,
         frame_size=size,
-        factor=j.factor,
-        thumb=cur,
-        grey=cur_grey,
+        factor=j.screen.factor,
+        thumb=j.screen.rgb,
+        grey=j.screen.grey,
         screen_key=key,
         learned_cells=learned_cells,
         noeffect_cells=history,
@@ -1070,46 +743,6 @@ def update(
         mask_learned=learned_now,
     )
     return new, signals
-
-
-def same_screen(
-    a: Image.Image,
-    b: Image.Image,
-    state: DetectorState | None = None,
-    config: DetectorConfig | None = None,
-) -> bool:
-    """Whether ``b`` shows the same screen as ``a``: ``no_effect`` between them, without targets.
-
-    The arrival check of a recovery (ReTrace judges arrival by transition consistency; this
-    approximates it with the stored target screenshot). The session's masks apply: its platform
-    and volatile regions, and its learned cells when the thumbnails have the shape they were
-    learned on.
-
-    Args:
-        a: The reference screen (e.g. the recovery target's screenshot).
-        b: The screen to check.
-        state: The session's detector state, for its masks (``None``: no masks).
-        config: Thresholds (defaults if ``None``).
-
-    Returns:
-        True when the two screens match.
-    """
-    cfg = config or DetectorConfig()
-    base = state or DetectorState()
-    (ta, fa), (tb, _fb) = (
-        screen_thumbnail(a, cfg.thumb_long_side),
-        screen_thumbnail(b, cfg.thumb_long_side),
-    )
-    ra, rb = np.asarray(ta), np.asarray(tb)
-    if ra.shape != rb.shape:
-        return False
-    shape = (ra.shape[0], ra.shape[1])
-    learned = base.learned_cells if base.thumb is not None and base.thumb.shape == ra.shape else ()
-    static = _static_slices((*platform_masks(base.platform), *base.volatile_regions), shape)
-    mask = _Mask.build(static, learned, shape, cfg.learn_cell_px)
-    pair_a = (ra, np.asarray(ta.convert("L")))
-    pair_b = (rb, np.asarray(tb.convert("L")))
-    return _compare(pair_a, pair_b, mask, [], fa, cfg).no_effect
 
 
 def recurrence_note(signals: Signals) -> str | None:

@@ -198,6 +198,7 @@ class Gateway:
             platform=state.platform,
             screen={"w": state.screen_w, "h": state.screen_h},
             coord_space=state.coord_space,
+            volatile_regions=state.volatile_regions,
             reseeded=req.echo is not None,
         )
         self.metrics.sessions_open.set(self.store.count_open())

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -98,20 +98,20 @@ class RecoveryLoopConfig:
     Attributes:
         enabled: Run the recovery sub-loop when the gateway proposes a target.
         budget: Steps the policy gets to reach the target screen (r).
-        phash_max_distance: Frames within this perceptual-hash distance of the target count as
-            the target screen even when their image_ref differs (a clock, a cursor blink); 0
-            asks for the exact screen (image_ref, else the exact pixel fingerprint).
         keep_screens: Recent screenshots kept for the frame comparison.
+
+    The target counts as reached when the gateway's image_ref matches, or when the screenshots
+    show the same screen by the shared judge (``hivig.screens.same_screen``: the platform's and
+    the session's volatile regions masked, sub-threshold noise ignored).
     """
 
     enabled: bool = True
     budget: int = 3
-    phash_max_distance: int = 0
     keep_screens: int = 16
 
     def __post_init__(self) -> None:
-        if self.budget < 1 or self.phash_max_distance < 0 or self.keep_screens < 1:
-            raise ValueError("recovery: budget >= 1, phash_max_distance >= 0, keep_screens >= 1")
+        if self.budget < 1 or self.keep_screens < 1:
+            raise ValueError("recovery: budget >= 1, keep_screens >= 1")
 
 
 @dataclass(frozen=True)
@@ -635,13 +635,13 @@ class CriticGuard:
         """Whether the screen is the recovery target (ReTrace's arrival test, by fingerprint)."""
         if obs.image_ref is not None and obs.image_ref == rec.target_image_ref:
             return True
-        tolerance = self.config.recovery.phash_max_distance
-        if obs.image_ref is not None and tolerance == 0:
-            return False  # both exact: the gateway's references already decided
+        # Different references only mean different bytes: a ticking clock changes them, so the
+        # frames themselves are judged.
         target = self._screens.get(self._guard_of.get(rec.target_step, rec.target_step))
         if target is None:
             return False
-        return target == screenshot or _frames_match(target, screenshot, tolerance)
+        regions = self.session_kwargs.get("volatile_regions") or ()
+        return target == screenshot or _frames_match(target, screenshot, self.platform, regions)
 
     # -- proposing and reviewing --------------------------------------------------------
 
@@ -941,20 +941,21 @@ def _reseed(session: Any, echo: dict[str, Any]) -> str:
         return "untouched"
 
 
-def _frames_match(a: ImageInput, b: ImageInput, max_distance: int) -> bool:
-    """Whether two screenshots show the same screen (exact fingerprint, or pHash distance)."""
+def _frames_match(
+    a: ImageInput, b: ImageInput, platform: str | None, regions: Sequence[Sequence[int]] = ()
+) -> bool:
+    """Whether two screenshots show the same screen (``hivig.screens.same_screen``, with the
+    platform's and the session's volatile regions masked)."""
     if not isinstance(a, (bytes, bytearray)) or not isinstance(b, (bytes, bytearray)):
         return False
     try:
-        # Deferred: the image stack is only needed for frame comparisons.
-        from hivig.vision import exact_fingerprint, hamming, load_image, perceptual_hash
+        # Deferred: the image stack is only needed for frame comparisons, and a runner that
+        # merely imports the guard must not load it.
+        from hivig.screens import Screen, same_screen, volatile_boxes
+        from hivig.vision import load_image
 
-        ia, ib = load_image(bytes(a)), load_image(bytes(b))
-        if exact_fingerprint(ia) == exact_fingerprint(ib):
-            return True
-        return (
-            max_distance > 0 and hamming(perceptual_hash(ia), perceptual_hash(ib)) <= max_distance
-        )
+        boxes = volatile_boxes(platform, regions)
+        return same_screen(Screen.of(load_image(bytes(a))), Screen.of(load_image(bytes(b))), boxes)
     except Exception as exc:  # noqa: BLE001 - an undecodable frame is simply not a match
         log.warning("cannot compare frames: %s", exc)
         return False

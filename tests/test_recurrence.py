@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -16,16 +17,15 @@ from hivig.config import ConfigError
 from hivig.recurrence import (
     DetectorConfig,
     DetectorState,
+    _cell_slices,
     _cells_of,
-    _Mask,
     exact_action_key,
     new_state,
-    platform_masks,
     recurrence_note,
     relaxed_action_key,
-    same_screen,
     update,
 )
+from hivig.screens import Mask, ScreenThresholds, platform_masks
 
 W, H = 1920, 1080
 FONT = ImageFont.load_default(size=18)
@@ -189,7 +189,7 @@ def test_small_change_at_the_target_is_caught_by_the_region_check():
     assert keyed.change["masked_diff_frac"] < 0.001
     assert keyed.change["no_effect"] is False
     # Control: the old rule (any change under 0.1 % is none) called it "no effect".
-    lax = DetectorConfig(untargeted_max_px=10_000)
+    lax = DetectorConfig(screen=ScreenThresholds(untargeted_max_px=10_000))
     _, (_, old) = run([(before, None), (after, [Key(("space",))])], config=lax)
     assert old.change["no_effect"] is True
 
@@ -279,7 +279,7 @@ def test_caret_blink_at_the_target_does_not_hide_a_repeat():
     assert [s.change["region_changed"] for s in sigs[1:]] == [False, False]
     assert [s.recurrence["r3_trigger"] for s in sigs] == [False, False, True]
     # Control: with the caret rule off the blink reads as an effect of each click.
-    _, ctrl = run(frames, config=DetectorConfig(caret_max_px=0))
+    _, ctrl = run(frames, config=DetectorConfig(screen=ScreenThresholds(caret_max_px=0)))
     assert [s.change["region_changed"] for s in ctrl[1:]] == [True, True]
     assert not any(s.recurrence["r3_trigger"] for s in ctrl)
 
@@ -635,20 +635,6 @@ def test_frame_size_change_is_a_change():
     assert sig.change["masked_diff_frac"] == 1.0 or sig.change["identical"] is False
 
 
-def test_same_screen_uses_the_session_masks():
-    state, _ = run([(screen(), None)])
-    assert same_screen(screen(), screen(clock="12:09"), state)
-    assert not same_screen(screen(), screen(dialog=True), state)
-    assert not same_screen(screen(), screen().resize((1280, 720)), state)
-    # A spinner learned by the session while it waited is ignored too.
-    frames = [(screen("list", spinner=0), None)]
-    frames += [(screen("list", spinner=i % 8), [Wait(1)]) for i in range(1, 20)]
-    learned, _ = run(frames)
-    a, b = screen("list", spinner=1), screen("list", spinner=6)
-    assert same_screen(a, b, learned)
-    assert not same_screen(a, b, state)  # control: the spinner is a real difference unmasked
-
-
 # --- config and platforms ----------------------------------------------------------------------
 
 
@@ -671,7 +657,10 @@ def test_platform_masks_and_aliases():
 )
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
-        DetectorConfig(**{field: value})
+        if field in {f.name for f in dataclasses.fields(ScreenThresholds)}:
+            DetectorConfig(screen=ScreenThresholds(**{field: value}))
+        else:
+            DetectorConfig(**{field: value})
 
 
 def test_signals_are_json_serialisable():
@@ -705,7 +694,7 @@ def test_learned_cells_cover_exactly_the_changed_cells(seed):
     shape, cell = (270, 483), 8  # a width that is not a multiple of the cell size
     px = rng.random(shape) > 0.995
     cells = [int(c) for c in _cells_of(px, cell)]
-    mask = _Mask.build((), cells, shape, cell).px
+    mask = Mask.build(shape, (), _cell_slices(cells, shape, cell)).px
     assert mask[px].all()  # every changed pixel is covered
     cols = -(-shape[1] // cell)
     expected = np.zeros(shape, dtype=bool)

@@ -564,3 +564,22 @@ def test_python_m_serve_diagnose(tmp_path: Path, osworld_folder: Path):
     )
     assert proc.returncode == 0, proc.stderr
     assert (out / "diagnosis.html").is_file()
+
+
+def test_a_gateway_trace_carries_the_sessions_volatile_regions(tmp_path: Path):
+    from tests.fakes.gateway import CLICK, gateway_client, observe, session_body
+
+    with gateway_client(tmp_path) as c:
+        body = session_body(volatile_regions=[[0, 950, 1000, 1000]])
+        sid = c.post("/v1/sessions", json=body).json()["session_id"]
+        assert observe(c, sid, 0).status_code == 200
+        assert observe(c, sid, 1, prev=CLICK).status_code == 200
+    trace = next(tmp_path.rglob(f"traces/{sid}.jsonl"))
+    run = load_run(trace)
+    assert run.volatile_regions == [[0, 950, 1000, 1000]]
+    lines = trace.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["volatile_regions"] = [[5, 5, 1, 1]]
+    trace.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    run = load_run(trace)
+    assert run.volatile_regions == [] and any("volatile_regions" in n for n in run.notes)

@@ -603,17 +603,15 @@ def _real_screens() -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize(("tolerance", "reached"), [(0, False), (4, True)])
-def test_recovery_tolerates_a_clock_with_a_phash_distance(tolerance, reached):
-    from hivig.vision import hamming, load_image, perceptual_hash
-
+@pytest.mark.parametrize(("back_to", "reached"), [("inbox_later", True), ("mail", False)])
+def test_recovery_arrival_ignores_a_clock_but_not_a_dialog(back_to, reached):
     screens = _real_screens()
-    ph = {k: perceptual_hash(load_image(v)) for k, v in screens.items()}
-    # The premise: the clock moves the hash a little, the dialog a lot.
-    assert hamming(ph["inbox"], ph["inbox_later"]) <= 4 < hamming(ph["inbox"], ph["mail"])
+    # The premise: the inbox's bytes differ between visits (the clock), so only the frames
+    # themselves, judged by hivig.screens, can tell that the target screen is back.
+    assert screens["inbox"] != screens["inbox_later"]
     gw = FakeGateway()
     state = {"screen": "inbox"}
-    moves = {("inbox", "open"): "mail", ("mail", "back"): "inbox_later"}
+    moves = {("inbox", "open"): "mail", ("mail", "back"): back_to}
     gw.recovery_at[1] = {
         "target_step": 0,
         "target_image_ref": "sha256:" + "0" * 64,  # the bytes differ anyway (the clock)
@@ -626,8 +624,6 @@ def test_recovery_tolerates_a_clock_with_a_phash_distance(tolerance, reached):
         return screens[state["screen"]]
 
     policy = Scripted(lambda ctx: "back" if ctx.mode == "recovery" else "open")
-    guard = guard_for(
-        gw, policy, recovery=RecoveryLoopConfig(budget=1, phash_max_distance=tolerance)
-    )
+    guard = guard_for(gw, policy, recovery=RecoveryLoopConfig(budget=1))
     guard.run(execute, screens["inbox"], max_steps=3)
     assert guard.recoveries == [{"target_step": 0, "reached": reached, "steps": 1}]

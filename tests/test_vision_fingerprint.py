@@ -8,6 +8,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from hivig.vision import (
     apply_masks,
+    array_fingerprint,
     canonical_frame,
     dhash_array,
     exact_fingerprint,
@@ -115,6 +116,17 @@ def test_exact_fingerprint_includes_the_size():
     b = Image.new("RGB", (1, 2), (1, 2, 3))
     assert a.tobytes() == b.tobytes()
     assert exact_fingerprint(a) != exact_fingerprint(b)
+
+
+def test_array_fingerprint_is_the_exact_fingerprint_of_the_same_pixels():
+    frame = _desktop("12:01")
+    pixels = np.asarray(frame)
+    assert array_fingerprint(pixels) == exact_fingerprint(frame)
+    # A view with strides (a crop) hashes its pixels, not the buffer behind it.
+    crop = pixels[10:50, 20:90]
+    assert array_fingerprint(crop) == exact_fingerprint(frame.crop((20, 10, 90, 50)))
+    with pytest.raises(ValueError, match="uint8"):
+        array_fingerprint(pixels[..., 0])
 
 
 def test_hamming():

@@ -13,6 +13,7 @@ from hivig.vision._cache import FrameCache, frame_nbytes
 from hivig.vision._fingerprint import (
     GridBox,
     apply_masks,
+    array_fingerprint,
     dhash_array,
     exact_fingerprint,
     grid_box_px,
@@ -60,6 +61,7 @@ __all__ = [
     "ImageError",
     "MarkerGeometry",
     "apply_masks",
+    "array_fingerprint",
     "canonical_frame",
     "deflate",
     "dhash_array",

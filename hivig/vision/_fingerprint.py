@@ -1,13 +1,13 @@
-"""Screen fingerprints for recurrence detection (``hivig.recurrence``).
+"""Screen fingerprints: the hashes the screen judge (``hivig.screens``) is built on.
 
 Two views of a canonical frame: an exact hash of its pixels (the R3 paper's "identical screen"
 rule) and a perceptual difference hash that tolerates resampling noise. Both accept volatile-region
 masks — boxes on the 0–1000 grid, such as a taskbar clock — that are blanked before hashing, so a
 ticking clock does not make a screen look new.
 
-For per-step comparisons (``hivig.recurrence``) a screen is first box-reduced to a small
-thumbnail (``screen_thumbnail``) and compared as arrays (``mask_array``, ``dhash_array``), so no
-full-resolution pixel is handled in Python.
+For per-step comparisons (``hivig.screens``, the one screen judge) a screen is first box-reduced
+to a small thumbnail (``screen_thumbnail``) and compared as arrays (``dhash_array``,
+``array_fingerprint``), so no full-resolution pixel is handled in Python.
 """
 
 from __future__ import annotations
@@ -88,8 +88,30 @@ def exact_fingerprint(image: Image.Image, masks: Sequence[GridBox] = ()) -> str:
     """
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     rgb = apply_masks(rgb, masks) if masks else rgb
-    digest = hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode())
-    digest.update(rgb.tobytes())
+    return _pixel_digest(rgb.width, rgb.height, rgb.tobytes())
+
+
+def array_fingerprint(rgb: np.ndarray) -> str:
+    """``exact_fingerprint`` of an RGB array: the same digest, without building an image.
+
+    Args:
+        rgb: ``(height, width, 3)`` uint8 pixels (a thumbnail, already masked if need be).
+
+    Returns:
+        64 hex characters, equal to ``exact_fingerprint`` of the same pixels as an image.
+
+    Raises:
+        ValueError: ``rgb`` is not an ``(h, w, 3)`` uint8 array.
+    """
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise ValueError(f"rgb must be an (h, w, 3) uint8 array, got {rgb.dtype} {rgb.shape}")
+    return _pixel_digest(rgb.shape[1], rgb.shape[0], np.ascontiguousarray(rgb).data)
+
+
+def _pixel_digest(width: int, height: int, pixels: bytes | memoryview) -> str:
+    # The size goes into the digest, so equal bytes of different shapes never collide.
+    digest = hashlib.sha256(f"{width}x{height}:".encode())
+    digest.update(pixels)
     return digest.hexdigest()
 
 

@@ -31,6 +31,7 @@ from hivig.actions import (
     render_tool_calls,
     space_for_platform,
 )
+from hivig.screens import volatile_boxes
 from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
 from serve.diagnose.run import Run, RunStep, Skipped, Verdict
 
@@ -319,7 +320,19 @@ def load_trace(path: Path) -> Run:
         outcome = "failure" if steps[-1].actions[-1].status == "failure" else "unknown"
     if outcome == "unknown":
         notes.append("a trace does not record the task outcome; the run is assumed to have failed")
-    return Run("trace", path, task, platform, screen, steps, outcome, None, skipped, notes)
+    regions = _volatile_regions(session, notes)
+    return Run("trace", path, task, platform, screen, steps, outcome, None, skipped, notes, regions)
+
+
+def _volatile_regions(session: dict[str, Any] | None, notes: list[str]) -> list[list[int]]:
+    """The session's volatile boxes, or none when the event has none or malformed ones."""
+    regions = (session or {}).get("volatile_regions") or []
+    try:
+        volatile_boxes(None, regions)
+    except (TypeError, ValueError):
+        notes.append("the session's volatile_regions are malformed; only the platform's are masked")
+        return []
+    return [[int(v) for v in box] for box in regions]
 
 
 def _session_fields(

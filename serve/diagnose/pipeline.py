@@ -21,12 +21,13 @@ from typing import Any
 
 from hivig.backends import InferenceBackend, Sampling, SyncBackend
 from hivig.config import FrameConfig
+from hivig.screens import volatile_boxes
 from hivig.taxonomy import Dimension, lookup_dimension
 from serve.diagnose.cuadebug import error_label
 from serve.diagnose.inspection import Inspection, Inspector, step_text
 from serve.diagnose.loaders import load_run
 from serve.diagnose.run import Run, RunStep
-from serve.diagnose.screens import VOLATILE_REGIONS, Change, Screens
+from serve.diagnose.screens import Change, Screens
 from serve.diagnose.signals import Candidate, guess_error, rank_candidates
 
 SCHEMA_VERSION = "1"
@@ -201,7 +202,7 @@ def _prepare(
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     run = load_run(path, images_root=images_root, trajectory_id=trajectory_id)
-    screens = Screens(VOLATILE_REGIONS.get(run.platform, ()))
+    screens = Screens(volatile_boxes(run.platform, run.volatile_regions))
     ranked, changes = rank_candidates(run, screens)
     considered = sorted(c.step for c in ranked[:top_k])
     return run, screens, ranked, changes, considered

@@ -108,6 +108,8 @@ class Run:
         score: The runner's final score (OSWorld ``result.txt``), when recorded.
         skipped: Lines or items that were not used, with reasons.
         notes: Facts about the input worth stating in the result (missing screenshots, ...).
+        volatile_regions: The session's own volatile boxes on the 0–1000 grid (a gateway trace
+            records them), masked beside the platform's.
     """
 
     kind: str
@@ -120,3 +122,4 @@ class Run:
     score: float | None = None
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    volatile_regions: list[list[int]] = field(default_factory=list)

@@ -1,67 +1,27 @@
-"""Screen comparison for the cheap signals: exact and perceptual fingerprints, pixel diff.
+"""Screens of a run under diagnosis, judged by the gateway's own rules (``hivig.screens``).
 
-The rules follow the gateway's change detector, on screens whose volatile regions (the
-platform's clock bar) are blanked first:
+Each screenshot is decoded once and kept as the judge's thumbnail. Every comparison masks the
+platform's volatile regions, and a step's change is judged with the step's actions exactly as
+the gateway's recurrence detector judges it live, so a trace's recorded ``change`` and the one
+computed here agree (the detector's learned mask aside):
 
-* every action: ``no_effect`` when the masked pixels are identical;
-* pointer actions also when the global dHash distance is at most 2 of 64, fewer than 0.1 % of
-  the pixels changed by more than 24 grey levels, *and* the region around the action point did
-  not change (a focus ring or a caret near the point is an effect).
-
-Typing and key presses count as no-effect only when identical: a few typed characters change
-fewer pixels than any global threshold can tell from noise. Screenshots are decoded once each;
-the pixel diff runs on a copy reduced to at most 640 px wide.
+* a pointer action: ``no_effect`` when the masked screens are identical, or near-identical with
+  the region around the action point unchanged (a focus ring or a caret near the point is an
+  effect);
+* typing, key presses and unparseable text can act anywhere, so any visible change is an effect;
+* no action (or only waits): the ``same_screen`` judgement, also used to tell whether a later step
+  returned to an earlier screen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-
-from hivig.vision import (
-    GridBox,
-    ImageError,
-    apply_masks,
-    exact_fingerprint,
-    hamming,
-    load_image,
-    perceptual_hash,
-)
-
-DHASH_UNCHANGED = 2
-"""Global 64-bit dHash distance at or below which two screens count as near-identical."""
-
-DIFF_LEVEL = 24
-"""Grey-level difference above which a pixel counts as changed."""
-
-DIFF_FRAC_UNCHANGED = 0.001
-"""Changed-pixel fraction below which two screens count as near-identical."""
-
-_DIFF_WIDTH = 640
-_REGION_HALF = 0.06  # half side of the region around a point, as a share of the short side
-_REGION_CHANGED = 0.002  # changed-pixel share above which the region counts as changed
-
-VOLATILE_REGIONS: dict[str, tuple[GridBox, ...]] = {
-    "ubuntu": ((0, 0, 1000, 26),),  # GNOME top bar with its clock
-    "mac": ((0, 0, 1000, 24),),  # menu bar with its clock
-    "windows": ((0, 955, 1000, 1000),),  # taskbar with tray and clock
-    "android": ((0, 0, 1000, 35),),  # status bar
-    "web": (),
-}
-"""Default volatile regions per platform (0-1000 grid), blanked before every comparison."""
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """What the comparisons need of one screenshot."""
-
-    exact: str
-    dhash: int
-    grey: np.ndarray
-    size: tuple[int, int]
+from hivig.actions import Action
+from hivig.screens import Screen, ScreenChange, compare, same_screen
+from hivig.vision import GridBox, ImageError, load_image
 
 
 @dataclass(frozen=True)
@@ -69,10 +29,11 @@ class Change:
     """How the screen changed over one step.
 
     Attributes:
-        identical: Exactly equal pixels.
-        dhash_dist: Hamming distance of the global 64-bit dHashes.
-        diff_frac: Fraction of pixels whose grey level changed by more than ``DIFF_LEVEL``.
-        no_effect: Identical or near-identical (see the module docstring).
+        identical: The masked screens are equal.
+        dhash_dist: Hamming distance of the global 64-bit dHashes (-1: not recorded).
+        diff_frac: Share of unmasked pixels whose grey level changed visibly (-1: not
+            recorded).
+        no_effect: The same screen after the step (see the module docstring).
         region_changed: Whether the region around the action point changed (pointer actions).
     """
 
@@ -81,6 +42,17 @@ class Change:
     diff_frac: float
     no_effect: bool
     region_changed: bool | None = None
+
+    @classmethod
+    def of(cls, change: ScreenChange) -> Change:
+        """The report form of the judge's signals."""
+        return cls(
+            identical=change.identical,
+            dhash_dist=change.dhash_dist,
+            diff_frac=change.masked_diff_frac,
+            no_effect=change.no_effect,
+            region_changed=change.region_changed,
+        )
 
     def to_json(self) -> dict[str, object]:
         """JSON form."""
@@ -94,88 +66,46 @@ class Change:
 
 
 class Screens:
-    """Fingerprints by path, computed on first use; unreadable images give ``None``."""
+    """Thumbnails by path, computed on first use; unreadable images give ``None``."""
 
-    def __init__(self, masks: tuple[GridBox, ...] = ()) -> None:
-        """Fingerprint screens with ``masks`` (volatile grid boxes) blanked."""
-        self.masks = masks
-        self._cache: dict[Path, Fingerprint | None] = {}
+    def __init__(self, masks: Sequence[GridBox] = ()) -> None:
+        """Judge screens with ``masks`` (volatile grid boxes, ``hivig.screens.volatile_boxes``)
+        blanked."""
+        self.masks = tuple(masks)
+        self._cache: dict[Path, Screen | None] = {}
         self.unreadable: dict[Path, str] = {}
 
-    def get(self, path: Path | None) -> Fingerprint | None:
-        """The fingerprint of ``path``, or ``None`` when it is missing or cannot be decoded."""
+    def get(self, path: Path | None) -> Screen | None:
+        """The screen at ``path``, or ``None`` when it is missing or cannot be decoded."""
         if path is None:
             return None
         if path not in self._cache:
             self._cache[path] = self._compute(path)
         return self._cache[path]
 
-    def _compute(self, path: Path) -> Fingerprint | None:
+    def _compute(self, path: Path) -> Screen | None:
         try:
-            image = load_image(path)
+            return Screen.of(load_image(path))
         except ImageError as e:
             self.unreadable[path] = f"{e.reason}: {e.message}"
             return None
-        w, h = image.size
-        image = apply_masks(image, self.masks) if self.masks else image
-        small = image.convert("L")
-        if w > _DIFF_WIDTH:
-            small = small.resize((_DIFF_WIDTH, max(1, round(h * _DIFF_WIDTH / w))), Image.BOX)
-        return Fingerprint(
-            exact=exact_fingerprint(image),
-            dhash=perceptual_hash(image),
-            grey=np.asarray(small, dtype=np.int16),
-            size=(w, h),
-        )
 
     def compare(
-        self,
-        a: Path | None,
-        b: Path | None,
-        point: tuple[int, int] | None = None,
-        *,
-        near: bool | None = None,
+        self, a: Path | None, b: Path | None, actions: Sequence[Action | str] = ()
     ) -> Change | None:
-        """The change from screen ``a`` to ``b``; ``None`` if either is unavailable.
+        """The change from screen ``a`` to ``b`` over a step; ``None`` if either is unavailable.
 
         Args:
             a: The before-screen.
             b: The after-screen.
-            point: The pointer action's target on the 0-1000 grid, if any.
-            near: Whether near-identical screens count as no-effect; by default only for
-                pointer actions (``point`` given).
+            actions: The step's actions (typed, or its raw text where it did not parse).
         """
-        fa, fb = self.get(a), self.get(b)
-        if fa is None or fb is None:
+        sa, sb = self.get(a), self.get(b)
+        if sa is None or sb is None:
             return None
-        return compare(fa, fb, point, near=point is not None if near is None else near)
+        return Change.of(compare(sa, sb, self.masks, actions))
 
-
-def _region_changed(a: np.ndarray, b: np.ndarray, point: tuple[int, int]) -> bool:
-    h, w = a.shape
-    half = max(4, round(_REGION_HALF * min(w, h)))
-    cx, cy = round(point[0] * w / 1000), round(point[1] * h / 1000)
-    ys, xs = slice(max(0, cy - half), cy + half), slice(max(0, cx - half), cx + half)
-    region = np.abs(a[ys, xs] - b[ys, xs]) > DIFF_LEVEL
-    return bool(region.size) and float(np.mean(region)) > _REGION_CHANGED
-
-
-def compare(
-    a: Fingerprint, b: Fingerprint, point: tuple[int, int] | None = None, *, near: bool = True
-) -> Change:
-    """The change between two fingerprints (screens of different sizes always differ).
-
-    Args:
-        a: Before.
-        b: After.
-        point: Action point (0-1000 grid) whose surroundings must be unchanged too.
-        near: Whether near-identical screens count as no-effect (else only identical ones).
-    """
-    if a.size != b.size or a.grey.shape != b.grey.shape:
-        return Change(False, hamming(a.dhash, b.dhash), 1.0, False)
-    identical = a.exact == b.exact
-    dist = hamming(a.dhash, b.dhash)
-    frac = 0.0 if identical else float(np.mean(np.abs(a.grey - b.grey) > DIFF_LEVEL))
-    region = None if point is None or identical else _region_changed(a.grey, b.grey, point)
-    similar = dist <= DHASH_UNCHANGED and frac < DIFF_FRAC_UNCHANGED and not region
-    return Change(identical, dist, frac, identical or (near and similar), region)
+    def same(self, a: Path | None, b: Path | None) -> bool:
+        """Whether ``a`` and ``b`` show the same screen (``False`` if either is unavailable)."""
+        sa, sb = self.get(a), self.get(b)
+        return sa is not None and sb is not None and same_screen(sa, sb, self.masks)

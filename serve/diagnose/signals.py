@@ -46,7 +46,7 @@ from hivig.actions import (
 )
 from hivig.taxonomy import Dimension, lookup_dimension
 from serve.diagnose.run import Run, RunStep
-from serve.diagnose.screens import Change, Fingerprint, Screens, compare
+from serve.diagnose.screens import Change, Screens
 
 WEIGHTS: dict[str, float] = {
     "bad_verdict": 3.0,
@@ -161,24 +161,13 @@ def same_step_action(a: RunStep, b: RunStep) -> bool:
 # Signals
 
 
-def pointer_point(step: RunStep) -> tuple[int, int] | None:
-    """The grid point of a step made of one pointer action (click, drag end), else ``None``."""
-    actions = [a for a in step.actions or [] if not isinstance(a, (Wait, MouseMove))]
-    if len(actions) != 1 or isinstance(actions[0], (Scroll, HScroll, Swipe)):
-        return None
-    coord = getattr(actions[0], "coordinate", None)
-    return coord if isinstance(coord, tuple) and len(coord) == 2 else None
-
-
 def step_changes(run: Run, screens: Screens) -> dict[int, Change | None]:
     """The before/after change of every step; the gateway's recorded one when no images."""
     out: dict[int, Change | None] = {}
     for s in run.steps:
-        point = pointer_point(s)
-        scrolls = bool(s.actions) and all(
-            isinstance(a, (Scroll, HScroll, Swipe)) for a in s.actions
-        )
-        change = screens.compare(s.before, s.after, point, near=point is not None or scrolls)
+        # A step that did not parse is judged by its text: it may have acted anywhere.
+        actions = s.actions if s.actions is not None else [s.raw] if s.raw else []
+        change = screens.compare(s.before, s.after, actions)
         if change is None and s.recorded_change is not None:
             rec = s.recorded_change
             if isinstance(rec.get("no_effect"), bool):
@@ -254,10 +243,6 @@ def _no_effect_signals(
         streak = True
 
 
-def _near(a: Fingerprint | None, b: Fingerprint | None) -> bool:
-    return a is not None and b is not None and compare(a, b).no_effect
-
-
 def _recurrence_signals(
     run: Run, screens: Screens, signals: dict[int, list[Signal]]
 ) -> dict[int, list[int]]:
@@ -269,11 +254,10 @@ def _recurrence_signals(
         if s.actions is None or not all(isinstance(a, (Wait, Terminate)) for a in s.actions)
     ]
     for i, s in enumerate(steps):
-        fs = screens.get(s.before)
-        if fs is None:
+        if screens.get(s.before) is None:
             continue
         for earlier in steps[:i]:
-            if same_step_action(earlier, s) and _near(screens.get(earlier.before), fs):
+            if same_step_action(earlier, s) and screens.same(earlier.before, s.before):
                 root = next((o for o, reps in onsets.items() if earlier.step in (o, *reps)), None)
                 onsets.setdefault(root or earlier.step, []).append(s.step)
                 break
@@ -295,11 +279,11 @@ def _reverted_signals(
 ) -> None:
     for i, s in enumerate(run.steps):
         change = changes.get(s.step)
-        fs = screens.get(s.before)
-        if fs is None or change is None or change.no_effect:
+        if screens.get(s.before) is None or change is None or change.no_effect:
             continue
         for later in run.steps[i + 1 :]:
-            if _near(screens.get(later.after), fs) and not _near(screens.get(later.before), fs):
+            back = screens.same(later.after, s.before)
+            if back and not screens.same(later.before, s.before):
                 _add(
                     signals,
                     s.step,
