@@ -324,17 +324,32 @@ def _grid_arguments(args: dict[str, Any], frame: Frame) -> dict[str, Any] | Acti
         value = args.get(key)
         if value is None:
             continue
-        if not (isinstance(value, list) and len(value) == 2 and all(_number(v) for v in value)):
+        if not (isinstance(value, list) and len(value) == 2 and all(map(_number, value))):
             return ActionError("bad_argument", f"{key} must be [x, y] of finite numbers")
+        if not all(map(_on_some_screen, value)):
+            return _far_off(key, value)
         out[key] = list(frame.to_grid(float(value[0]), float(value[1])))
     return out
 
 
+_MAX_COORDINATE = 1e9
+"""Beyond any screen in any space; a larger coordinate is off screen, not a number to scale."""
+
+
 def _number(value: Any) -> bool:
-    """A finite JSON number (NaN, infinities and absurd magnitudes are not coordinates)."""
+    """A finite JSON number (booleans, strings, NaN and infinities are not coordinates)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return math.isfinite(value) and abs(value) < 1e9
+    return math.isfinite(value)
+
+
+def _on_some_screen(value: float) -> bool:
+    return abs(value) < _MAX_COORDINATE
+
+
+def _far_off(key: str, value: Any) -> ActionError:
+    # Answered by the off-screen rule like any other point outside the frame (never the model).
+    return ActionError(OUT_OF_RANGE, f"{key} {value!r} is far outside any screen")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +368,11 @@ def _typed(obj: dict[str, Any], frame: Frame, space: str) -> list[Action] | Acti
         if a is None and b is None:
             continue
         if not (_number(a) and _number(b)):
-            return ActionError("bad_argument", f"{names[0]}/{names[1]} must be finite numbers")
+            # A typed action is the client's own JSON: a wrong type is its mistake (422), not a
+            # policy's text to judge as written.
+            raise ApiError(422, "bad_action", f"`{names[0]}`/`{names[1]}` must be JSON numbers")
+        if not (_on_some_screen(a) and _on_some_screen(b)):
+            return _far_off(key, [a, b])
         points[key] = list(frame.to_grid(float(a), float(b)))
     if kind == "left_click_drag" and "coordinate2" in points:
         # A desktop drag is a move to its start and a drag to its end (the Qwen action takes the

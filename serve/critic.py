@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -73,13 +74,22 @@ class ModelResult:
 
 
 class QueueGate:
-    """Bounds model calls in flight or waiting; past the bound a request is refused with 429."""
+    """Bounds model calls in flight or waiting; past the bound a request is refused with 429.
+
+    Each place is taken with the time by which it is expected back (its call's deadline), so a
+    refusal's ``Retry-After`` says when the first place frees instead of a fixed second.
+    """
 
     def __init__(self, limit: int, retry_after_s: int, metrics: Metrics) -> None:
-        """At most ``limit`` model calls at once, gateway-wide."""
+        """At most ``limit`` model calls at once, gateway-wide; ``retry_after_s`` is the least
+        ``Retry-After`` ever given."""
         self.limit = limit
         self.retry_after_s = retry_after_s
         self.depth = 0
+        self._places: dict[int, tuple[float, float]] = {}
+        """Ticket -> (taken, deadline) on the monotonic clock."""
+        self._typical_s: float | None = None
+        self._tickets = 0
         self._metrics = metrics
 
     def check(self, n: int = 1) -> None:
@@ -89,19 +99,77 @@ class QueueGate:
                 429,
                 "overloaded",
                 f"{self.depth} model calls queued (limit {self.limit}); retry later",
-                {"Retry-After": str(self.retry_after_s)},
+                {"Retry-After": str(self.retry_after())},
             )
 
-    def enter(self, n: int = 1) -> None:
-        """Take ``n`` places or raise 429 ``overloaded``."""
-        self.check(n)
-        self.depth += n
+    def retry_after(self) -> int:
+        """Whole seconds until the first place is expected back (at least ``retry_after_s``).
+
+        A place is expected back after the calls' recent typical duration, and at the latest at
+        its deadline.
+        """
+        now = time.monotonic()
+        typical = self._typical_s
+        soonest = (
+            min(
+                (min(end, start + typical) if typical is not None else end)
+                for start, end in self._places.values()
+            )
+            if self._places
+            else now
+        )
+        return max(self.retry_after_s, math.ceil(soonest - now))
+
+    def enter(self, deadline_s: float) -> int:
+        """Take a place expected back within ``deadline_s``, or raise 429; returns its ticket."""
+        self.check(1)
+        self._tickets += 1
+        start = time.monotonic()
+        self._places[self._tickets] = (start, start + deadline_s)
+        self.depth += 1
+        self._metrics.queue_depth.set(self.depth)
+        return self._tickets
+
+    def leave(self, ticket: int) -> None:
+        """Give a place back (a second release of one ticket does nothing)."""
+        place = self._places.pop(ticket, None)
+        if place is None:
+            return
+        took = time.monotonic() - place[0]
+        # A moving average of how long places are held: what the next refusal predicts.
+        self._typical_s = took if self._typical_s is None else 0.8 * self._typical_s + 0.2 * took
+        self.depth -= 1
         self._metrics.queue_depth.set(self.depth)
 
-    def leave(self, n: int = 1) -> None:
-        """Give ``n`` places back."""
-        self.depth -= n
-        self._metrics.queue_depth.set(self.depth)
+
+class BackendHealth:
+    """Whether the backend is answering: ``failing`` after ``limit`` failed calls in a row.
+
+    Readiness reads it. It heals by itself ``cooldown_s`` after the last failure, so a balancer
+    that stopped routing here sends traffic again and a recovered backend is noticed.
+    """
+
+    def __init__(self, limit: int = 3, cooldown_s: float = 30.0) -> None:
+        """Failing after ``limit`` consecutive failures, for ``cooldown_s`` after the last."""
+        self.limit = limit
+        self.cooldown_s = cooldown_s
+        self.failures = 0
+        self.last_reason = ""
+        self._last_failure = 0.0
+
+    def record(self, reason: str | None) -> None:
+        """One call's outcome: ``None`` when the backend answered, else why it did not."""
+        if reason is None:
+            self.failures = 0
+            return
+        self.failures += 1
+        self.last_reason = reason
+        self._last_failure = time.monotonic()
+
+    def failing(self) -> bool:
+        """Whether the last ``limit`` calls failed, the latest within ``cooldown_s``."""
+        recent = time.monotonic() - self._last_failure < self.cooldown_s
+        return self.failures >= self.limit and recent
 
 
 class Critic:
@@ -121,6 +189,7 @@ class Critic:
         self.images = images
         self.metrics = metrics
         self.gate = gate
+        self.health = BackendHealth()
         if cfg.critic.prompt_dir:
             self.templates = load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)
         else:
@@ -202,15 +271,18 @@ class Critic:
             temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens, seed=s.seed
         )
         start = time.perf_counter()
-        self.gate.enter()
+        ticket = self.gate.enter(deadline)
         work = asyncio.ensure_future(self._generate(messages, sampling))
-        # The place in the queue is given back when the backend is really done, not at the
-        # deadline: an in-process model keeps computing after the caller gave up, and a queue
-        # that forgot it would admit more work than the model can ever take.
-        work.add_done_callback(self._release)
+        # The place in the queue is given back when the backend is really done: an in-process
+        # model keeps computing after the caller gave up, and a queue that forgot it would admit
+        # more work than the model can ever take. A remote call is cancelled at the deadline
+        # instead, so a stalled server does not hold every place until its own timeout.
+        work.add_done_callback(lambda w: self._release(w, ticket))
         try:
             gen = await asyncio.wait_for(asyncio.shield(work), deadline)
         except (asyncio.TimeoutError, TimeoutError):
+            if getattr(self.backend, "cancellable", False):
+                work.cancel()
             return self._degraded(call, "timeout", start)
         except ApiError as e:  # a screenshot of the prompt is gone (evicted, another gateway)
             logger.warning("%s: %s", call, e.message)
@@ -229,16 +301,19 @@ class Critic:
         rhash = request_key(self.cfg.backend.model, messages, sampling)
         return await self.backend.generate(frames, sampling, request_hash=rhash)
 
-    def _release(self, work: asyncio.Future[Generation]) -> None:
-        self.gate.leave()
+    def _release(self, work: asyncio.Future[Generation], ticket: int) -> None:
+        self.gate.leave(ticket)
         if not work.cancelled():
             work.exception()  # retrieved: an answer that came after the deadline is dropped
 
     def _degraded(self, call: str, reason: str, start: float) -> ModelResult:
+        if reason in ("timeout", "backend"):
+            self.health.record(reason)
         self.metrics.degraded.labels(call, reason).inc()
         return ModelResult(status="degraded", reason=reason, model_ms=_ms(start))
 
     def _parse(self, call: str, gen: Generation, tag: str, start: float) -> ModelResult:
+        self.health.record(None)  # the backend answered, whatever the answer says
         parse = parse_history if tag == "summary" else parse_critique
         parsed: HistoryOutput | CritiqueOutput | ContractError = parse(gen.text, gen.reasoning)
         status = "ok"

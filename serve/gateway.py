@@ -209,10 +209,12 @@ class Gateway:
         state = self.store.load(sid) if valid_session_id(sid) else None
         if state is None:
             raise ApiError(404, "unknown_session", f"no session {sid!r}")
+        # Idle past the TTL is closed whether or not the sweep has run yet.
+        expired = state.last_seen < now() - self.cfg.sessions.ttl_s
         return {
             "session_id": sid,
             "step_idx": state.step_idx,
-            "closed": state.closed,
+            "closed": state.closed or expired,
             "echo": state.echo(),
             **self.versions(),
         }
@@ -250,11 +252,21 @@ class Gateway:
         """``POST /v1/sessions/{sid}/observe``: the history update of the executed step."""
         timer = Timer(time.perf_counter())
         k = req.step_idx
+        digest = _observe_key(req)
         async with self._lock(sid):
             state = self._open_session(sid)
             if k <= state.step_idx and not req.force:
                 stored = self.store.response(sid, "observe", k, "")
                 if stored is not None:
+                    # A retry gets the stored answer; another screenshot or action for a step
+                    # already observed is a conflict, never silently dropped.
+                    if stored.pop("_request", digest) != digest:
+                        raise ApiError(
+                            409,
+                            "step_conflict",
+                            f"step_idx {k} was observed with another screenshot or action; "
+                            "send `force: true` to replace it",
+                        )
                     return stored
             expected = state.step_idx + 1
             if k != expected and not req.force:
@@ -268,8 +280,11 @@ class Gateway:
             if prev_shot is not None and k > 0:
                 state.screens[str(k - 1)] = prev_shot.ref
             response, event = await self._observe(state, k, shot, req.prev_action, timer)
+            if k > expected:
+                _mark_gap(state, response, event, expected, k)
             # Retries only ever ask for the latest steps again: older answers are dropped.
-            self.store.save(state, StoredResponse("observe", k, "", response), prune_before=k - 1)
+            stored = StoredResponse("observe", k, "", {**response, "_request": digest})
+            self.store.save(state, stored, prune_before=k - 1)
             self.traces.write(sid, "observe", **event)
             return response
 
@@ -664,7 +679,9 @@ class Gateway:
         job = self.jobs.get(job_id)
         if job is None:
             raise ApiError(404, "unknown_job", f"no job {job_id!r}")
-        return {**job, **self.versions()}
+        # Server paths are shown relative to the folder they live in, never absolute.
+        roots = [Path(self.cfg.sessions.state_dir), *map(Path, self.cfg.diagnose.allowed_roots)]
+        return {**_relative_paths(job, [r.resolve() for r in roots]), **self.versions()}
 
     # -- warm-up -------------------------------------------------------------------------------
 
@@ -808,6 +825,39 @@ def rank(verdicts: list[dict[str, Any]]) -> list[int]:
         range(len(verdicts)),
         key=lambda i: (order[verdicts[i]["verdict"]], -(verdicts[i]["confidence"] or 0.0), i),
     )
+
+
+def _relative_paths(value: Any, roots: list[Path]) -> Any:
+    """``value`` with every string naming a path under one of ``roots`` made relative to it."""
+    if isinstance(value, dict):
+        return {k: _relative_paths(v, roots) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relative_paths(v, roots) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        for root in roots:
+            if value == str(root) or value.startswith(f"{root}/"):
+                return Path(value).relative_to(root).as_posix()
+    return value
+
+
+def _observe_key(req: Observe) -> str:
+    """What an observe states (screens and action): a retry states the same."""
+    text = req.model_dump_json(exclude={"force"})
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _mark_gap(
+    state: SessionState,
+    response: dict[str, Any],
+    event: dict[str, Any],
+    expected: int,
+    k: int,
+) -> None:
+    """A forced observe past missing steps: the history lacks them, so it is flagged stale."""
+    state.stale = True
+    gap = {"status": "degraded", "reason": "history_gap", "history": state.history_json()}
+    response.update(gap, echo=state.echo())
+    event.update(gap, missing_steps=[expected, k - 1])
 
 
 def _proposals(req: Critique | CritiqueStateless, limit: int) -> list[Any]:

@@ -14,6 +14,7 @@ import binascii
 import hashlib
 import io
 import os
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -128,13 +129,13 @@ class ImageStore:
             with Image.open(io.BytesIO(data)) as probe:
                 w, h = probe.size
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-            raise ApiError(400, "bad_image", f"screenshot cannot be decoded: {e}") from None
+            raise ApiError(400, "bad_image", f"screenshot cannot be decoded: {_clean(e)}") from None
         if w * h > self.max_pixels:
             raise ApiError(400, "bad_image", f"screenshot is {w}x{h} (max {self.max_pixels} px)")
         try:
             image = load_image(data)
         except (ImageError, ValueError) as e:
-            raise ApiError(400, "bad_image", f"screenshot cannot be decoded: {e}") from None
+            raise ApiError(400, "bad_image", f"screenshot cannot be decoded: {_clean(e)}") from None
         if min(image.size) < 1 or max(image.size) / min(image.size) >= 200:
             raise ApiError(400, "bad_image", f"screenshot size {w}x{h} is unusable")
         return image
@@ -211,3 +212,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def _clean(error: Exception) -> str:
+    """An error's text without object reprs (Pillow names its ``BytesIO`` by memory address)."""
+    return _OBJECT_REPR.sub("", str(error)).strip() or type(error).__name__

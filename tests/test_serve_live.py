@@ -171,7 +171,10 @@ def test_a_full_queue_answers_429_with_retry_after(tmp_path):
     codes = sorted(r.status_code for r in responses)
     assert codes.count(200) == 2 and codes.count(429) == 4, codes
     refused = next(r for r in responses if r.status_code == 429)
-    assert refused.headers["Retry-After"] == "3" and refused.json()["error"]["code"] == "overloaded"
+    # When the first place frees: no call has finished yet, so its deadline (5 s), never below
+    # limits.retry_after_s.
+    assert 3 <= int(refused.headers["Retry-After"]) <= 5
+    assert refused.json()["error"]["code"] == "overloaded"
 
 
 def test_load_32_sessions_by_20_steps(tmp_path):

@@ -247,7 +247,12 @@ class RetriesExhausted(BackendError):
 
 @runtime_checkable
 class InferenceBackend(Protocol):
-    """Given chat messages with images, return text, reasoning and usage."""
+    """Given chat messages with images, return text, reasoning and usage.
+
+    A backend whose ``generate`` really stops when cancelled (a remote call) says so with a
+    class attribute ``cancellable = True``; callers then cancel at their deadline instead of
+    waiting for work that runs on in a thread.
+    """
 
     async def generate(
         self, messages: list[ChatMessage], sampling: Sampling, *, request_hash: str | None = None

@@ -98,6 +98,9 @@ class OpenAIClient:
     between loops); once that loop is closed a later loop gets a fresh pool.
     """
 
+    cancellable = True
+    """Cancelling a ``generate`` call ends its HTTP request (nothing keeps computing here)."""
+
     def __init__(
         self,
         base_url: str,

@@ -25,9 +25,13 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: 200 once the warm-up went through the backend, 503 before."""
+    """Readiness: 200 once the warm-up went through the backend and while it keeps answering."""
     ready = getattr(request.app.state, "ready", False)
     detail = getattr(request.app.state, "ready_detail", "starting")
+    health = gateway(request).critic.health if ready else None
+    if health is not None and health.failing():
+        ready = False
+        detail = f"backend failing: {health.failures} calls in a row ({health.last_reason})"
     return JSONResponse({"ready": ready, "detail": detail}, 200 if ready else 503)
 
 

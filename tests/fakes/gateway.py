@@ -58,7 +58,7 @@ class ScriptedBackend:
         if self.mode == "slow":
             await asyncio.sleep(3600)
         if self.mode == "fail":
-            raise BackendHTTPError(500, "server exploded")
+            raise BackendHTTPError("server exploded", status=500)
         text = self._answer(kind)
         if kind == "critique" and self.bad_if is not None:
             text = BAD if self.bad_if in messages[-1].text() else GOOD

@@ -1,0 +1,241 @@
+"""The gateway against clumsy and hostile clients and a misbehaving backend, each fault provoked:
+a stalled server, conflicting retries, gaps, absurd coordinates, leaky messages and paths."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from serve.app import create_app
+from serve.critic import QueueGate
+from serve.metrics import Metrics
+from tests.fakes.gateway import (
+    CLICK,
+    GOOD,
+    SUMMARY,
+    LiveServer,
+    ScriptedBackend,
+    b64,
+    gateway_client,
+    observe,
+    screen,
+    serve_config,
+    session_body,
+    start_session,
+)
+from tests.fakes.openai_server import Reply, ScriptedServer, request_text
+
+
+def _code(r) -> str:
+    return r.json()["error"]["code"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A stalled backend
+
+
+def test_a_stalled_remote_backend_frees_its_queue_places_at_the_deadline(tmp_path):
+    stalled = threading.Event()
+    stalled.set()
+
+    def answer(body):
+        delay = 20.0 if stalled.is_set() else 0.0
+        text = GOOD if "Current Proposed Step" in request_text(body) else SUMMARY
+        return Reply(content=text, delay_s=delay)
+
+    with ScriptedServer(respond=answer, lifetime_s=60) as server:
+        cfg = serve_config(
+            tmp_path / "state",
+            "backend.kind=openai",
+            f"backend.base_url={server.base_url}",
+            "backend.model=scripted",
+            "backend.timeout_s=30",
+            "limits.max_queue=2",
+            "critic.observe_deadline_s=0.4",
+            "critic.critique_deadline_s=0.4",
+        )
+        with TestClient(create_app(cfg)) as c:
+            sid = start_session(c)
+            assert observe(c, sid, 0).status_code == 200
+            start = time.monotonic()
+            # More stalled calls than queue places, one after the other: each gives its place
+            # back at its deadline (before: held for backend.timeout_s, then 429 for everyone).
+            for _ in range(4):
+                r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
+                assert r.status_code == 200, r.text
+                assert r.json()["verdict"] == "abstain" and r.json()["reason"] == "timeout"
+            assert time.monotonic() - start < 8
+            stalled.clear()  # the backend recovers: the next call gets a real verdict at once
+            r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
+            assert r.json()["verdict"] == "good" and r.json()["source"] == "model"
+
+
+def test_retry_after_says_when_the_first_place_frees():
+    gate = QueueGate(limit=1, retry_after_s=1, metrics=Metrics())
+    ticket = gate.enter(8.0)
+    with pytest.raises(Exception) as refused:
+        gate.check(1)
+    assert refused.value.status == 429
+    assert 7 <= int(refused.value.headers["Retry-After"]) <= 8
+    gate.leave(ticket)
+    gate.leave(ticket)  # a second release of one place is a no-op
+    assert gate.depth == 0 and gate.retry_after() == 1
+    # Once calls are seen to take about a second, a refusal predicts that, not the deadline.
+    gate = QueueGate(limit=1, retry_after_s=1, metrics=Metrics())
+    for _ in range(3):
+        gate.leave(gate.enter(30.0))
+    gate.enter(30.0)
+    assert gate.retry_after() == 1
+
+
+def test_readiness_goes_red_while_the_backend_fails_and_heals(tmp_path):
+    backend = ScriptedBackend(mode="fail")
+    with gateway_client(tmp_path, backend) as c:
+        assert c.get("/readyz").status_code == 200
+        sid = start_session(c)
+        for k in range(3):
+            obs = observe(c, sid, k, prev=CLICK if k else None)
+            assert obs.status_code == 200
+            c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": k, "action": CLICK})
+        r = c.get("/readyz")
+        assert r.status_code == 503 and "backend failing" in r.json()["detail"]
+        backend.mode = "ok"  # one answered call is enough
+        c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 2, "action": CLICK})
+        assert c.get("/readyz").status_code == 200
+        backend.mode = "fail"
+        for x in range(3):  # other actions: the good verdict above is filed for CLICK
+            action = {**CLICK, "x": 10 + x}
+            c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 2, "action": action})
+        assert c.get("/readyz").status_code == 503
+        c.app.state.gateway.critic.health.cooldown_s = 0.0  # time passes: half-open again
+        assert c.get("/readyz").status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------
+# Conflicting retries and gaps
+
+
+def test_a_retry_with_another_screenshot_is_a_conflict_not_silently_dropped(tmp_path):
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        first = observe(c, sid, 0, screenshot=b64(screen(seed=1)))
+        again = observe(c, sid, 0, screenshot=b64(screen(seed=1)))
+        assert again.status_code == 200 and again.json() == first.json()
+        other = observe(c, sid, 0, screenshot=b64(screen(seed=2)))
+        assert (other.status_code, _code(other)) == (409, "step_conflict")
+        assert "force" in other.json()["error"]["message"]
+        assert observe(c, sid, 1, prev=CLICK).status_code == 200
+        moved = observe(c, sid, 1, prev={**CLICK, "x": 81})
+        assert (moved.status_code, _code(moved)) == (409, "step_conflict")
+
+
+def test_two_concurrent_observes_of_one_step_with_different_screens(tmp_path):
+    app = create_app(serve_config(tmp_path / "state"), ScriptedBackend(delay_s=0.2))
+    with LiveServer(app) as server:
+        sid = httpx.post(f"{server.url}/v1/sessions", json=session_body()).json()["session_id"]
+        statuses: list[int] = []
+
+        def send(seed: int) -> None:
+            body = {"step_idx": 0, "screenshot": b64(screen(seed=seed))}
+            r = httpx.post(f"{server.url}/v1/sessions/{sid}/observe", json=body, timeout=10)
+            statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=send, args=(seed,)) for seed in (3, 4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(statuses) == [200, 409]
+
+
+def test_a_forced_observe_across_a_gap_says_the_history_is_stale(tmp_path):
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        assert observe(c, sid, 0).status_code == 200
+        body = {"step_idx": 5, "screenshot": b64(screen(seed=5)), "prev_action": CLICK}
+        r = c.post(f"/v1/sessions/{sid}/observe", json={**body, "force": True})
+        assert r.status_code == 200
+        out = r.json()
+        assert out["status"] == "degraded" and out["reason"] == "history_gap"
+        assert out["history"]["stale"] is True and out["echo"]["summary"]["stale"] is True
+        assert c.get(f"/v1/sessions/{sid}").json()["step_idx"] == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Absurd coordinates
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        {"type": "left_click", "x": 1e9, "y": 5},
+        {"type": "left_click", "x": -1e12, "y": 5},
+        {"type": "left_click_drag", "x": 5, "y": 5, "x2": 4e9, "y2": 5},
+        {
+            "raw": '<tool_call>\n{"name": "computer_use", "arguments": '
+            '{"action": "left_click", "coordinate": [1e9, 5]}}\n</tool_call>'
+        },
+    ],
+)
+def test_a_coordinate_far_off_any_screen_is_answered_by_the_rule(tmp_path, action):
+    backend = ScriptedBackend()
+    with gateway_client(tmp_path, backend) as c:
+        sid = start_session(c)
+        observe(c, sid, 0)
+        calls = len(backend.calls)
+        v = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": action}).json()
+    assert (v["verdict"], v["source"], v["reason"]) == ("bad", "rule", "out_of_frame")
+    assert len(backend.calls) == calls  # the model never saw it
+
+
+@pytest.mark.parametrize("bad", [True, "50", None, [1, 2]])
+def test_a_typed_coordinate_that_is_not_a_number_is_the_clients_mistake(tmp_path, bad):
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        observe(c, sid, 0)
+        action = {"type": "left_click", "x": bad, "y": 5}
+        r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": action})
+    assert (r.status_code, _code(r)) == (422, "bad_action")
+
+
+# ---------------------------------------------------------------------------------------------
+# What answers disclose
+
+
+def test_a_bad_image_message_shows_no_memory_address(tmp_path):
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        r = observe(c, sid, 0, screenshot=b64(b"\x89PNG not really"))
+    assert (r.status_code, _code(r)) == (400, "bad_image")
+    assert " at 0x" not in r.json()["error"]["message"]
+    assert "BytesIO" not in r.json()["error"]["message"]
+
+
+def test_a_job_shows_no_absolute_server_path(tmp_path):
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        observe(c, sid, 0)
+        for k in range(1, 3):
+            observe(c, sid, k, prev=CLICK, screenshot=b64(screen(seed=0)))
+        job_id = c.post("/v1/diagnose", json={"session_id": sid}).json()["job_id"]
+        for _ in range(200):
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            if job["status"] != "pending":
+                break
+            time.sleep(0.05)
+    assert job["status"] == "done", job
+    text = str(job)
+    assert str(tmp_path) not in text
+    assert job["input"] == f"traces/{sid}.jsonl"
+    assert job["html"] == f"diagnoses/{job_id}/diagnosis.html"
+
+
+def test_an_expired_session_reads_closed_before_the_sweep(tmp_path):
+    with gateway_client(tmp_path, None, "sessions.ttl_s=0.05") as c:
+        sid = start_session(c)
+        time.sleep(0.1)
+        assert c.get(f"/v1/sessions/{sid}").json()["closed"] is True
