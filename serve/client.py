@@ -7,9 +7,12 @@ explicit result, ``Verdict(verdict="abstain", reason=...)`` or ``Observation(sta
 reason=...)`` with the last history kept, and the agent proceeds with its own action.
 
 The request logic is written once, as generators that yield ``_Call`` objects and receive
-``_Reply`` objects; ``CriticClient`` and ``AsyncCriticClient`` only drive them over
-``httpx.Client`` and ``httpx.AsyncClient``. That is how one sequence (observe, the session lost,
-re-created from its echo, observe again) behaves the same in both.
+``_Reply`` objects; so is each call's transport (``_call_flow``: the breaker, the attempts, the
+pauses between them and the deadline), which yields ``_Attempt`` and ``_Pause`` steps.
+``CriticClient`` and ``AsyncCriticClient`` only drive both over ``httpx.Client`` and
+``httpx.AsyncClient``, sleeping with ``time.sleep`` or ``asyncio.sleep``. That is how one
+sequence (observe, the session lost, re-created from its echo, observe again) behaves the same
+in both.
 
 Transport rules: connect timeout 2 s, a deadline per call (8 s) that covers
 its retries, one retry with jitter on transport errors, 429 (within the deadline, honouring
@@ -529,6 +532,77 @@ def _retry_pause(reply: _Reply, attempt: int, remaining: float, cfg: ClientConfi
     return pause if pause + min(cfg.connect_timeout_s, 0.05) < remaining else None
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    """Send ``call`` once; ``timeout_s`` is what is left of its deadline (bounds this try)."""
+
+    call: _Call
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class _Pause:
+    """Sleep ``seconds`` before the next attempt (jitter, or the 429's ``Retry-After``)."""
+
+    seconds: float
+
+
+# The async driver bounds each attempt with ``asyncio.wait_for``, whose expiry is a timeout too.
+_ASYNC_TIMEOUTS = (httpx.TimeoutException, asyncio.TimeoutError)
+
+CallFlow = Generator[_Attempt | _Pause, Any, _Reply]
+"""One call's transport: yields steps, is sent each attempt's ``httpx.Response`` (``None``
+after a pause) or has the step's exception thrown in, and returns the call's ``_Reply``."""
+
+
+def _call_flow(
+    call: _Call,
+    cfg: ClientConfig,
+    breaker: CircuitBreaker,
+    timeouts: tuple[type[BaseException], ...] = (httpx.TimeoutException,),
+    clock: Any = time.monotonic,
+) -> CallFlow:
+    """Breaker, retries and deadline of one call, with no I/O (the client drivers do it).
+
+    ``timeouts`` are the exceptions that mean "this attempt timed out" (the async driver adds
+    the one its own ``wait_for`` raises). The breaker counts the call once, after its retries;
+    anything else that interrupts it (a cancelled task, a body that cannot be encoded) counts
+    as a failure and propagates, so a half-open probe never stays in flight.
+    """
+    if not breaker.allow():
+        return _Reply(0, None, "circuit_open", "circuit breaker open")
+    try:
+        reply = yield from _attempts_flow(call, cfg, timeouts, clock)
+    except BaseException:
+        breaker.record(True)
+        raise
+    breaker.record(_failed(reply))
+    return reply
+
+
+def _attempts_flow(
+    call: _Call, cfg: ClientConfig, timeouts: tuple[type[BaseException], ...], clock: Any
+) -> CallFlow:
+    """Attempts of ``call`` until one needs no retry, the retries run out or the deadline does."""
+    end = clock() + call.deadline_s
+    attempt = 0
+    while True:
+        remaining = end - clock()
+        if remaining <= 0:
+            return _Reply(0, None, "timeout", "deadline exceeded")
+        try:
+            reply = _reply_of((yield _Attempt(call, remaining)))
+        except timeouts as exc:
+            reply = _Reply(0, None, "timeout", str(exc))
+        except httpx.HTTPError as exc:
+            reply = _Reply(0, None, "transport", str(exc))
+        pause = _retry_pause(reply, attempt, end - clock(), cfg)
+        if pause is None:
+            return reply
+        attempt += 1
+        yield _Pause(pause)
+
+
 def _timeout(cfg: ClientConfig, remaining: float) -> httpx.Timeout:
     return httpx.Timeout(remaining, connect=min(cfg.connect_timeout_s, remaining))
 
@@ -920,39 +994,27 @@ class CriticClient:
     # -- transport ----------------------------------------------------------------------
 
     def _send(self, call: _Call) -> _Reply:
-        if not self.breaker.allow():
-            return _Reply(0, None, "circuit_open", "circuit breaker open")
+        """Drive ``_call_flow`` over ``httpx.Client``: the flow decides, this only does I/O."""
+        flow = _call_flow(call, self.config, self.breaker)
         try:
-            reply = self._attempts(call)
-        except BaseException:
-            # Whatever interrupted the call (a body that cannot be encoded, a signal), its
-            # outcome is recorded: a half-open probe must never stay in flight forever.
-            self.breaker.record(True)
-            raise
-        self.breaker.record(_failed(reply))
-        return reply
+            step = next(flow)
+            while True:
+                try:
+                    outcome = self._perform(step)
+                except BaseException as exc:  # noqa: BLE001 - the flow records it, re-raises
+                    step = flow.throw(exc)
+                else:
+                    step = flow.send(outcome)
+        except StopIteration as stop:
+            return stop.value
 
-    def _attempts(self, call: _Call) -> _Reply:
-        end = time.monotonic() + call.deadline_s
-        attempt = 0
-        while True:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return _Reply(0, None, "timeout", "deadline exceeded")
-            try:
-                resp = self._http.request(
-                    call.method, call.path, json=call.body, timeout=_timeout(self.config, remaining)
-                )
-                reply = _reply_of(resp)
-            except httpx.TimeoutException as exc:
-                reply = _Reply(0, None, "timeout", str(exc))
-            except httpx.HTTPError as exc:
-                reply = _Reply(0, None, "transport", str(exc))
-            pause = _retry_pause(reply, attempt, end - time.monotonic(), self.config)
-            if pause is None:
-                return reply
-            attempt += 1
-            time.sleep(pause)
+    def _perform(self, step: _Attempt | _Pause) -> httpx.Response | None:
+        if isinstance(step, _Pause):
+            time.sleep(step.seconds)
+            return None
+        call = step.call
+        timeout = _timeout(self.config, step.timeout_s)
+        return self._http.request(call.method, call.path, json=call.body, timeout=timeout)
 
     def _drive(self, flow: Flow, fallback: Any) -> Any:
         """Run a flow to its result; any unexpected error gives ``fallback()`` (fail open)."""
@@ -1162,46 +1224,29 @@ class AsyncCriticClient:
         )
 
     async def _send(self, call: _Call) -> _Reply:
-        if not self.breaker.allow():
-            return _Reply(0, None, "circuit_open", "circuit breaker open")
+        """Drive ``_call_flow`` over ``httpx.AsyncClient`` (the same loop as the sync one)."""
+        flow = _call_flow(call, self.config, self.breaker, _ASYNC_TIMEOUTS)
         try:
-            reply = await self._attempts(call)
-        except BaseException:
-            # A cancelled call (the harness' own step timeout) or an unencodable body still
-            # records its outcome, so a half-open probe cannot stay in flight forever.
-            self.breaker.record(True)
-            raise
-        self.breaker.record(_failed(reply))
-        return reply
+            step = next(flow)
+            while True:
+                try:
+                    outcome = await self._perform(step)
+                except BaseException as exc:  # noqa: BLE001 - the flow records it, re-raises
+                    step = flow.throw(exc)
+                else:
+                    step = flow.send(outcome)
+        except StopIteration as stop:
+            return stop.value
 
-    async def _attempts(self, call: _Call) -> _Reply:
-        end = time.monotonic() + call.deadline_s
-        attempt = 0
-        while True:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return _Reply(0, None, "timeout", "deadline exceeded")
-            try:
-                # wait_for bounds the whole attempt, including a transport that ignores timeouts.
-                resp = await asyncio.wait_for(
-                    self._http.request(
-                        call.method,
-                        call.path,
-                        json=call.body,
-                        timeout=_timeout(self.config, remaining),
-                    ),
-                    remaining,
-                )
-                reply = _reply_of(resp)
-            except (httpx.TimeoutException, asyncio.TimeoutError) as exc:
-                reply = _Reply(0, None, "timeout", str(exc))
-            except httpx.HTTPError as exc:
-                reply = _Reply(0, None, "transport", str(exc))
-            pause = _retry_pause(reply, attempt, end - time.monotonic(), self.config)
-            if pause is None:
-                return reply
-            attempt += 1
-            await asyncio.sleep(pause)
+    async def _perform(self, step: _Attempt | _Pause) -> httpx.Response | None:
+        if isinstance(step, _Pause):
+            await asyncio.sleep(step.seconds)
+            return None
+        call = step.call
+        timeout = _timeout(self.config, step.timeout_s)
+        request = self._http.request(call.method, call.path, json=call.body, timeout=timeout)
+        # wait_for bounds the whole attempt, including a transport that ignores timeouts.
+        return await asyncio.wait_for(request, step.timeout_s)
 
     async def _drive(self, flow: Flow, fallback: Any) -> Any:
         try:
