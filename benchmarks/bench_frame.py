@@ -2,6 +2,7 @@
 
     python benchmarks/bench_frame.py                # 50 runs after 5 warm-up runs
     python benchmarks/bench_frame.py --runs 100 --resize pil-bicubic   # compare with Pillow
+    HIVIG_RESIZE_KERNEL=numpy python benchmarks/bench_frame.py  # the torch-free kernel
 
 Each run decodes the PNG from disk, converts to RGB, resizes to the smart_resize frame (1344×768 at
 1,048,576 px) and draws one point marker and one arrow: ``hivig.vision.canonical_frame``. The
@@ -23,7 +24,14 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from hivig.messages import ArrowMark, PointMark
-from hivig.vision import _frame, canonical_frame, draw_marks, load_image, smart_resize
+from hivig.vision import (
+    _frame,
+    canonical_frame,
+    draw_marks,
+    load_image,
+    resize_kernel,
+    smart_resize,
+)
 
 BUDGET_MS = 25.0
 # Pillow filters for comparison with the library's resize (torch antialiased bicubic).
@@ -131,7 +139,7 @@ def main() -> None:
         size_kb = path.stat().st_size / 1024
         results = {name: _time(fn, args.runs, args.warmup) for name, fn in _stages(path).items()}
 
-    resize = f"torch-{_frame.RESAMPLE}" if args.resize == "library" else args.resize
+    resize = f"{resize_kernel()}-{_frame.RESAMPLE}" if args.resize == "library" else args.resize
     print(f"input: 1920x1080 PNG, {size_kb:.0f} KB; resize: {resize}; runs: {args.runs}")
     print(f"{'stage':<18}{'wall median ms':>16}{'wall p90 ms':>13}{'cpu median ms':>15}")
     for name, (wall, cpu) in results.items():

@@ -30,6 +30,7 @@ from hivig.backends import InferenceBackend, build_backend
 from hivig.checkpoint_files import CheckpointError, read_frame
 from hivig.config import ConfigError, FrameConfig
 from hivig.prompts import CRITIC_PROMPTS, load_prompt_dir
+from hivig.vision import resize_kernel
 from serve import protocol
 from serve.config import ServeConfig
 from serve.errors import ApiError
@@ -113,6 +114,10 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
 
     if cfg.critic.prompt_dir:
         load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)  # a bad profile fails before serving
+    try:
+        resize_kernel()  # a misspelt HIVIG_RESIZE_KERNEL fails here, not in the first request
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     app = FastAPI(title="hivig critic gateway", version=SCHEMA_VERSION, lifespan=lifespan)
     app.state.config = cfg
     token = os.environ.get(cfg.auth_token_env, "") if cfg.auth_token_env else ""
