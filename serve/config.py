@@ -26,8 +26,15 @@ class LimitsConfig:
     """Largest request body, in bytes (413 ``image_too_large`` above it)."""
     max_image_bytes: int = 24 * 1024 * 1024
     """Largest decoded screenshot file, in bytes (413 ``image_too_large``)."""
-    max_image_pixels: int = 40_000_000
-    """Largest screenshot area, in pixels (a decompression-bomb guard; 400 ``bad_image``)."""
+    max_image_pixels: int = 16_777_216
+    """Largest screenshot area, in pixels (400 ``bad_image``): 4096×4096, above a 5K screen. A
+    decompression-bomb guard and a bound on one request's image work (about a second of CPU)."""
+    large_image_pixels: int = 8_294_400
+    """Screenshots above this area (3840×2160) are decoded in a lane of their own, a few at a
+    time, so large ones cannot hold every image thread while ordinary screens wait."""
+    large_image_lanes: int = 1
+    """Large screenshots decoded at once, gateway-wide; more wait up to the observe deadline,
+    then get 429 ``overloaded``."""
     max_candidates: int = 8
     """Most candidates one critique may rank."""
     max_queue: int = 64
@@ -36,7 +43,8 @@ class LimitsConfig:
     """``Retry-After`` sent with 429, in seconds."""
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_image_bytes", "max_image_pixels", "max_queue"):
+        names = ("max_body_bytes", "max_image_bytes", "max_image_pixels", "max_queue")
+        for name in (*names, "large_image_pixels", "large_image_lanes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"`limits.{name}` must be positive")
         if not 1 <= self.max_candidates <= 64:

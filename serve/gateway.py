@@ -85,6 +85,8 @@ class Gateway:
             cfg.frame,
             max_bytes=cfg.limits.max_image_bytes,
             max_pixels=cfg.limits.max_image_pixels,
+            large_pixels=cfg.limits.large_image_pixels,
+            large_lanes=cfg.limits.large_image_lanes,
             cache_size=cfg.sessions.frame_cache,
         )
         self.traces = TraceWriter(state_dir / "traces")
@@ -155,11 +157,9 @@ class Gateway:
         if isinstance(inline, ImageObject):
             inline, ref = inline.screenshot, inline.image_ref or ref
         if inline is not None:
-            return await self._cpu(self.images.put_base64, inline)
+            return await self.images.put_inline(inline, self.cfg.critic.observe_deadline_s)
         if ref is not None:
-            self.images.require(ref)
-            w, h = await self._cpu(self.images.size, ref)
-            return StoredImage(ref, w, h, self.images.path_of(ref))
+            return await self._cpu(self.images.known, ref)
         return None
 
     # -- sessions ------------------------------------------------------------------------------
@@ -717,7 +717,7 @@ class Gateway:
     async def upload(self, req: ImageUpload) -> dict[str, Any]:
         """``POST /v1/images``."""
         start = time.perf_counter()
-        stored = await self._cpu(self.images.put_base64, req.image)
+        stored = await self.images.put_inline(req.image, self.cfg.critic.observe_deadline_s)
         return {
             "image_ref": stored.ref,
             "w": stored.width,

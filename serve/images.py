@@ -9,10 +9,13 @@ frame of recent screenshots stays in memory, so a critique after its observe onl
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import io
+import logging
+import math
 import os
 import re
 import threading
@@ -33,6 +36,8 @@ from hivig.vision import (
     load_image,
 )
 from serve.errors import ApiError
+
+logger = logging.getLogger(__name__)
 
 REF_PREFIX = "sha256:"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -79,13 +84,20 @@ class ImageStore:
         max_bytes: int,
         max_pixels: int,
         cache_size: int = 256,
+        large_pixels: int | None = None,
+        large_lanes: int = 1,
     ) -> None:
-        """Store under ``root`` (created); frames follow ``frame``'s pixel budget."""
+        """Store under ``root`` (created); frames follow ``frame``'s pixel budget; screenshots
+        over ``large_pixels`` are decoded ``large_lanes`` at a time (``put_inline``)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.frame = frame
         self.max_bytes = max_bytes
         self.max_pixels = max_pixels
+        self.large_pixels = max_pixels if large_pixels is None else large_pixels
+        self._large_lanes = asyncio.Semaphore(large_lanes)
+        self.write_errors = 0
+        """Screenshots that could not be written to disk (kept in memory only)."""
         self._frames = FrameCache(max_items=cache_size)
         self._sizes: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._cache_size = cache_size
@@ -116,13 +128,51 @@ class ImageStore:
         if not path.exists():
             # PNG input is stored as sent (lossless already): no re-encode on the request path.
             payload = data if data.startswith(_PNG_MAGIC) else encode_png(image, FAST_PNG_LEVEL)
-            _atomic_write(path, payload)
+            self._write(path, payload)
         self._remember(ref, image)
         return StoredImage(ref, image.width, image.height, path)
 
     def put_base64(self, data: str) -> StoredImage:
         """``put_bytes`` of a base64 string."""
         return self.put_bytes(decode_base64(data))
+
+    async def put_inline(self, data: str, wait_s: float) -> StoredImage:
+        """``put_base64`` on the image threads, a large screenshot in its own lane.
+
+        A screenshot over ``large_pixels`` waits for a free lane up to ``wait_s`` (then 429
+        ``overloaded``), so a client sending huge images delays only itself: at least one image
+        thread stays free for ordinary screens.
+        """
+        loop = asyncio.get_running_loop()
+        raw, pixels = await loop.run_in_executor(self.pool, _decoded_and_area, data)
+        if pixels <= self.large_pixels:
+            return await loop.run_in_executor(self.pool, self.put_bytes, raw)
+        try:
+            await asyncio.wait_for(self._large_lanes.acquire(), wait_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise ApiError(
+                429,
+                "overloaded",
+                f"large screenshots ({pixels} px) are decoded a few at a time; retry later",
+                {"Retry-After": str(max(1, math.ceil(wait_s)))},
+            ) from None
+        try:
+            return await loop.run_in_executor(self.pool, self.put_bytes, raw)
+        finally:
+            self._large_lanes.release()
+
+    def _write(self, path: Path, payload: bytes) -> None:
+        # A screenshot that cannot be written (a read-only or full disk) is still served from
+        # memory: the step goes on, only a later diagnosis lacks its picture.
+        try:
+            _atomic_write(path, payload)
+        except OSError as e:
+            with self._lock:
+                self.write_errors += 1
+                first = self.write_errors == 1
+            (logger.error if first else logger.debug)(
+                "screenshot not stored (%s): %s; served from memory", path.name, e.strerror or e
+            )
 
     def _decode(self, data: bytes) -> Image.Image:
         try:
@@ -173,6 +223,15 @@ class ImageStore:
         """Whether the reference is known (in memory or on disk)."""
         return ref in self._frames or (_valid(ref) and self.path_of(ref).exists())
 
+    def known(self, ref: str) -> StoredImage:
+        """The stored screenshot of ``ref`` (in memory or on disk), or 404 ``unknown_image_ref``."""
+        with self._lock:
+            size = self._sizes.get(ref)
+        if size is None or ref not in self._frames:
+            self.require(ref)
+            size = self.size(ref)
+        return StoredImage(ref, size[0], size[1], self.path_of(ref))
+
     def size(self, ref: str) -> tuple[int, int]:
         """``(width, height)`` of the original screenshot."""
         with self._lock:
@@ -208,10 +267,25 @@ def _hex(ref: str) -> str:
     return ref[len(REF_PREFIX) :]
 
 
+def _decoded_and_area(data: str) -> tuple[bytes, int]:
+    """The bytes of a base64 screenshot and its area from the header (nothing decoded yet)."""
+    raw = decode_base64(data)
+    try:
+        with Image.open(io.BytesIO(raw)) as probe:
+            w, h = probe.size
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return raw, 0  # put_bytes reports it, in the ordinary lane
+    return raw, w * h
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")

@@ -239,3 +239,82 @@ def test_an_expired_session_reads_closed_before_the_sweep(tmp_path):
         sid = start_session(c)
         time.sleep(0.1)
         assert c.get(f"/v1/sessions/{sid}").json()["closed"] is True
+
+
+# ---------------------------------------------------------------------------------------------
+# Image work
+
+
+def _flat_png(w: int, h: int) -> str:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (200, 30, 30)).save(buf, "PNG")  # tens of KB, megapixels to decode
+    return b64(buf.getvalue())
+
+
+def test_a_huge_but_tiny_png_is_refused_before_it_is_decoded(tmp_path):
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        start = time.perf_counter()
+        r = observe(c, sid, 0, screenshot=_flat_png(6300, 6300))  # 39.7 MP in about 130 KB
+        took = time.perf_counter() - start
+    assert (r.status_code, _code(r)) == (400, "bad_image") and "6300x6300" in r.text
+    assert took < 1.0  # the header is read, the pixels never
+
+
+def test_large_screenshots_cannot_starve_an_ordinary_one(tmp_path):
+    # Screens over 4 MP go through one lane: eight 16.7 MP uploads (up to a second of decoding
+    # each) hold at most one image thread, and an ordinary screenshot is served meanwhile.
+    cfg = serve_config(tmp_path / "state", "limits.large_image_pixels=4000000")
+    big = _flat_png(4096, 4096)
+    with LiveServer(create_app(cfg, ScriptedBackend())) as server:
+        sids = [
+            httpx.post(f"{server.url}/v1/sessions", json=session_body()).json()["session_id"]
+            for _ in range(9)
+        ]
+        statuses: list[int] = []
+
+        def upload(sid: str) -> None:
+            body = {"step_idx": 0, "screenshot": big}
+            r = httpx.post(f"{server.url}/v1/sessions/{sid}/observe", json=body, timeout=30)
+            statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=upload, args=(s,)) for s in sids[:8]]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        start = time.perf_counter()
+        small = {"step_idx": 0, "screenshot": b64(screen(seed=9))}
+        r = httpx.post(f"{server.url}/v1/sessions/{sids[8]}/observe", json=small, timeout=30)
+        took = time.perf_counter() - start
+        for t in threads:
+            t.join()
+    assert r.status_code == 200
+    assert took < 0.4, f"an ordinary observe waited {took:.2f} s behind large screenshots"
+    # Large ones wait for the lane up to the observe deadline (1 s here), then 429.
+    assert statuses.count(200) >= 1 and set(statuses) <= {200, 429}, statuses
+
+
+def test_a_screenshot_that_cannot_be_written_is_served_from_memory(tmp_path, monkeypatch):
+    import serve.images
+
+    def refuse(path, data):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(serve.images, "_atomic_write", refuse)
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        first = observe(c, sid, 0)
+        assert first.status_code == 200, first.text
+        ref = first.json()["image_ref"]
+        v = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
+        assert v.status_code == 200 and v.json()["verdict"] == "good"
+        again = c.post(
+            f"/v1/sessions/{sid}/observe",
+            json={"step_idx": 1, "image_ref": ref, "prev_action": CLICK},
+        )
+        assert again.status_code == 200, again.text
+        assert c.app.state.gateway.images.write_errors >= 1
