@@ -47,3 +47,17 @@ def sample60(tmp_path_factory):
     before = _tree_digest(root)
     yield root
     assert _tree_digest(root) == before, "a test wrote into the shared sample corpus"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A saved tiny Qwen3-VL checkpoint (``hivig.tiny.save_tiny_checkpoint`` defaults), built once.
+
+    Read-only, like ``sample60``: checked unchanged at the end of the session.
+    """
+    from hivig.tiny import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+    before = _tree_digest(ckpt)
+    yield ckpt
+    assert _tree_digest(ckpt) == before, "a test wrote into the shared tiny checkpoint"

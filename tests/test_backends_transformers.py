@@ -217,12 +217,12 @@ def test_tiny_model_generates_on_gpu(processor, messages):
     assert gen.text == again.text and gen.usage == again.usage
 
 
-def test_build_backend_loads_a_checkpoint(tmp_path, messages):
+def test_build_backend_loads_a_checkpoint(tiny_checkpoint, messages):
     from hivig.backends import build_backend
     from hivig.config import BackendConfig, FrameConfig
-    from hivig.tiny import TINY_MAX_PIXELS, TINY_MIN_PIXELS, save_tiny_checkpoint
+    from hivig.tiny import TINY_MAX_PIXELS, TINY_MIN_PIXELS
 
-    ckpt = save_tiny_checkpoint(tmp_path / "tiny")
+    ckpt = tiny_checkpoint
     frame = FrameConfig(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
     cfg = BackendConfig(kind="transformers", model=str(ckpt))
     backend = build_backend(cfg, frame=frame, device="cpu")

@@ -15,7 +15,6 @@ from hivig.models import qwen_vl
 from hivig.models.qwen_vl import IGNORE_INDEX, EncodeError, encode_sample
 from hivig.tiny import (
     qwen_tokenizer,
-    save_tiny_checkpoint,
     synthetic_conversation,
     synthetic_screenshot,
     tiny_model,
@@ -520,13 +519,13 @@ def test_budget_is_asserted(processor):
         qwen_vl.set_pixel_budget(tiny_processor(), min_pixels=4096, max_pixels=1024)
 
 
-def test_build_processor_needs_a_checkpoint_and_installs_the_budget(tmp_path):
+def test_build_processor_needs_a_checkpoint_and_installs_the_budget(tiny_checkpoint):
     # No library default reaches the test fixtures: offline processors are assembled explicitly.
     with pytest.raises(ValueError, match="assemble_processor"):
         qwen_vl.build_processor(None, min_pixels=2048, max_pixels=32_768)
     offline = tiny_processor(min_pixels=2048, max_pixels=32_768)
     assert qwen_vl.pixel_budget(offline) == (2048, 32_768)
-    ckpt = save_tiny_checkpoint(tmp_path / "ckpt")
+    ckpt = tiny_checkpoint
     # from_pretrained would keep the saved budget; build_processor installs the requested one.
     proc = qwen_vl.build_processor(ckpt, min_pixels=4096, max_pixels=1_048_576)
     assert qwen_vl.pixel_budget(proc) == (4096, 1_048_576)
@@ -581,8 +580,8 @@ def test_set_use_cache_reaches_the_text_model(processor, use_cache):
     assert _returns_cache(model) is use_cache
 
 
-def test_load_model_by_model_type(tmp_path):
-    ckpt = save_tiny_checkpoint(tmp_path / "tiny")
+def test_load_model_by_model_type(tiny_checkpoint, tmp_path):
+    ckpt = tiny_checkpoint
     model = qwen_vl.load_model(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa")
     assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
     assert model.dtype == torch.bfloat16 and model.config.text_config.use_cache is False

@@ -522,10 +522,8 @@ def test_cli_openai_backend(tmp_path: Path, osworld_folder: Path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_cli_transformers_checkpoint(tmp_path: Path, osworld_folder: Path):
-    from hivig.tiny import save_tiny_checkpoint
-
-    ckpt = save_tiny_checkpoint(tmp_path / "tiny")
+def test_cli_transformers_checkpoint(tmp_path: Path, osworld_folder: Path, tiny_checkpoint):
+    ckpt = tiny_checkpoint
     out = tmp_path / "tf"
     argv = [
         str(osworld_folder),

@@ -14,7 +14,6 @@ import time
 import httpx
 import pytest
 
-from hivig.tiny import save_tiny_checkpoint
 from serve.app import create_app
 from tests.fakes.gateway import (
     CLICK,
@@ -28,8 +27,8 @@ from tests.fakes.gateway import (
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+def tiny_ckpt(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 def _session(client: httpx.Client) -> str:
