@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,7 +182,6 @@ def _critique_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             ),
             "predicted": len(predicted),
         }
-    platforms = sorted({r["platform"] for r in rows})
     return {
         **_critique_group(rows),
         "parsed": len(parsed),
@@ -194,15 +193,23 @@ def _critique_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ),
         "bad": _bad_detection(rows),
         "per_dimension": per_dimension,
-        "per_platform": {
-            p: _critique_group([r for r in rows if r["platform"] == p]) for p in platforms
-        },
+        **_slices(rows, _critique_group),
+        "confusion": _confusion(rows, VERDICT_LABELS, _verdict_label),
+    }
+
+
+def _slices(
+    rows: Sequence[dict[str, Any]], group: Callable[[Sequence[dict[str, Any]]], dict[str, Any]]
+) -> dict[str, Any]:
+    """``group`` per platform and by intent masking, and the failure counts."""
+    platforms = sorted({r["platform"] for r in rows})
+    return {
+        "per_platform": {p: group([r for r in rows if r["platform"] == p]) for p in platforms},
         "intent": {
-            "masked": _critique_group([r for r in rows if r["intent_masked"]]),
-            "unmasked": _critique_group([r for r in rows if not r["intent_masked"]]),
+            "masked": group([r for r in rows if r["intent_masked"]]),
+            "unmasked": group([r for r in rows if not r["intent_masked"]]),
         },
         "failures": _failure_counts(rows),
-        "confusion": _confusion(rows, VERDICT_LABELS, _verdict_label),
     }
 
 
@@ -218,7 +225,6 @@ def _history_group(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _history_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     parsed = [r for r in rows if r["pred"] is not None]
     labelled = [r for r in rows if r["truth"]["target_transition"] is not None]
-    platforms = sorted({r["platform"] for r in rows})
     return {
         **_history_group(rows),
         "parsed": len(parsed),
@@ -235,14 +241,7 @@ def _history_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             sum(r["truth"]["target_transition"] == r["truth"]["transition"] for r in labelled),
             len(labelled),
         ),
-        "per_platform": {
-            p: _history_group([r for r in rows if r["platform"] == p]) for p in platforms
-        },
-        "intent": {
-            "masked": _history_group([r for r in rows if r["intent_masked"]]),
-            "unmasked": _history_group([r for r in rows if not r["intent_masked"]]),
-        },
-        "failures": _failure_counts(rows),
+        **_slices(rows, _history_group),
         "confusion": _confusion(rows, TRANSITIONS, lambda part: part["transition"]),
     }
 
