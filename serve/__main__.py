@@ -79,6 +79,19 @@ def _check(cfg: ServeConfig) -> str | None:
     return None
 
 
+def _check_store(cfg: ServeConfig) -> str | None:
+    """Open the session store once before serving: a corrupt one is moved aside here (one
+    WARNING line); one that cannot be opened is one line, not a start-up traceback."""
+    from serve.errors import StorageError
+    from serve.sessions import open_store
+
+    try:
+        open_store(cfg.sessions.store, cfg.sessions.state_dir).close()
+    except StorageError as e:
+        return f"{e} (check sessions.state_dir, or move the file aside)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m serve`` and ``hivig-serve``; returns the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -106,10 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    problem = _check_store(cfg)
+    if problem is not None:
+        return _fail(problem)
 
     import uvicorn
 
     from serve.app import create_app
+    from serve.server import http_protocol
 
     app = create_app(cfg)
     uvicorn.run(
@@ -118,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         port=cfg.port,
         log_level=cfg.log_level,
         timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
+        http=http_protocol(cfg.limits.header_timeout_s),
     )
     return 0
 

@@ -33,7 +33,7 @@ from hivig.prompts import CRITIC_PROMPTS, load_prompt_dir
 from hivig.vision import resize_kernel
 from serve import protocol
 from serve.config import ServeConfig
-from serve.errors import ApiError
+from serve.errors import ApiError, StorageError
 from serve.gateway import SCHEMA_VERSION, Gateway
 from serve.respond import JSONResponse, error_response
 from serve.routes import ROUTERS
@@ -211,6 +211,17 @@ def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
         where = ".".join(str(p) for p in first["loc"])
         return error_response(422, "bad_request", f"`{where}`: {first['msg']}")
 
+    @app.exception_handler(StorageError)
+    async def storageerror_response(request: Request, exc: StorageError) -> JSONResponse:
+        # The disk, not the request or a bug: nothing of the request took effect, so the runner
+        # may send it again (its client retries a 503 after Retry-After).
+        logger.warning("storage unavailable on %s: %s", request.url.path, exc)
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is not None:
+            gateway.metrics.errors.labels("storage_unavailable").inc()
+        retry = {"Retry-After": str(cfg.limits.retry_after_s)}
+        return error_response(503, "storage_unavailable", f"{exc}; retry later", retry)
+
     @app.exception_handler(ApiError)
     async def apierror_response(request: Request, exc: ApiError) -> JSONResponse:
         gateway = getattr(request.app.state, "gateway", None)
@@ -228,6 +239,8 @@ async def _expire_loop(gateway: Gateway, every_s: float = 60.0) -> None:
         await asyncio.sleep(every_s)
         try:
             gateway.expire()
+        except StorageError as e:  # the disk, not a bug: one line, and the next sweep retries
+            logger.warning("session expiry sweep failed: %s", e)
         except Exception:  # a failed sweep must not end the loop; the next one retries
             logger.exception("session expiry sweep failed")
 

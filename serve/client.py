@@ -14,10 +14,22 @@ pauses between them and the deadline), which yields ``_Attempt`` and ``_Pause`` 
 sequence (observe, the session lost, re-created from its echo, observe again) behaves the same
 in both.
 
-Transport rules: connect timeout 2 s, a deadline per call (8 s) that covers
-its retries, one retry with jitter on transport errors, 429 (within the deadline, honouring
-``Retry-After``), 502, 503 and 504; a circuit breaker opens after 5 consecutive failures for 60 s,
-then lets one probe through.
+Transport rules: connect timeout 2 s; a deadline per call that covers its retries; one retry
+with jitter on transport errors, 429 (within the deadline, honouring ``Retry-After``), 502, 503
+and 504; a circuit breaker opens after 5 consecutive failures for 60 s, then lets one probe
+through.
+
+Deadlines. The gateway answers an observe or a critique within its own deadline
+(``critic.*_deadline_s``), degraded if the model is late. The client waits that deadline plus
+``deadline_grace_s`` (2 s of network and request handling), so the gateway's degraded answer
+arrives before the client gives up. The gateway's deadlines are read from ``GET /v1/info`` when
+the first session is created (8 s, the gateway's default, until then); an explicit
+``observe_deadline_s`` / ``critique_deadline_s`` replaces them, and the grace is still added.
+
+The breaker is for a gateway that is down or unreachable: connect errors, 5xx, garbled replies,
+and calls that got no answer although the client waited the gateway's deadline out. A timeout
+the client struck before the gateway's deadline (its own deadline set shorter) says nothing about
+the gateway: it neither counts nor resets the run of failures.
 """
 
 from __future__ import annotations
@@ -74,8 +86,12 @@ class ClientConfig:
         base_url: Gateway root, e.g. ``http://127.0.0.1:8080``.
         token: Bearer token, when the gateway has auth on.
         connect_timeout_s: TCP connect timeout of each attempt.
-        observe_deadline_s: Total time one observe may take, retries included.
-        critique_deadline_s: Total time one critique may take, retries included.
+        observe_deadline_s: How long the gateway may take over one observe, in seconds;
+            ``None`` (default): the gateway's own ``critic.observe_deadline_s``, read from
+            ``/v1/info``. The client waits this plus ``deadline_grace_s``, retries included.
+        critique_deadline_s: The same for one critique (``critic.critique_deadline_s``).
+        deadline_grace_s: Seconds the client waits beyond the gateway's deadline (network,
+            image decoding, queueing), so the gateway's degraded answer is not thrown away.
         session_deadline_s: Total time for session create/close and job calls.
         retries: Extra attempts after a retryable failure (transport, 429, 502-504).
         retry_jitter_s: Upper end of the random pause before a retry.
@@ -87,8 +103,9 @@ class ClientConfig:
     base_url: str = "http://127.0.0.1:8080"
     token: str | None = None
     connect_timeout_s: float = 2.0
-    observe_deadline_s: float = 8.0
-    critique_deadline_s: float = 8.0
+    observe_deadline_s: float | None = None
+    critique_deadline_s: float | None = None
+    deadline_grace_s: float = 2.0
     session_deadline_s: float = 8.0
     retries: int = 1
     retry_jitter_s: float = 0.25
@@ -97,14 +114,16 @@ class ClientConfig:
     resend_smaller: bool = True
 
     def __post_init__(self) -> None:
-        limits = (
+        limits = [
             self.connect_timeout_s,
             self.observe_deadline_s,
             self.critique_deadline_s,
             self.session_deadline_s,
-        )
-        if min(limits) <= 0 or self.retries < 0 or self.retry_jitter_s < 0:
-            raise ValueError("client: timeouts and deadlines > 0, retries and jitter >= 0")
+        ]
+        if min(v for v in limits if v is not None) <= 0 or self.deadline_grace_s < 0:
+            raise ValueError("client: timeouts and deadlines > 0, deadline_grace_s >= 0")
+        if self.retries < 0 or self.retry_jitter_s < 0:
+            raise ValueError("client: retries and jitter >= 0")
         if self.breaker_failures < 1 or self.breaker_open_s < 0:
             raise ValueError("client: breaker_failures >= 1, breaker_open_s >= 0")
 
@@ -399,10 +418,17 @@ def rank_verdicts(verdicts: list[Verdict] | tuple[Verdict, ...]) -> list[int]:
 
 @dataclass(frozen=True)
 class _Call:
+    """One request: ``deadline_s`` bounds it with its retries; ``gateway_deadline_s`` is the
+    time within which the gateway answers it, degraded if need be (0: the route sets none);
+    ``counted``: whether its outcome counts for the breaker (not for ``/v1/info``, which only
+    informs the client)."""
+
     method: str
     path: str
     body: dict[str, Any] | None
     deadline_s: float
+    gateway_deadline_s: float = 0.0
+    counted: bool = True
 
 
 @dataclass(frozen=True)
@@ -414,6 +440,8 @@ class _Reply:
     code: str | None = None
     message: str = ""
     retry_after: float | None = None
+    cut_short: bool = False
+    """A client-side timeout struck before the gateway's own deadline for the call was out."""
 
     @property
     def ok(self) -> bool:
@@ -501,10 +529,14 @@ class CircuitBreaker:
             self._probing, self._probe_since = True, now
             return True
 
-    def record(self, failed: bool) -> None:
-        """Count one call's outcome."""
+    def record(self, failed: bool | None) -> None:
+        """Count one call's outcome: ``True`` a failure, ``False`` a success, ``None`` no
+        evidence either way (the run of failures is kept; a probe is given back, so the next
+        call probes)."""
         with self._lock:
             self._probing = False
+            if failed is None:
+                return
             if not failed:
                 self._count, self._open_until = 0, None
                 return
@@ -515,7 +547,15 @@ class CircuitBreaker:
                 self._open_until = self._clock() + self.open_s
 
 
-def _failed(reply: _Reply) -> bool:
+def _failed(reply: _Reply) -> bool | None:
+    """What ``reply`` says about the gateway, for the breaker (see ``CircuitBreaker.record``).
+
+    A timeout the client struck before the gateway's deadline is ``None``: the gateway would
+    have answered (degraded at worst), so it proves nothing, and counting it would open the
+    breaker on a live gateway whenever its backend stalls.
+    """
+    if reply.cut_short:
+        return None
     return reply.code in _BREAKER_CODES or reply.status >= 500 or reply.status in (401, 429)
 
 
@@ -565,18 +605,19 @@ def _call_flow(
     """Breaker, retries and deadline of one call, with no I/O (the client drivers do it).
 
     ``timeouts`` are the exceptions that mean "this attempt timed out" (the async driver adds
-    the one its own ``wait_for`` raises). The breaker counts the call once, after its retries;
-    anything else that interrupts it (a cancelled task, a body that cannot be encoded) counts
-    as a failure and propagates, so a half-open probe never stays in flight.
+    the one its own ``wait_for`` raises). The breaker counts the call once, after its retries,
+    by what its last attempt proved (``_failed``); anything else that interrupts it (a cancelled
+    task, a body that cannot be encoded) counts as a failure and propagates, so a half-open probe
+    never stays in flight. A call that is not ``counted`` only gives a probe back.
     """
     if not breaker.allow():
         return _Reply(0, None, "circuit_open", "circuit breaker open")
     try:
         reply = yield from _attempts_flow(call, cfg, timeouts, clock)
     except BaseException:
-        breaker.record(True)
+        breaker.record(True if call.counted else None)
         raise
-    breaker.record(_failed(reply))
+    breaker.record(_failed(reply) if call.counted else None)
     return reply
 
 
@@ -586,14 +627,20 @@ def _attempts_flow(
     """Attempts of ``call`` until one needs no retry, the retries run out or the deadline does."""
     end = clock() + call.deadline_s
     attempt = 0
+    reply: _Reply | None = None
     while True:
         remaining = end - clock()
         if remaining <= 0:
-            return _Reply(0, None, "timeout", "deadline exceeded")
+            # Out of time after a pause: the last attempt is the call's evidence.
+            cut = reply is not None and reply.cut_short
+            return _Reply(0, None, "timeout", "deadline exceeded", cut_short=cut)
         try:
             reply = _reply_of((yield _Attempt(call, remaining)))
         except timeouts as exc:
-            reply = _Reply(0, None, "timeout", str(exc))
+            # A connect timeout means unreachable; a read timeout before the gateway's own
+            # deadline only means the client stopped waiting first.
+            cut = not isinstance(exc, httpx.ConnectTimeout) and remaining < call.gateway_deadline_s
+            reply = _Reply(0, None, "timeout", str(exc), cut_short=cut)
         except httpx.HTTPError as exc:
             reply = _Reply(0, None, "transport", str(exc))
         pause = _retry_pause(reply, attempt, end - clock(), cfg)
@@ -613,8 +660,55 @@ def _headers(cfg: ClientConfig) -> dict[str, str]:
 
 def _breaker(cfg: ClientConfig) -> CircuitBreaker:
     """The client's breaker; an unrecorded probe expires after the longest call deadline."""
-    deadline = max(cfg.observe_deadline_s, cfg.critique_deadline_s, cfg.session_deadline_s)
+    deadline = max(_Deadlines(cfg).longest_s(), cfg.session_deadline_s)
     return CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_s, probe_timeout_s=deadline)
+
+
+_GATEWAY_DEADLINE_S = 8.0
+"""The gateway's default ``critic.*_deadline_s``: assumed until ``/v1/info`` says otherwise."""
+
+_MODEL_CALLS = ("observe", "critique")
+
+
+class _Deadlines:
+    """The deadlines of a client's model calls: the gateway's own (learned from ``/v1/info``)
+    and what the client waits. One per client; its sessions share it."""
+
+    def __init__(self, cfg: ClientConfig) -> None:
+        self.cfg = cfg
+        self.gateway: dict[str, float] = {}
+        """The gateway's deadlines by call, once ``/v1/info`` gave them."""
+        self.asked = False
+        """Whether the gateway answered ``/v1/info`` (an old one without it: keep the defaults)."""
+
+    def learn(self, reply: _Reply) -> None:
+        """Take the gateway's ``deadlines_s`` from a ``/v1/info`` reply."""
+        if reply.status == 0:
+            return  # no answer at all: ask again at the next session creation
+        self.asked = True
+        table = _as_dict(_as_dict(reply.body).get("deadlines_s")) if reply.ok else {}
+        for kind in _MODEL_CALLS:
+            value = _number(table.get(kind))
+            if value is not None and value > 0:
+                self.gateway[kind] = value
+
+    def gateway_s(self, kind: str) -> float:
+        """The gateway's deadline for ``kind`` as this client knows it."""
+        own = getattr(self.cfg, f"{kind}_deadline_s")
+        return self.gateway.get(kind, own if own is not None else _GATEWAY_DEADLINE_S)
+
+    def wait_s(self, kind: str) -> float:
+        """What the client waits for a ``kind`` call, retries included."""
+        own = getattr(self.cfg, f"{kind}_deadline_s")
+        budget = own if own is not None else self.gateway.get(kind, _GATEWAY_DEADLINE_S)
+        return budget + self.cfg.deadline_grace_s
+
+    def longest_s(self) -> float:
+        return max(self.wait_s(kind) for kind in _MODEL_CALLS)
+
+    def call(self, kind: str, method: str, path: str, body: dict[str, Any] | None) -> _Call:
+        """A ``kind`` call (``observe`` or ``critique``) with both deadlines."""
+        return _Call(method, path, body, self.wait_s(kind), self.gateway_s(kind))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -663,9 +757,12 @@ class _SessionState:
     """What a session remembers to survive a gateway loss: its create body, the last echo, the
     last history, the last observe request (its screenshot inline) and the latest step."""
 
-    def __init__(self, cfg: ClientConfig, create_body: dict[str, Any]) -> None:
+    def __init__(
+        self, cfg: ClientConfig, create_body: dict[str, Any], deadlines: _Deadlines
+    ) -> None:
         self.cfg = cfg
         self.create_body = create_body
+        self.deadlines = deadlines
         self.session_id: str | None = None
         self.echo: dict[str, Any] | None = None
         self.history = History()
@@ -721,6 +818,11 @@ class _SessionState:
         self.session_id = sid
         self.lost = False
         self._note(reply.body)
+        if not self.deadlines.asked:
+            # Once per client, and only after the gateway answered: a gateway that is down
+            # is not waited for twice per session.
+            info = yield _Call("GET", "/v1/info", None, self.cfg.session_deadline_s, counted=False)
+            self.deadlines.learn(info)
         return None
 
     def _observe_body(self, step_idx: int, image: ImageInput, prev: Any) -> dict[str, Any]:
@@ -732,7 +834,7 @@ class _SessionState:
     def _send_observe(self, body: dict[str, Any]) -> Flow:
         """POST an observe body, handling a lost session, a step conflict and a 413 once each."""
         path = f"/v1/sessions/{self.session_id}/observe"
-        reply = yield _Call("POST", path, body, self.cfg.observe_deadline_s)
+        reply = yield self.deadlines.call("observe", "POST", path, body)
         handled: set[str] = set()
         while not reply.ok and reply.code not in handled:
             code = reply.code or ""
@@ -751,7 +853,7 @@ class _SessionState:
                 body = {**body, **image_field(smaller)}
             else:
                 break
-            reply = yield _Call("POST", path, body, self.cfg.observe_deadline_s)
+            reply = yield self.deadlines.call("observe", "POST", path, body)
         return reply
 
     def observe_flow(self, step_idx: int, image: ImageInput, prev: Any) -> Flow:
@@ -817,7 +919,7 @@ class _SessionState:
             failed = yield from self.create_flow()
             if failed is not None:
                 return fail(failed.reason)
-        reply = yield _Call("POST", self._critique_path(), body, self.cfg.critique_deadline_s)
+        reply = yield self.deadlines.call("critique", "POST", self._critique_path(), body)
         handled: set[str] = set()
         while not reply.ok and reply.code not in handled:
             code = reply.code or ""
@@ -836,7 +938,7 @@ class _SessionState:
                     return fail(replay.reason)
             else:
                 break
-            reply = yield _Call("POST", self._critique_path(), body, self.cfg.critique_deadline_s)
+            reply = yield self.deadlines.call("critique", "POST", self._critique_path(), body)
         if not reply.ok:
             return fail(reply.reason, reply.message)
         self._note(reply.body)
@@ -984,10 +1086,11 @@ class CriticClient:
             cfg = replace(cfg, token=token)
         self.config = cfg
         self.breaker = breaker or _breaker(cfg)
+        self._deadlines = _Deadlines(cfg)
         self._http = httpx.Client(
             base_url=cfg.base_url,
             headers=_headers(cfg),
-            timeout=_timeout(cfg, cfg.critique_deadline_s),
+            timeout=_timeout(cfg, self._deadlines.longest_s()),
             transport=transport,
         )
 
@@ -1047,7 +1150,7 @@ class CriticClient:
         body = _session_body(
             task, platform, screen, coord_space, frame, action_format, policy_id, volatile_regions
         )
-        session = Session(self, _SessionState(self.config, body))
+        session = Session(self, _SessionState(self.config, body, self._deadlines))
         self._drive(session._state.create_flow(), lambda: None)
         return session
 
@@ -1216,10 +1319,11 @@ class AsyncCriticClient:
             cfg = replace(cfg, token=token)
         self.config = cfg
         self.breaker = breaker or _breaker(cfg)
+        self._deadlines = _Deadlines(cfg)
         self._http = httpx.AsyncClient(
             base_url=cfg.base_url,
             headers=_headers(cfg),
-            timeout=_timeout(cfg, cfg.critique_deadline_s),
+            timeout=_timeout(cfg, self._deadlines.longest_s()),
             transport=transport,
         )
 
@@ -1275,7 +1379,7 @@ class AsyncCriticClient:
         body = _session_body(
             task, platform, screen, coord_space, frame, action_format, policy_id, volatile_regions
         )
-        session = AsyncSession(self, _SessionState(self.config, body))
+        session = AsyncSession(self, _SessionState(self.config, body, self._deadlines))
         await self._drive(session._state.create_flow(), lambda: None)
         return session
 

@@ -41,10 +41,13 @@ class LimitsConfig:
     """Model calls in flight or waiting, gateway-wide; over it a request gets 429."""
     retry_after_s: int = 1
     """``Retry-After`` sent with 429, in seconds."""
+    header_timeout_s: float = 10.0
+    """Seconds a client has to send a request line and headers, from the connection opening (or
+    the first byte of the next request on a kept-alive one); a late connection is closed."""
 
     def __post_init__(self) -> None:
         names = ("max_body_bytes", "max_image_bytes", "max_image_pixels", "max_queue")
-        for name in (*names, "large_image_pixels", "large_image_lanes"):
+        for name in (*names, "large_image_pixels", "large_image_lanes", "header_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"`limits.{name}` must be positive")
         if not 1 <= self.max_candidates <= 64:

@@ -120,6 +120,13 @@ class QueueGate:
         )
         return max(self.retry_after_s, math.ceil(soonest - now))
 
+    def stuck(self) -> bool:
+        """Whether every place is taken by a call past its deadline (a hung in-process model):
+        nothing can be admitted until one really ends."""
+        now = time.monotonic()
+        full = self.depth >= self.limit
+        return full and all(end < now for _, end in self._places.values())
+
     def enter(self, deadline_s: float) -> int:
         """Take a place expected back within ``deadline_s``, or raise 429; returns its ticket."""
         self.check(1)

@@ -23,3 +23,11 @@ class ApiError(Exception):
     def body(self) -> dict[str, dict[str, str]]:
         """The JSON body."""
         return {"error": {"code": self.code, "message": self.message}}
+
+
+class StorageError(Exception):
+    """The gateway's own storage failed (read-only, full, an I/O error, a corrupt file).
+
+    Answered as ``503 storage_unavailable`` with ``Retry-After``: the request did not take
+    effect, and the same request later may succeed. The message names no server path.
+    """

@@ -28,7 +28,7 @@ from hivig.recovery import StepRecord, choose_recovery
 from serve.actions import Frame, ResolvedAction, resolve
 from serve.config import ServeConfig
 from serve.critic import Critic, ModelResult, QueueGate
-from serve.errors import ApiError
+from serve.errors import ApiError, StorageError
 from serve.images import ImageStore, StoredImage
 from serve.metrics import Metrics
 from serve.protocol import (
@@ -89,7 +89,7 @@ class Gateway:
             large_lanes=cfg.limits.large_image_lanes,
             cache_size=cfg.sessions.frame_cache,
         )
-        self.traces = TraceWriter(state_dir / "traces")
+        self.traces = TraceWriter(state_dir / "traces", self.metrics)
         self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
         self.critic = Critic(backend, cfg, self.images, self.metrics, self.queue)
         # A decoded detector state holds up to about a megabyte (its JSON and thumbnails): keep
@@ -102,7 +102,12 @@ class Gateway:
         self.metrics.sessions_open.set(self.store.count_open())
 
     def close(self) -> None:
-        """Release the stores."""
+        """Release the stores (trace events still waiting get a last try)."""
+        left = self.traces.flush()
+        if left:
+            logger.error(
+                "%d trace events could not be written to %s and are lost", left, self.traces.root
+            )
         self.store.close()
         self.images.close()
 
@@ -115,6 +120,30 @@ class Gateway:
             "prompt_version": self.critic.prompt_version,
             "schema_version": SCHEMA_VERSION,
         }
+
+    def _trace(self, answer: dict[str, Any] | None, sid: str, event: str, **fields: Any) -> None:
+        """Append a trace event once its step is committed; the answer says if the trace lacks
+        events.
+
+        The session state is the truth and is committed first: a trace folder that takes no
+        writes never turns a committed step into an error (the event waits and is written
+        later, in order).
+        """
+        self.traces.write(sid, event, **fields)
+        self._trace_flag(answer, sid)
+
+    def _trace_flag(self, answer: dict[str, Any] | None, sid: str) -> None:
+        status = self.traces.status(sid)
+        if status is not None and answer is not None:
+            answer["trace"] = status  # "pending" (written later) or "incomplete" (some lost)
+
+    def _count_open(self) -> None:
+        """Refresh the open-sessions gauge; a store that cannot answer leaves it as it was (the
+        request it follows is committed already, so it must not fail now)."""
+        try:
+            self.metrics.sessions_open.set(self.store.count_open())
+        except StorageError as e:
+            logger.warning("open sessions not counted: %s", e)
 
     def _lock(self, sid: str) -> asyncio.Lock:
         """The session's lock; only for sessions that exist (unknown ids leave nothing behind)."""
@@ -191,7 +220,9 @@ class Gateway:
             # Re-created under its old id: answers filed for the closed timeline are void.
             self.store.forget(sid)
         self.store.save(state)
-        self.traces.write(
+        answer = {"session_id": sid, "created": True, "echo": state.echo(), **self.versions()}
+        self._trace(
+            answer,
             sid,
             "session",
             task=state.task,
@@ -201,8 +232,8 @@ class Gateway:
             volatile_regions=state.volatile_regions,
             reseeded=req.echo is not None,
         )
-        self.metrics.sessions_open.set(self.store.count_open())
-        return {"session_id": sid, "created": True, "echo": state.echo(), **self.versions()}
+        self._count_open()
+        return answer
 
     def get(self, sid: str) -> dict[str, Any]:
         """``GET /v1/sessions/{sid}``."""
@@ -226,24 +257,26 @@ class Gateway:
             state.closed = True
             self.store.save(state)
             self.store.forget(sid)
-            self.traces.write(sid, "close")
-        self.metrics.sessions_open.set(self.store.count_open())
-        return {"session_id": sid, "closed": True, **self.versions()}
+            answer = {"session_id": sid, "closed": True, **self.versions()}
+            self._trace(answer, sid, "close")
+        self._count_open()
+        return answer
 
     def expire(self) -> list[str]:
         """Close sessions idle past the TTL (never one a request is being served for)."""
+        self.traces.flush()  # events a failing trace folder refused get written once it heals
         busy = frozenset(sid for sid, lock in self._locks.items() if lock.locked())
         gone = self.store.expire(now() - self.cfg.sessions.ttl_s, busy)
         for sid in gone:
             self.store.forget(sid)
-            self.traces.write(sid, "close", reason="ttl")
+            self._trace(None, sid, "close", reason="ttl")
         self._prune_locks()
         horizon = time.time() - self.cfg.sessions.ttl_s
         for job_id, job in list(self.jobs.items()):
             if job["status"] != "pending" and job.get("finished", 0) < horizon:
                 del self.jobs[job_id]
         if gone:
-            self.metrics.sessions_open.set(self.store.count_open())
+            self._count_open()
         return gone
 
     # -- observe -------------------------------------------------------------------------------
@@ -267,6 +300,7 @@ class Gateway:
                             f"step_idx {k} was observed with another screenshot or action; "
                             "send `force: true` to replace it",
                         )
+                    self._trace_flag(stored, sid)
                     return stored
             expected = state.step_idx + 1
             if k != expected and not req.force:
@@ -285,7 +319,7 @@ class Gateway:
             # Retries only ever ask for the latest steps again: older answers are dropped.
             stored = StoredResponse("observe", k, "", {**response, "_request": digest})
             self.store.save(state, stored, prune_before=k - 1)
-            self.traces.write(sid, "observe", **event)
+            self._trace(response, sid, "observe", **event)
             return response
 
     async def _observe(
@@ -425,6 +459,7 @@ class Gateway:
             key = _request_key(req, state.screens.get(str(k)))
             stored = self.store.response(sid, "critique", k, key)
             if stored is not None:
+                self._trace_flag(stored, sid)
                 return stored
             if k != state.step_idx:
                 raise ApiError(
@@ -444,7 +479,7 @@ class Gateway:
                 v.get("reason") in _RETRYABLE for v in response.get("results", [response])
             )
             self.store.save(state, StoredResponse("critique", k, key, response) if keep else None)
-            self.traces.write(state.session_id, "critique", step_idx=k, **event)
+            self._trace(response, sid, "critique", step_idx=k, **event)
             return response
 
     async def _critique(
@@ -616,6 +651,8 @@ class Gateway:
         """``POST /v1/diagnose``: start a job on a session's trace or an allowed path."""
         sid, path = req.session_id, req.path
         if sid is not None:
+            if valid_session_id(sid):
+                self.traces.flush(sid)  # events still waiting belong in the trace read
             if not valid_session_id(sid) or not self.traces.path(sid).is_file():
                 raise ApiError(404, "unknown_session", f"no trace for session {sid!r}")
             target = self.traces.path(sid)

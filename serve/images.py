@@ -145,7 +145,8 @@ class ImageStore:
         """
         loop = asyncio.get_running_loop()
         raw, pixels = await loop.run_in_executor(self.pool, _decoded_and_area, data)
-        if pixels <= self.large_pixels:
+        if pixels <= self.large_pixels or pixels > self.max_pixels:
+            # Over the limit is refused at once (400), never after waiting for a lane.
             return await loop.run_in_executor(self.pool, self.put_bytes, raw)
         try:
             await asyncio.wait_for(self._large_lanes.acquire(), wait_s)

@@ -68,3 +68,13 @@ class Metrics:
             ["space"],
             registry=r,
         )
+        self.trace_errors = Counter(
+            "hivig_trace_errors_total",
+            "Trace events not written when answered, by outcome (deferred: written later; "
+            "dropped: lost to a full backlog)",
+            ["outcome"],
+            registry=r,
+        )
+        self.trace_pending = Gauge(
+            "hivig_trace_pending", "Trace events waiting in memory to be written", registry=r
+        )

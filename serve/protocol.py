@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from hivig.actions import PLATFORM_ALIASES, platform_name
@@ -27,11 +35,20 @@ MAX_TASK_CHARS = 16_384
 """A task instruction longer than this is refused: it is echoed in every answer and prompt."""
 
 StepIdx = Annotated[int, Field(ge=0, lt=2**63, description="0-based step of the episode")]
+
+
+def _not_a_folder_name(sid: str) -> str:
+    if sid in (".", ".."):
+        raise PydanticCustomError("session_id", "'.' and '..' are not session ids")
+    return sid
+
+
 SessionId = Annotated[
     str,
     # Session ids name trace files: no path separators, no control characters, no newline
-    # (the pattern is matched against the whole string).
+    # (the pattern is matched against the whole string), and not "." or "..".
     Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="letters, digits and _.- only"),
+    AfterValidator(_not_a_folder_name),
 ]
 ImageRef = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 GridValue = Annotated[float, Field(ge=0, le=1000)]
@@ -66,8 +83,12 @@ class ImageObject(_Closed):
 
 
 class HistoryText(_Closed):
+    """The ``history`` object of an answer, passed back as a stateless observe's history."""
+
     progress_summary: str
     last_action_result: str
+    version: int | None = None
+    stale: bool | None = None
 
 
 class EchoSummary(BaseModel):
@@ -239,7 +260,9 @@ class DiagnoseRequest(_Closed):
     """``POST /v1/diagnose``: a session's trace, or a path under the allowed roots."""
 
     session_id: SessionId | None = None
-    path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    path: (
+        Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f]*$")] | None
+    ) = None
 
     @model_validator(mode="after")
     def _one_target(self) -> DiagnoseRequest:
@@ -363,12 +386,14 @@ class ErrorAnswer(BaseModel):
 
 
 _ACTION_FIELDS = frozenset({"action", "candidates", "prev_action", "trajectory"})
+_BRANCHES = frozenset({"str", "int", "bool", "float", "list", "dict", "HistoryText", "ImageObject"})
 
 
 def error_of(exc: ValidationError) -> tuple[str, str]:
     """``(code, message)`` of a validation failure: the first problem, named by its field."""
     first = exc.errors(include_url=False, include_input=False)[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    # A union's branch names (``str``, ``ImageObject``) are pydantic's, not the client's fields.
+    loc = ".".join(str(p) for p in first["loc"] if str(p) not in _BRANCHES)
     action = first["type"] == "bad_action" or (first["loc"] and first["loc"][0] in _ACTION_FIELDS)
     message = first["msg"]
     if first["type"] == "extra_forbidden":

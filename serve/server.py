@@ -1,7 +1,7 @@
-"""Run the gateway app in a background thread (examples, the demo, tests).
+"""How the gateway's HTTP server is run: the protocol both entry points use, and a background
+server for programs that need a gateway next to them for a while (examples, the demo, tests).
 
-``python -m serve`` is the way to run a gateway as a service; this is for programs that need one
-next to them for a while::
+``python -m serve`` is the way to run a gateway as a service::
 
     with BackgroundServer(create_app(cfg)) as srv:
         client = CriticClient(srv.url)
@@ -9,10 +9,88 @@ next to them for a while::
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 import threading
 import time
 from typing import Any
+
+from serve.config import LimitsConfig, ServeConfig
+
+log = logging.getLogger(__name__)
+
+
+def http_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline on every request head (``limits.header_timeout_s``).
+
+    uvicorn times out only idle keep-alive connections: a client that opens a connection and
+    sends part of a request line or headers, or nothing, holds it for ever, and enough such
+    clients exhaust the server's connections (slowloris). Here a head is due within
+    ``header_timeout_s`` of the connection opening, or of the first byte of the next request on
+    a kept-alive connection; the connection is closed when it is late. Sending bytes slowly
+    does not extend it. Once a head is in, the app reads the body under its own limits.
+    """
+    # Deferred, as in BackgroundServer: importing this module does not load the server stack.
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutProtocol(H11Protocol):
+        head_timeout_s = header_timeout_s
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._start_head_timer()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            # Still idle after bytes arrived: a head has begun (or blank lines, which h11
+            # skips) and is not complete yet.
+            if self.conn.their_state is h11.IDLE:
+                self._start_head_timer()
+            else:
+                self._stop_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # A pipelined request may already be partly in; an idle keep-alive connection is
+            # uvicorn's own keep-alive timeout's business.
+            if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+                self._start_head_timer()
+            else:
+                self._stop_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+        def _start_head_timer(self) -> None:
+            if self._head_timer is None:  # never restarted by more bytes of the same head
+                self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_late)
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_late(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                log.debug(
+                    "closing a connection whose request head took over %s s", self.head_timeout_s
+                )
+                self.transport.close()
+
+    return HeadTimeoutProtocol
+
+
+def header_timeout_of(app: Any) -> float:
+    """``limits.header_timeout_s`` of an app built by ``create_app`` (it keeps its config in
+    ``app.state.config``); the default for any other app."""
+    cfg = getattr(getattr(app, "state", None), "config", None)
+    limits = cfg.limits if isinstance(cfg, ServeConfig) else LimitsConfig()
+    return limits.header_timeout_s
 
 
 def free_port() -> int:
@@ -27,9 +105,15 @@ class BackgroundServer:
     gracefully (in-flight requests finish)."""
 
     def __init__(
-        self, app: Any, port: int = 0, graceful_s: float = 10.0, start_s: float = 120.0
+        self,
+        app: Any,
+        port: int = 0,
+        graceful_s: float = 10.0,
+        start_s: float = 120.0,
+        header_timeout_s: float | None = None,
     ) -> None:
-        """Serve ``app`` on ``port`` (0: a free one)."""
+        """Serve ``app`` on ``port`` (0: a free one); a request head is due within
+        ``header_timeout_s`` (``None``: the app's ``limits.header_timeout_s``)."""
         import uvicorn
 
         self.port = port or free_port()
@@ -42,6 +126,9 @@ class BackgroundServer:
             log_level="warning",
             timeout_graceful_shutdown=int(graceful_s),
             lifespan="on",
+            http=http_protocol(
+                header_timeout_of(app) if header_timeout_s is None else header_timeout_s
+            ),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="hivig-gateway", daemon=True)

@@ -3,24 +3,30 @@
 A session is one agent episode. Its state (macro history, executed steps, screens per step, the
 recurrence detector's state) is one JSON document, saved in the same transaction as the response
 it produced, so a restarted gateway answers a runner's retry of the last step with the stored
-response and continues the next step where it left off. SQLite runs in WAL mode with
-``synchronous=NORMAL``: readers never wait for the writer, and a crash of the gateway process
-loses no committed step (an operating-system crash may lose the last few commits).
+response and continues the next step where it left off. SQLite runs with a rollback journal
+(``journal_mode=TRUNCATE``, ``synchronous=NORMAL``): every commit is on disk before its answer
+leaves, a failing disk is an error on the request (``serve.errors.StorageError``, answered 503),
+never a crash, and a corrupt file is moved aside at start-up (clients re-create their sessions
+from the echo).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 from hivig import jsonio
 from hivig.contracts import INITIAL_HISTORY
+from serve.errors import StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -241,24 +247,100 @@ CREATE TABLE IF NOT EXISTS responses (
 
 
 class SQLiteStore:
-    """Sessions in an embedded SQLite file (WAL): a gateway restart loses nothing committed."""
+    """Sessions in an embedded SQLite file: a gateway restart loses nothing committed.
+
+    Storage faults never take the process down: every SQLite I/O goes through ``read(2)`` and
+    ``write(2)`` (a rollback journal, no memory-mapped WAL index), so a read-only, full or
+    failing disk is an error on the request (``StorageError``), and a file deleted or replaced
+    under the running gateway is noticed on the next write and put back.
+    """
 
     def __init__(self, path: str | Path) -> None:
-        """Open (or create) the database at ``path``."""
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        # One connection shared under a lock: statements take microseconds, and SQLite
-        # serialises writers anyway.
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        """Open (or create) the database at ``path``; a corrupt one is moved aside first.
+
+        Raises:
+            StorageError: The file cannot be opened, or is corrupt and cannot be moved aside.
+        """
+        self.path = Path(path)
         self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db, self._inode = self._open()
+        except (OSError, sqlite3.Error) as e:
+            raise StorageError(f"session store {self.path} cannot be opened: {e}") from e
+
+    # -- the file ------------------------------------------------------------------------------
+
+    def _open(self) -> tuple[sqlite3.Connection, tuple[int, int] | None]:
+        # The header is checked before SQLite sees the file: on a file it cannot read, closing
+        # the connection deletes the -wal and -shm files that belong with it.
+        reason = _bad_header(self.path)
+        if reason is None:
+            try:
+                return _connect(self.path)
+            except sqlite3.DatabaseError as e:
+                if not _corrupt(e):
+                    raise
+                reason = str(e)
+        target = _quarantine(self.path)
+        logger.warning(
+            "session store %s is corrupt (%s): moved aside to %s; starting with no sessions "
+            "(clients re-create theirs from the echo)",
+            self.path,
+            reason,
+            target.name,
+        )
+        return _connect(self.path)
+
+    def _reattach(self) -> None:
+        """Put the sessions back in a real file when the path no longer names the open one.
+
+        A deleted store would otherwise go on taking commits into an unlinked inode, and every
+        session would be gone at the next restart.
+        """
+        found = _inode(self.path)
+        if found == self._inode:
+            return
+        if found is None:
+            _copy_to(self._db, self.path)
+            logger.error(
+                "session store %s was deleted while in use: rewrote it from the open file "
+                "(no session lost)",
+                self.path,
+            )
+        else:
+            kept = _free_name(self.path, "orphan")
+            _copy_to(self._db, kept)
+            logger.error(
+                "session store %s was replaced while in use: serving the new file; the "
+                "sessions the old one held are kept in %s",
+                self.path,
+                kept.name,
+            )
+        db, inode = self._open()  # before the old file is let go: a failure keeps it in use
+        self._db.close()
+        self._db, self._inode = db, inode
+
+    @contextlib.contextmanager
+    def _use(self, what: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """The connection under the lock; a fault of the disk or the file is a StorageError."""
+        with self._lock:
+            try:
+                if write:
+                    self._reattach()
+                yield self._db
+            except sqlite3.DatabaseError as e:
+                if not _storage_fault(e):
+                    raise
+                raise StorageError(f"session store {what} failed: {e}") from e
+            except OSError as e:
+                raise StorageError(f"session store {what} failed: {e.strerror or e}") from e
+
+    # -- the store -----------------------------------------------------------------------------
 
     def load(self, session_id: str) -> SessionState | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT state FROM sessions WHERE id = ?", (session_id,)
-            ).fetchone()
+        with self._use("read") as db:
+            row = db.execute("SELECT state FROM sessions WHERE id = ?", (session_id,)).fetchone()
         return SessionState.from_json(row[0]) if row else None
 
     def save(
@@ -270,21 +352,21 @@ class SQLiteStore:
     ) -> None:
         text = state.to_json()  # serialised before the lock: other sessions' writes go on
         body = jsonio.dumps(response.body).decode() if response is not None else None
-        with self._lock:
-            self._db.execute("BEGIN")
+        with self._use("write", write=True) as db:
+            db.execute("BEGIN")
             try:
-                self._db.execute(
+                db.execute(
                     "INSERT OR REPLACE INTO sessions (id, state, last_seen, closed)"
                     " VALUES (?, ?, ?, ?)",
                     (state.session_id, text, state.last_seen, int(state.closed)),
                 )
                 if prune_before is not None:
-                    self._db.execute(
+                    db.execute(
                         "DELETE FROM responses WHERE session_id = ? AND step_idx < ?",
                         (state.session_id, prune_before),
                     )
                 if response is not None:
-                    self._db.execute(
+                    db.execute(
                         "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
                         (
                             state.session_id,
@@ -294,16 +376,16 @@ class SQLiteStore:
                             body,
                         ),
                     )
-                self._db.execute("COMMIT")
+                db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                _rollback(db)
                 raise
 
     def response(
         self, session_id: str, kind: str, step_idx: int, key: str
     ) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute(
+        with self._use("read") as db:
+            row = db.execute(
                 "SELECT body FROM responses"
                 " WHERE session_id = ? AND kind = ? AND step_idx = ? AND key = ?",
                 (session_id, kind, step_idx, key),
@@ -311,8 +393,10 @@ class SQLiteStore:
         return _document(row[0]) if row else None
 
     def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
-        with self._lock:
-            rows = self._db.execute(
+        # A write check even when nothing expires: the sweep notices a deleted file on an idle
+        # gateway too.
+        with self._use("expiry", write=True) as db:
+            rows = db.execute(
                 "SELECT id FROM sessions WHERE closed = 0 AND last_seen < ?", (idle_before,)
             ).fetchall()
         gone = []
@@ -324,8 +408,8 @@ class SQLiteStore:
             except (ValueError, TypeError) as e:
                 # An unreadable document must not stop the sweep for every session after it.
                 logger.warning("session %s: unreadable state (%s); closed", sid, e)
-                with self._lock:
-                    self._db.execute("UPDATE sessions SET closed = 1 WHERE id = ?", (sid,))
+                with self._use("expiry", write=True) as db:
+                    db.execute("UPDATE sessions SET closed = 1 WHERE id = ?", (sid,))
                 gone.append(sid)
                 continue
             if state is not None:
@@ -335,18 +419,136 @@ class SQLiteStore:
         return gone
 
     def forget(self, session_id: str) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM responses WHERE session_id = ?", (session_id,))
+        with self._use("write", write=True) as db:
+            db.execute("DELETE FROM responses WHERE session_id = ?", (session_id,))
 
     def count_open(self) -> int:
-        with self._lock:
-            return int(
-                self._db.execute("SELECT COUNT(*) FROM sessions WHERE closed = 0").fetchone()[0]
-            )
+        with self._use("read") as db:
+            return int(db.execute("SELECT COUNT(*) FROM sessions WHERE closed = 0").fetchone()[0])
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+_BUSY_TIMEOUT_S = 5.0
+"""How long a statement waits for another process's lock before failing with ``locked``."""
+
+
+def _connect(path: Path) -> tuple[sqlite3.Connection, tuple[int, int] | None]:
+    """A connection to a checked store, and the file it opened."""
+    db = sqlite3.connect(
+        str(path), check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_S
+    )
+    try:
+        # TRUNCATE, not WAL: WAL memory-maps its index (the -shm file), and a write to that
+        # mapping on a read-only or failing disk is SIGBUS, which kills the process. A rollback
+        # journal does plain file I/O, so the same fault is an error on one request, and other
+        # processes can still share the file. No mapping of the database file either (a file
+        # truncated under a mapping is SIGBUS on read). NORMAL still syncs the journal and the
+        # database at every commit, so a commit is on disk before its answer leaves: about
+        # 0.9 ms a commit, where WAL took 0.08 ms.
+        mode = db.execute("PRAGMA journal_mode=TRUNCATE").fetchone()[0]
+        if mode != "truncate":
+            raise sqlite3.OperationalError(f"journal mode stays {mode} (another process has it)")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA mmap_size=0")
+        (check,) = db.execute("PRAGMA quick_check").fetchone()
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed ({check})")
+        db.executescript(_SCHEMA)
+    except BaseException:
+        db.close()
+        raise
+    return db, _inode(path)
+
+
+_MAGIC = b"SQLite format 3\x00"
+
+
+def _bad_header(path: Path) -> str | None:
+    """Why the file at ``path`` is no SQLite database by its first bytes; ``None`` when it may
+    be one (or is absent or empty: SQLite starts an empty store there)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_MAGIC))
+    except FileNotFoundError:
+        return None
+    if head and head != _MAGIC:
+        return "its header is not an SQLite header"
+    return None
+
+
+def _corrupt(e: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite says the file is no database, or a damaged one."""
+    name = getattr(e, "sqlite_errorname", None) or ""
+    if name:
+        return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+    return type(e) is sqlite3.DatabaseError  # raised by ``_connect`` for a failed quick_check
+
+
+def _storage_fault(e: sqlite3.DatabaseError) -> bool:
+    """A fault of the disk or the file (read-only, I/O, full, locked, corrupt), not of the code
+    (an integrity or programming error stays a bug)."""
+    return type(e) in (sqlite3.OperationalError, sqlite3.DatabaseError)
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Undo a failed transaction; SQLite may have undone it already (an I/O error does)."""
+    if db.in_transaction:
+        # The caller re-raises the original error; a failed ROLLBACK must not replace it.
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at ``path``; ``None`` when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+_COMPANIONS = ("", "-journal", "-wal", "-shm")
+"""The store and the files SQLite keeps beside it (an earlier build ran in WAL mode)."""
+
+
+def _free_name(path: Path, label: str) -> Path:
+    """``<name>.<label>-<UTC time>`` beside ``path``, not yet taken by any companion file."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1000):
+        name = f"{path.name}.{label}-{stamp}" + (f".{n}" if n else "")
+        if not any(path.with_name(name + s).exists() for s in _COMPANIONS):
+            return path.with_name(name)
+    raise OSError(f"no free name for {path.name}.{label}-{stamp}")
+
+
+def _quarantine(path: Path) -> Path:
+    """Move a corrupt store and its companions aside (kept for inspection); the new name."""
+    target = _free_name(path, "corrupt")
+    for suffix in _COMPANIONS:
+        src = path.with_name(path.name + suffix)
+        if src.exists():
+            # The companions keep their suffix, so SQLite opens the moved files as one store.
+            src.rename(target.with_name(target.name + suffix))
+    return target
+
+
+def _copy_to(db: sqlite3.Connection, path: Path) -> None:
+    """Write everything ``db`` holds to a new file at ``path``, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.copy-{os.getpid()}")
+    try:
+        out = sqlite3.connect(str(tmp))
+        try:
+            db.backup(out)
+        finally:
+            out.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp.with_name(tmp.name + "-journal").unlink(missing_ok=True)
 
 
 def open_store(kind: str, state_dir: str | Path) -> SessionStore:

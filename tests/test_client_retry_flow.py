@@ -4,6 +4,10 @@ Each test feeds the flow fake answers (``httpx.Response`` objects built in memor
 fake transport errors into it, on a fake clock shared with the breaker, and checks the steps it
 yields (attempts and their timeouts, pauses), when it gives up and what the breaker counted.
 The last test checks that the sync and async clients drive this same flow.
+
+``CALL`` states no gateway deadline, so every timeout on it counts towards the breaker; the
+calls of a client's sessions carry the gateway's deadline, and a timeout struck before it is no
+evidence either way (the breaker tests near the end).
 """
 
 from __future__ import annotations
@@ -206,7 +210,7 @@ def test_an_unreadable_answer_is_a_bad_response_and_not_retried():
 @pytest.mark.parametrize(
     ("outcome", "counts"),
     [
-        (timeout(), True),  # a client-side timeout says the gateway is unwell
+        (timeout(), True),  # no answer within the gateway's deadline (none here): it is unwell
         (httpx.ConnectError("refused"), True),
         (httpx.Response(200, text="garbage"), True),
         (answer(500, "internal"), True),
@@ -261,6 +265,71 @@ def test_a_failed_probe_reopens_the_breaker():
     _, reply = call_once(cfg, breaker, clock, [took(1.0, timeout())])
     assert reply.code == "timeout" and breaker.state == "open"
     assert call_once(cfg, breaker, clock, [])[1].code == "circuit_open"
+
+
+# A critique the client caps at 3 s (+ 2 s grace) on a gateway that answers within its 8 s.
+SHORT = _Call("POST", "/v1/sessions/s1/critique", {"step_idx": 0}, 5.0, gateway_deadline_s=8.0)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "counts"),
+    [
+        (timeout(), None),  # the client stopped waiting first: nothing learnt about the gateway
+        (httpx.ConnectTimeout("connect"), True),  # unreachable, whatever the deadlines
+        (httpx.ConnectError("refused"), True),
+        (answer(503, "backend_unavailable"), True),
+        (answer(200), False),
+    ],
+)
+def test_a_timeout_before_the_gateways_deadline_is_no_evidence(outcome, counts):
+    cfg, breaker, clock = pieces(retries=0)
+    breaker.record(True)  # one failure already counted
+    run(_call_flow(SHORT, cfg, breaker, clock=clock), [outcome], clock)
+    assert breaker._count == {True: 2, False: 0, None: 1}[counts]  # counted, reset or kept
+
+
+def test_a_timeout_after_the_gateways_deadline_counts():
+    cfg, breaker, clock = pieces(retries=0)
+    waited = _Call("POST", "/v1/sessions/s1/critique", None, 10.0, gateway_deadline_s=8.0)
+    _, reply = run(_call_flow(waited, cfg, breaker, clock=clock), [took(10.0, timeout())], clock)
+    assert reply.reason == "timeout" and not reply.cut_short and breaker._count == 1
+
+
+def test_timeouts_cut_short_never_open_the_breaker():
+    cfg, breaker, clock = pieces(retries=1, breaker_failures=2)
+    for _ in range(5):
+        _, reply = run(_call_flow(SHORT, cfg, breaker, clock=clock), [took(5.0, timeout())], clock)
+        assert reply.reason == "timeout" and reply.cut_short
+    assert breaker.state == "closed" and breaker._count == 0
+
+
+def test_the_last_attempt_decides_after_a_pause_overran_the_deadline():
+    cfg, breaker, clock = pieces(retries=1)
+    # A timeout cut short, a pause the driver overslept: "deadline exceeded", still no evidence.
+    steps, reply = run(
+        _call_flow(SHORT, cfg, breaker, clock=clock), [took(4.9, timeout())], clock, oversleep=1.0
+    )
+    assert [type(s) for s in steps] == [_Attempt, _Pause]
+    assert reply.message == "deadline exceeded" and reply.cut_short and breaker._count == 0
+
+
+def test_a_probe_cut_short_is_given_back():
+    cfg, breaker, clock = pieces(retries=0, breaker_failures=1, breaker_open_s=10.0)
+    call_once(cfg, breaker, clock, [httpx.ConnectError("refused")])
+    clock.now += 11.0
+    run(_call_flow(SHORT, cfg, breaker, clock=clock), [timeout()], clock)
+    assert breaker.state == "half_open" and not breaker._probing  # the next call probes
+    _, reply = call_once(cfg, breaker, clock, [answer(200)])
+    assert reply.ok and breaker.state == "closed"
+
+
+def test_an_uncounted_call_leaves_the_breaker_alone():
+    cfg, breaker, clock = pieces(retries=0)
+    breaker.record(True)
+    info = _Call("GET", "/v1/info", None, 8.0, counted=False)
+    run(_call_flow(info, cfg, breaker, clock=clock), [answer(503, "backend_unavailable")], clock)
+    run(_call_flow(info, cfg, breaker, clock=clock), [answer(200)], clock)
+    assert breaker._count == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -763,7 +763,8 @@ def test_unrecorded_probe_expires_after_its_timeout():
 
 def test_client_breaker_probe_timeout_is_the_longest_deadline():
     cfg = ClientConfig(base_url="http://gw", observe_deadline_s=3.0, critique_deadline_s=7.0)
-    assert CriticClient(config=cfg).breaker.probe_timeout_s == 8.0  # session deadline
+    # The critique waits longest: its 7 s plus the 2 s grace beyond the gateway's deadline.
+    assert CriticClient(config=cfg).breaker.probe_timeout_s == 9.0
 
 
 def test_numpy_numbers_in_actions_are_sent_as_json_numbers():

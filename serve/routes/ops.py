@@ -28,10 +28,14 @@ async def readyz(request: Request) -> JSONResponse:
     """Readiness: 200 once the warm-up went through the backend and while it keeps answering."""
     ready = getattr(request.app.state, "ready", False)
     detail = getattr(request.app.state, "ready_detail", "starting")
-    health = gateway(request).critic.health if ready else None
-    if health is not None and health.failing():
+    critic = gateway(request).critic if ready else None
+    if critic is not None and critic.health.failing():
         ready = False
+        health = critic.health
         detail = f"backend failing: {health.failures} calls in a row ({health.last_reason})"
+    elif critic is not None and critic.gate.stuck():
+        ready = False
+        detail = "every model call place is held by a call past its deadline"
     return JSONResponse({"ready": ready, "detail": detail}, 200 if ready else 503)
 
 
