@@ -204,12 +204,18 @@ def _finish(
             actions=None,
             raw=raw,
             tool_calls=_unparsed_calls(raw, frame),
-            error=f"{parsed.reason}: {parsed}",
+            error=_error_text(parsed),
             out_of_frame=parsed.reason == OUT_OF_RANGE,
         )
     if not parsed:
         return ResolvedAction(intent, None, raw, raw, "empty: no action in the text")
     return ResolvedAction(intent, tuple(parsed), raw, render_tool_calls(parsed, space))
+
+
+def _error_text(error: ActionError) -> str:
+    """``reason: message`` once (an ``ActionError``'s own text may start with its reason)."""
+    text = str(error)
+    return text if text.startswith(f"{error.reason}:") else f"{error.reason}: {text}"
 
 
 _BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.DOTALL | re.IGNORECASE)

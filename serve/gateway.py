@@ -718,7 +718,10 @@ class Gateway:
             raise ApiError(404, "unknown_job", f"no job {job_id!r}")
         # Server paths are shown relative to the folder they live in, never absolute.
         roots = [Path(self.cfg.sessions.state_dir), *map(Path, self.cfg.diagnose.allowed_roots)]
-        return {**_relative_paths(job, [r.resolve() for r in roots]), **self.versions()}
+        # Both spellings of each root: the job's paths may go through a symlink or "..".
+        spellings = {str(r).rstrip("/") for r in roots} | {str(r.resolve()) for r in roots}
+        ordered = sorted(spellings, key=len, reverse=True)  # the most specific root first
+        return {**_relative_paths(job, ordered), **self.versions()}
 
     # -- warm-up -------------------------------------------------------------------------------
 
@@ -864,16 +867,18 @@ def rank(verdicts: list[dict[str, Any]]) -> list[int]:
     )
 
 
-def _relative_paths(value: Any, roots: list[Path]) -> Any:
-    """``value`` with every string naming a path under one of ``roots`` made relative to it."""
+def _relative_paths(value: Any, roots: list[str]) -> Any:
+    """``value`` with every server path under one of ``roots`` made relative to it, wherever it
+    stands in a string (an error message names paths mid-sentence)."""
     if isinstance(value, dict):
         return {k: _relative_paths(v, roots) for k, v in value.items()}
     if isinstance(value, list):
         return [_relative_paths(v, roots) for v in value]
-    if isinstance(value, str) and value.startswith("/"):
+    if isinstance(value, str) and "/" in value:
         for root in roots:
-            if value == str(root) or value.startswith(f"{root}/"):
-                return Path(value).relative_to(root).as_posix()
+            value = value.replace(f"{root}/", "")
+            if value == root:
+                value = "."
     return value
 
 

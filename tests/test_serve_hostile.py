@@ -266,14 +266,14 @@ def test_a_huge_but_tiny_png_is_refused_before_it_is_decoded(tmp_path):
 
 
 def test_large_screenshots_cannot_starve_an_ordinary_one(tmp_path):
-    # Screens over 4 MP go through one lane: eight 16.7 MP uploads (up to a second of decoding
+    # Screens over 4 MP go through one lane: twelve 16.7 MP uploads (up to a second of decoding
     # each) hold at most one image thread, and an ordinary screenshot is served meanwhile.
     cfg = serve_config(tmp_path / "state", "limits.large_image_pixels=4000000")
     big = _flat_png(4096, 4096)
     with LiveServer(create_app(cfg, ScriptedBackend())) as server:
         sids = [
             httpx.post(f"{server.url}/v1/sessions", json=session_body()).json()["session_id"]
-            for _ in range(9)
+            for _ in range(13)
         ]
         statuses: list[int] = []
 
@@ -282,18 +282,18 @@ def test_large_screenshots_cannot_starve_an_ordinary_one(tmp_path):
             r = httpx.post(f"{server.url}/v1/sessions/{sid}/observe", json=body, timeout=30)
             statuses.append(r.status_code)
 
-        threads = [threading.Thread(target=upload, args=(s,)) for s in sids[:8]]
+        threads = [threading.Thread(target=upload, args=(s,)) for s in sids[:12]]
         for t in threads:
             t.start()
         time.sleep(0.2)
         start = time.perf_counter()
         small = {"step_idx": 0, "screenshot": b64(screen(seed=9))}
-        r = httpx.post(f"{server.url}/v1/sessions/{sids[8]}/observe", json=small, timeout=30)
+        r = httpx.post(f"{server.url}/v1/sessions/{sids[12]}/observe", json=small, timeout=30)
         took = time.perf_counter() - start
         for t in threads:
             t.join()
     assert r.status_code == 200
-    assert took < 0.4, f"an ordinary observe waited {took:.2f} s behind large screenshots"
+    assert took < 0.6, f"an ordinary observe waited {took:.2f} s behind large screenshots"
     # Large ones wait for the lane up to the observe deadline (1 s here), then 429.
     assert statuses.count(200) >= 1 and set(statuses) <= {200, 429}, statuses
 
@@ -318,3 +318,78 @@ def test_a_screenshot_that_cannot_be_written_is_served_from_memory(tmp_path, mon
         )
         assert again.status_code == 200, again.text
         assert c.app.state.gateway.images.write_errors >= 1
+
+
+def test_a_job_through_a_symlinked_state_folder_shows_no_server_path(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with gateway_client(tmp_path, None, name="link/state") as c:
+        sid = start_session(c)
+        observe(c, sid, 0)
+        observe(c, sid, 1, prev=CLICK, screenshot=b64(screen(seed=0)))
+        job_id = c.post("/v1/diagnose", json={"session_id": sid}).json()["job_id"]
+        for _ in range(200):
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            if job["status"] != "pending":
+                break
+            time.sleep(0.05)
+    assert str(tmp_path) not in str(job), job
+    assert job["input"] == f"traces/{sid}.jsonl"
+
+
+def test_a_path_with_a_control_character_is_a_bad_request(tmp_path):
+    with gateway_client(tmp_path) as c:
+        r = c.post("/v1/diagnose", json={"path": "/tmp/\u0000x"})
+        assert (r.status_code, _code(r)) == (422, "bad_request")
+        r = c.post("/v1/sessions", json=session_body(session_id=".."))
+        assert (r.status_code, _code(r)) == (422, "bad_request")
+
+
+def test_the_history_object_of_an_answer_is_a_previous_summary(tmp_path):
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        history = observe(c, sid, 0).json()["history"]
+        body = {**session_body(), "previous_summary": history, "after": b64(screen(seed=3))}
+        r = c.post("/v1/observe", json=body)
+        assert r.status_code == 200, r.text
+
+
+def test_readiness_is_red_while_every_queue_place_is_held_by_a_hung_model(tmp_path):
+    backend = ScriptedBackend(mode="slow")  # in process: the places stay held past the deadline
+    overrides = ("limits.max_queue=2", "critic.critique_deadline_s=0.2")
+    with gateway_client(tmp_path, backend, *overrides) as c:
+        sid = start_session(c)
+        observe(c, sid, 0)
+        for x in range(2):
+            action = {**CLICK, "x": 10 + x}
+            v = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": action})
+            assert v.json()["reason"] == "timeout"
+        r = c.get("/readyz")
+        assert r.status_code == 503 and "past its deadline" in r.json()["detail"]
+
+
+def test_an_over_limit_screenshot_is_refused_without_waiting_for_the_large_lane(tmp_path):
+    import asyncio
+
+    from hivig.config import FrameConfig
+    from serve.errors import ApiError
+    from serve.images import ImageStore
+
+    store = ImageStore(
+        tmp_path, FrameConfig(), max_bytes=10**8, max_pixels=10_000, large_pixels=5_000
+    )
+
+    async def main() -> ApiError:
+        await store._large_lanes.acquire()  # the lane is busy
+        try:
+            await store.put_inline(_flat_png(200, 200), wait_s=5.0)
+        except ApiError as e:
+            return e
+        raise AssertionError("an over-limit screenshot was accepted")
+
+    start = time.perf_counter()
+    error = asyncio.run(main())
+    assert (error.status, error.code) == (400, "bad_image")
+    assert time.perf_counter() - start < 2.0
+    store.close()
