@@ -29,8 +29,8 @@ import os
 import random
 import shutil
 import tempfile
-import weakref
 from functools import lru_cache
+from multiprocessing.util import Finalize
 from pathlib import Path
 
 import torch
@@ -217,7 +217,9 @@ class _TokenizerFile:
         self.folder = Path(tempfile.mkdtemp(prefix="hivig-tokenizer-"))
         self.path = self.folder / "tokenizer.json"
         self.path.write_text(text, encoding="utf-8")
-        weakref.finalize(self, shutil.rmtree, self.folder, True)
+        # multiprocessing's finalizer runs in the process that made the folder only (a forked
+        # worker never removes its parent's) and also when a multiprocessing worker exits.
+        Finalize(self, shutil.rmtree, args=(self.folder, True), exitpriority=0)
 
 
 @lru_cache(maxsize=1)
