@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         return _fail(problem)
 
+    if cfg.workers > 1:
+        from serve.workers import run
+
+        run(cfg)
+        return 0
+
     import uvicorn
 
     from serve.app import create_app

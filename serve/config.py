@@ -145,12 +145,19 @@ class ServeConfig:
     graceful_timeout_s: float = 30.0
     """Seconds a shutdown waits for in-flight requests."""
     log_level: str = "info"
+    workers: int = 1
+    """Gateway processes on this node, sharing ``sessions.state_dir`` (the SQLite store orders
+    each session's requests across them). Queue limits, caches and ``/metrics`` are per process."""
 
     def __post_init__(self) -> None:
         if self.model:
             self.backend.model = self.model
         if not 0 < self.port < 65536:
             raise ConfigError("`port` must be in 1..65535")
+        if not 1 <= self.workers <= 256:
+            raise ConfigError("`workers` must be in 1..256")
+        if self.workers > 1 and self.sessions.store != "sqlite":
+            raise ConfigError("`workers` > 1 needs sessions.store=sqlite (memory is per process)")
 
     def sampling(self, max_tokens: int) -> SamplingConfig:
         """The backend's sampling with a per-call token cap."""

@@ -10,11 +10,16 @@ and then gets its stored answer instead of applying the step twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
+import os
+import re
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,8 @@ from serve.sessions import SessionState, SessionStore, StoredResponse, now, open
 from serve.traces import TraceWriter, messages_json, valid_session_id
 
 logger = logging.getLogger(__name__)
+
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
 
 SCHEMA_VERSION = "1"
 _RETRYABLE = ("timeout", "backend", "missing_image")
@@ -96,6 +103,10 @@ class Gateway:
         # one for each session whose frames are likely still cached (about two per session).
         self.detector = Detector(cache_size=max(1, cfg.sessions.frame_cache // 4))
         self._locks: dict[str, asyncio.Lock] = {}
+        # Processes sharing one SQLite store order a session's requests through a lock file.
+        self._lock_dir = state_dir / "locks" if cfg.sessions.store == "sqlite" else None
+        if self._lock_dir is not None:
+            self._lock_dir.mkdir(parents=True, exist_ok=True)
         self.jobs: dict[str, dict[str, Any]] = {}
         self._job_tasks: set[asyncio.Task[None]] = set()
         self._job_slots = asyncio.Semaphore(cfg.diagnose.max_jobs)
@@ -152,6 +163,20 @@ class Gateway:
             self._open_session(sid)
             lock = self._locks.setdefault(sid, asyncio.Lock())
         return lock
+
+    @contextlib.asynccontextmanager
+    async def _session(self, sid: str) -> AsyncIterator[None]:
+        """Hold the session for one request: its asyncio lock (this process) and, when the store
+        is shared by several processes, its lock file (``python -m serve workers=N``)."""
+        async with self._lock(sid):
+            if self._lock_dir is None:
+                yield
+                return
+            fd = await _lock_file(self._lock_dir / f"{sid}.lock")
+            try:
+                yield
+            finally:
+                os.close(fd)  # closing the descriptor releases the lock
 
     def _prune_locks(self) -> None:
         """Forget the locks of closed sessions nobody is waiting on."""
@@ -252,7 +277,7 @@ class Gateway:
 
     async def close_session(self, sid: str) -> dict[str, Any]:
         """``DELETE /v1/sessions/{sid}``."""
-        async with self._lock(sid):
+        async with self._session(sid):
             state = self._open_session(sid)
             state.closed = True
             self.store.save(state)
@@ -286,7 +311,7 @@ class Gateway:
         timer = Timer(time.perf_counter())
         k = req.step_idx
         digest = _observe_key(req)
-        async with self._lock(sid):
+        async with self._session(sid):
             state = self._open_session(sid)
             if k <= state.step_idx and not req.force:
                 stored = self.store.response(sid, "observe", k, "")
@@ -452,7 +477,7 @@ class Gateway:
         """``POST /v1/sessions/{sid}/critique``: verdict(s) on the proposed step(s)."""
         timer = Timer(time.perf_counter())
         k = req.step_idx
-        async with self._lock(sid):
+        async with self._session(sid):
             state = self._open_session(sid)
             # The key names the screen too: a session re-seeded from an earlier echo (an R3
             # Restore) reaches step k again on another screen, and must not get the old answer.
@@ -678,6 +703,7 @@ class Gateway:
             "input": str(target),
             "out": str(out),
         }
+        self._save_job(job_id)
         task = asyncio.create_task(self._diagnose(job_id, target, out))
         self._job_tasks.add(task)
         task.add_done_callback(self._job_tasks.discard)
@@ -704,16 +730,41 @@ class Gateway:
                 logger.exception("diagnosis job %s failed", job_id)
                 job.update(status="failed", error=f"{type(e).__name__}: {e}", finished=time.time())
                 return
+            finally:
+                self._save_job(job_id)
             job.update(
                 status="done",
                 result=result.to_json(),
                 html=str(out / "diagnosis.html"),
                 finished=time.time(),
             )
+            self._save_job(job_id)
+
+    def _job_file(self, job_id: str) -> Path:
+        return Path(self.cfg.sessions.state_dir) / "diagnoses" / job_id / "job.json"
+
+    def _save_job(self, job_id: str) -> None:
+        """The job's state on disk too: another worker process may be asked for it."""
+        path = self._job_file(job_id)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".job.{os.getpid()}.tmp")
+            tmp.write_bytes(json.dumps(self.jobs[job_id], default=str).encode())
+            os.replace(tmp, path)
+        except OSError as e:  # the job still answers from this process
+            logger.warning("diagnosis job %s: state not written (%s)", job_id, e.strerror or e)
+
+    def _load_job(self, job_id: str) -> dict[str, Any] | None:
+        if not _JOB_ID.fullmatch(job_id):
+            return None
+        try:
+            return json.loads(self._job_file(job_id).read_bytes())
+        except (OSError, ValueError):
+            return None
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /v1/jobs/{id}``."""
-        job = self.jobs.get(job_id)
+        job = self.jobs.get(job_id) or self._load_job(job_id)
         if job is None:
             raise ApiError(404, "unknown_job", f"no job {job_id!r}")
         # Server paths are shown relative to the folder they live in, never absolute.
@@ -880,6 +931,20 @@ def _relative_paths(value: Any, roots: list[str]) -> Any:
             if value == root:
                 value = "."
     return value
+
+
+async def _lock_file(path: Path) -> int:
+    """An open descriptor of ``path`` holding its exclusive ``flock`` (waits in a thread)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another process serves this session now: wait off the loop
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
 
 
 def _observe_key(req: Observe) -> str:
