@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from hivig.backends import Generation, Usage  # noqa: E402
 from hivig.backends.openai_client import encode_request  # noqa: E402
 from hivig.config import FrameConfig, load_config, screen_size  # noqa: E402
-from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png  # noqa: E402
+from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png, resize_kernel  # noqa: E402
 from serve.app import create_app  # noqa: E402
 from serve.config import ServeConfig  # noqa: E402
 
@@ -438,6 +438,8 @@ def bench_throughput(
             raise RuntimeError(f"{calls} model calls, expected {sessions * (2 * steps - 1)}")
         fractions.append(ideal / took)
         errors += errs
+    bare = _bare_image_work(size, steps, transport)
+    gateway_ms = statistics.median(cpu_s) * 1000 / (sessions * steps)
     return {
         "sessions": sessions,
         "steps": steps,
@@ -449,7 +451,7 @@ def bench_throughput(
         "fraction_of_ideal_median": round(statistics.median(fractions), 3),
         "fractions": [round(f, 3) for f in fractions],
         # Gateway process CPU per agent step (observe + critique), whatever the machine's load.
-        "gateway_cpu_ms_per_step": round(statistics.median(cpu_s) * 1000 / (sessions * steps), 1),
+        "gateway_cpu_ms_per_step": round(gateway_ms, 1),
         # The client shares the machine's cores: its CPU is part of what the machine can give.
         "client_cpu_ms_per_step": round(
             statistics.median(client_cpu_s) * 1000 / (sessions * steps), 1
@@ -458,8 +460,38 @@ def bench_throughput(
         "model_server_cpu_ms_per_step": round(
             statistics.median(server_cpu_s) * 1000 / (sessions * steps), 1
         ),
+        # The bare image work of one step on this machine in the same run (decode, canonical
+        # frame, one PNG encode; the kernel the gateway used): what the gateway's CPU is held to.
+        **bare,
+        "gateway_cpu_to_bare": round(gateway_ms / bare["bare_image_ms_per_step"], 2),
         "errors": errors,
     }
+
+
+def _bare_image_work(size: tuple[int, int], steps: int, transport: str) -> dict[str, Any]:
+    # ``python -m serve`` never imports torch, so it resizes with the numpy kernel unless told.
+    kernel = os.environ.get("HIVIG_RESIZE_KERNEL") or ("numpy" if transport == "openai" else "")
+    previous = os.environ.get("HIVIG_RESIZE_KERNEL")
+    if kernel:
+        os.environ["HIVIG_RESIZE_KERNEL"] = kernel
+    try:
+        frame = FrameConfig()
+        used = resize_kernel()
+        shots = [screenshot(*size, seed) for seed in range(steps)]
+        times = []
+        for data in shots * 3:
+            start = time.process_time()
+            frame_img = canonical_frame(
+                data, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels
+            )
+            encode_png(frame_img, FAST_PNG_LEVEL)
+            times.append(time.process_time() - start)
+    finally:
+        if previous is None:
+            os.environ.pop("HIVIG_RESIZE_KERNEL", None)
+        else:
+            os.environ["HIVIG_RESIZE_KERNEL"] = previous
+    return {"bare_image_ms_per_step": round(statistics.median(times) * 1000, 1), "kernel": used}
 
 
 # ---------------------------------------------------------------------------------------------

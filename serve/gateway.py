@@ -318,7 +318,7 @@ class Gateway:
                 if stored is not None:
                     # A retry gets the stored answer; another screenshot or action for a step
                     # already observed is a conflict, never silently dropped.
-                    if stored.pop("_request", digest) != digest:
+                    if not await self._same_observe(req, digest, stored):
                         raise ApiError(
                             409,
                             "step_conflict",
@@ -346,6 +346,19 @@ class Gateway:
             self.store.save(state, stored, prune_before=k - 1)
             self._trace(response, sid, "observe", **event)
             return response
+
+    async def _same_observe(self, req: Observe, digest: str, stored: dict[str, Any]) -> bool:
+        """Whether ``req`` states what the stored answer of its step answered.
+
+        The screenshot is compared by its reference, known only once decoded: a retry pays for
+        that, a first observe does not (its key leaves the screenshot out).
+        """
+        if stored.pop("_request", digest) != digest:
+            return False
+        if req.image_ref is not None and req.screenshot is None:
+            return req.image_ref == stored.get("image_ref")
+        shot = await self.image(req.screenshot, req.image_ref)
+        return shot is None or shot.ref == stored.get("image_ref")
 
     async def _observe(
         self, state: SessionState, k: int, shot: StoredImage, prev: Any, timer: Timer
@@ -948,8 +961,8 @@ async def _lock_file(path: Path) -> int:
 
 
 def _observe_key(req: Observe) -> str:
-    """What an observe states (screens and action): a retry states the same."""
-    text = req.model_dump_json(exclude={"force"})
+    """What an observe states besides its screenshot (compared by reference on a retry)."""
+    text = req.model_dump_json(include={"prev_action", "prev_screenshot", "prev_image_ref"})
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
