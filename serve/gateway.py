@@ -948,7 +948,10 @@ def _relative_paths(value: Any, roots: list[str]) -> Any:
 
 async def _lock_file(path: Path) -> int:
     """An open descriptor of ``path`` holding its exclusive ``flock`` (waits in a thread)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # the state folder refuses writes: the commit would fail as well
+        raise StorageError(f"session lock file unavailable: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:  # another process serves this session now: wait off the loop
