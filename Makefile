@@ -86,6 +86,7 @@ bench: venv
 	taskset -c 1 $(PY) benchmarks/bench_ingest.py
 	$(PY) benchmarks/bench_train_data.py --workers 2 --repeats 3
 	$(PY) benchmarks/bench_datagen.py --runs 3
+	$(PY) benchmarks/bench_faults.py
 
 clean:
 	rm -rf $(VENV) $(IMAGE_VENV) .gpu_wheels build *.egg-info .pytest_cache .ruff_cache
