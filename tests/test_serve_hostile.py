@@ -215,18 +215,25 @@ def test_a_bad_image_message_shows_no_memory_address(tmp_path):
     assert "BytesIO" not in r.json()["error"]["message"]
 
 
+def _diagnosis_of(c, sid: str) -> dict:
+    """Start a diagnosis of ``sid`` and wait for its job to finish."""
+    job_id = c.post("/v1/diagnose", json={"session_id": sid}).json()["job_id"]
+    for _ in range(200):
+        job = c.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] != "pending":
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
 def test_a_job_shows_no_absolute_server_path(tmp_path):
     with gateway_client(tmp_path) as c:
         sid = start_session(c)
         observe(c, sid, 0)
         for k in range(1, 3):
             observe(c, sid, k, prev=CLICK, screenshot=b64(screen(seed=0)))
-        job_id = c.post("/v1/diagnose", json={"session_id": sid}).json()["job_id"]
-        for _ in range(200):
-            job = c.get(f"/v1/jobs/{job_id}").json()
-            if job["status"] != "pending":
-                break
-            time.sleep(0.05)
+        job = _diagnosis_of(c, sid)
+        job_id = job["job_id"]
     assert job["status"] == "done", job
     text = str(job)
     assert str(tmp_path) not in text
@@ -328,12 +335,7 @@ def test_a_job_through_a_symlinked_state_folder_shows_no_server_path(tmp_path):
         sid = start_session(c)
         observe(c, sid, 0)
         observe(c, sid, 1, prev=CLICK, screenshot=b64(screen(seed=0)))
-        job_id = c.post("/v1/diagnose", json={"session_id": sid}).json()["job_id"]
-        for _ in range(200):
-            job = c.get(f"/v1/jobs/{job_id}").json()
-            if job["status"] != "pending":
-                break
-            time.sleep(0.05)
+        job = _diagnosis_of(c, sid)
     assert str(tmp_path) not in str(job), job
     assert job["input"] == f"traces/{sid}.jsonl"
 
