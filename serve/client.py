@@ -683,8 +683,8 @@ class _Deadlines:
 
     def learn(self, reply: _Reply) -> None:
         """Take the gateway's ``deadlines_s`` from a ``/v1/info`` reply."""
-        if reply.status == 0:
-            return  # no answer at all: ask again at the next session creation
+        if reply.status not in (200, 404, 405):
+            return  # no answer, or a passing refusal (429, 5xx): ask again next time
         self.asked = True
         table = _as_dict(_as_dict(reply.body).get("deadlines_s")) if reply.ok else {}
         for kind in _MODEL_CALLS:

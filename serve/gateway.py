@@ -947,20 +947,30 @@ def _relative_paths(value: Any, roots: list[str]) -> Any:
 
 
 async def _lock_file(path: Path) -> int:
-    """An open descriptor of ``path`` holding its exclusive ``flock`` (waits in a thread)."""
+    """An open descriptor of ``path`` holding its exclusive ``flock``.
+
+    While another process serves the session, the lock is polled from the event loop: a thread
+    blocked in ``flock`` would hold a place of the default executor, which model calls share.
+    """
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:  # the state folder refuses writes: the commit would fail as well
         raise StorageError(f"session lock file unavailable: {e.strerror or e}") from None
+    pause = 0.001
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # another process serves this session now: wait off the loop
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-    return fd
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.05)
+    except OSError as e:  # no locks on this filesystem (ENOLCK on some network mounts)
+        os.close(fd)
+        raise StorageError(f"session lock unavailable: {e.strerror or e}") from None
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _observe_key(req: Observe) -> str:

@@ -9,7 +9,9 @@ answers. Caches, the model-call queue and ``/metrics`` are per process.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -23,17 +25,37 @@ CONFIG_ENV = "HIVIG_SERVE_WORKER_CONFIG"
 
 
 def app() -> FastAPI:
-    """The app of one worker process (uvicorn's factory)."""
+    """The app of one worker process (uvicorn's factory).
+
+    A mistake in the config ends the worker with uvicorn's start-up failure status, so the
+    supervisor stops instead of restarting it for ever.
+    """
+    from hivig.config import ConfigError
     from serve.app import create_app
 
-    return create_app(_config())
+    try:
+        return create_app(_config())
+    except ConfigError as e:
+        logging.getLogger("serve").error("error: %s", e)
+        sys.exit(_STARTUP_FAILURE)
+
+
+_STARTUP_FAILURE = 3
+"""uvicorn's exit status for a worker that could not start (its supervisor then stops)."""
 
 
 def _config() -> ServeConfig:
     return load_config(ServeConfig, os.environ[CONFIG_ENV], [])
 
 
-class WorkerHTTP(http_protocol(float(os.environ.get("HIVIG_SERVE_HEADER_TIMEOUT_S", "10")))):
+def _header_timeout() -> float:
+    try:
+        return float(os.environ.get("HIVIG_SERVE_HEADER_TIMEOUT_S", "10"))
+    except ValueError:
+        return 10.0  # ``run`` sets it from the validated config before any worker starts
+
+
+class WorkerHTTP(http_protocol(_header_timeout())):
     """The head-timeout protocol by import path (workers cannot be handed a class object)."""
 
 
@@ -42,7 +64,9 @@ def run(cfg: ServeConfig) -> None:
     import uvicorn
 
     resolved = Path(cfg.sessions.state_dir) / ".gateway-config.yaml"
-    resolved.write_text(config_to_yaml(cfg), encoding="utf-8")
+    tmp = resolved.with_name(f".gateway-config.{os.getpid()}.tmp")
+    tmp.write_text(config_to_yaml(cfg), encoding="utf-8")
+    os.replace(tmp, resolved)
     os.environ[CONFIG_ENV] = str(resolved)
     os.environ["HIVIG_SERVE_HEADER_TIMEOUT_S"] = str(cfg.limits.header_timeout_s)
     uvicorn.run(
