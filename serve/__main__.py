@@ -61,6 +61,12 @@ def _check(cfg: ServeConfig) -> str | None:
         return "the openai backend needs backend.base_url=URL and model=NAME (the served name)"
     if cfg.backend.kind == "offline":
         return "backend.kind offline has no critic to serve; use transformers or openai"
+    from hivig.vision import resize_kernel
+
+    try:
+        resize_kernel()
+    except ValueError as e:
+        return str(e)
     if cfg.critic.prompt_dir:
         from hivig.prompts import CRITIC_PROMPTS, PromptError, load_prompt_dir
 
@@ -134,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     from serve.app import create_app
     from serve.server import http_protocol
 
-    app = create_app(cfg)
+    try:
+        app = create_app(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
     uvicorn.run(
         app,
         host=cfg.host,

@@ -101,3 +101,17 @@ def test_a_misspelt_kernel_fails_the_gateway_at_start(monkeypatch, tmp_path):
     monkeypatch.setenv("HIVIG_RESIZE_KERNEL", "cuda")
     with pytest.raises(ConfigError, match="HIVIG_RESIZE_KERNEL"):
         create_app(serve_config(tmp_path))
+
+
+def test_a_misspelt_kernel_is_one_line_and_exit_2_from_the_cli(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "serve", "--config", "configs/serve/vllm.yaml", "warmup=false",
+         f"sessions.state_dir={tmp_path}", "backend.base_url=http://127.0.0.1:9/v1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+             "HIVIG_RESIZE_KERNEL": "cuda"},
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: HIVIG_RESIZE_KERNEL must be one of ('auto', 'torch', 'numpy'), got 'cuda'"
+    ]

@@ -125,3 +125,42 @@ def test_workers_need_the_shared_store():
         load_config(ServeConfig, None, ["workers=2", "sessions.store=memory"])
     with pytest.raises(ConfigError, match="workers"):
         load_config(ServeConfig, None, ["workers=0"])
+
+
+def test_a_filesystem_without_locks_is_a_storage_error_not_a_500(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from tests.fakes.gateway import gateway_client, observe
+
+    real = fcntl.flock
+
+    def no_locks(fd, op):
+        if op & fcntl.LOCK_EX:
+            raise OSError(errno.ENOLCK, "No locks available")
+        return real(fd, op)
+
+    with gateway_client(tmp_path, raise_server_exceptions=False) as c:
+        sid = c.post("/v1/sessions", json=session_body()).json()["session_id"]
+        monkeypatch.setattr(fcntl, "flock", no_locks)
+        r = observe(c, sid, 0)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "storage_unavailable"
+    assert (tmp_path / "state" / "locks").is_dir()
+    assert len(os.listdir("/proc/self/fd")) < 200  # the descriptor was closed, not leaked
+
+
+@pytest.mark.slow
+def test_a_worker_whose_app_fails_stops_the_supervisor(tmp_path):
+    # The parent's checks pass; the worker's own config load fails (a file it cannot parse).
+    from serve import workers
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("limits: {max_queue: -1}\n")
+    env = {**os.environ, workers.CONFIG_ENV: str(bad)}
+    code = "import uvicorn; uvicorn.run('serve.workers:app', factory=True, workers=2, port=%d)"
+    run = subprocess.run(
+        [sys.executable, "-c", code % free_port()],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "failed to start, stopping the parent process" in run.stderr, run.stderr[-2000:]
+    assert run.stderr.count("Child process died") == 0
