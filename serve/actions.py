@@ -17,9 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hivig.actions import (
+    AGENT_FORMATS,
     Action,
     ActionError,
+    ElementAction,
     action_from_arguments,
+    in_space,
     marks_for_tool_calls,
     parse_agent_output,
     parse_androidworld,
@@ -128,8 +131,10 @@ def resolve(obj: Any, platform: str, frame: Frame, default_format: str = "auto")
     """Turn a request's action object into a ``ResolvedAction``.
 
     Args:
-        obj: ``{"raw": str, "format"?, "intent"?, "coord_space"?, "frame"?}`` or a typed
-            ``{"type": ..., "x": .., "y": ..}`` object (see ``docs/serving.md``).
+        obj: ``{"raw": str, "format"?, "intent"?, "coord_space"?, "frame"?, "verbatim"?}`` or a
+            typed ``{"type": ..., "x": .., "y": ..}`` object (see ``docs/serving.md``). With
+            ``verbatim: true`` the text is read strictly (no repair): the runner will execute
+            it as written, so a broken call is judged as the raw text it is.
         platform: Session platform (picks ``computer_use`` or ``mobile_use``).
         frame: Session coordinate frame; ``coord_space``/``frame`` in ``obj`` override it.
         default_format: The session's ``action_format``.
@@ -153,15 +158,18 @@ def resolve(obj: Any, platform: str, frame: Frame, default_format: str = "auto")
     if not isinstance(raw, str) or not raw.strip():
         raise ApiError(422, "bad_action", "an action needs a typed `type` or non-empty `raw` text")
     fmt = obj.get("format", default_format) or "auto"
-    if fmt not in ("auto", "qwen", "scalecua", "osworld", "androidworld"):
+    if fmt not in AGENT_FORMATS:
         raise ApiError(422, "bad_action", f"unknown action format {fmt!r}")
     if fmt == "auto":
         fmt = detect_format(raw)
     if intent is None and fmt == "qwen":
         found = _INTENT_LINE.search(raw.split("<tool_call>", 1)[0])
         intent = found.group(1) if found else None
+    verbatim = obj.get("verbatim", False)
+    if not isinstance(verbatim, bool):
+        raise ApiError(422, "bad_action", "`verbatim` must be true or false")
     parsed = _parse_text(raw, fmt, platform, frame, space)
-    if isinstance(parsed, ActionError) and parsed.reason != OUT_OF_RANGE:
+    if isinstance(parsed, ActionError) and parsed.reason != OUT_OF_RANGE and not verbatim:
         # What real agents emit (module prefixes, a doubled brace, prose around the call) goes
         # through the shared tolerant front door, as the runner adapters do; text that stays
         # unreadable is judged as it was written.
@@ -184,7 +192,10 @@ def detect_format(raw: str) -> str:
     text = raw.strip()
     if "<tool_call>" in text.lower() or ('"name"' in text and '"arguments"' in text):
         return "qwen"
-    if text.startswith("{") and "action_type" in text:
+    if text.startswith(("[", "{")) and '"name"' in text and '"parameters"' in text:
+        return "webarena_code"
+    if "action_type" in text:
+        # A bare JSONAction, or an M3A/T3A answer: ``Reason: ... Action: {'action_type': ...}``.
         return "androidworld"
     if text in _OSWORLD_SPECIAL or "pyautogui." in text or "import " in text:
         return "osworld"
@@ -209,6 +220,15 @@ def _finish(
         )
     if not parsed:
         return ResolvedAction(intent, None, raw, raw, "empty: no action in the text")
+    unshown = [a for a in parsed if not in_space(a, space)]
+    if unshown:
+        # An action with no tool-call form here (an element index without its point, a
+        # call_user): the step is judged as the text the policy wrote, never with a made-up point.
+        why = unshown[0]
+        error = ActionError("unsupported_action", f"{why.action} has no {space} tool call")
+        if isinstance(why, ElementAction):
+            error = ActionError("missing_coordinate", f"{why.kind} on element {why.index}")
+        return _finish(intent, error, raw, space, frame)
     return ResolvedAction(intent, tuple(parsed), raw, render_tool_calls(parsed, space))
 
 
@@ -292,6 +312,9 @@ def _parse_text(
         return parse_osworld(code, width, height, pixels_per_click=SCROLL_PIXELS_PER_CLICK)
     if fmt == "androidworld":
         return parse_androidworld(raw, width, height)
+    if fmt == "webarena_code":
+        # Only the tolerant front door reads the executed code list (no strict form exists).
+        return ActionError("bad_syntax", "webarena_code is read by the front door")
     out = parse_scalecua(raw, platform, frame.width, frame.height, scale=scale)
     if isinstance(out, ActionError):
         return out

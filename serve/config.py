@@ -14,7 +14,7 @@ from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
 COORD_SPACES = ("screen_px", "norm1000", "norm999", "norm01", "resized_px")
 """Coordinate spaces an action may be stated in (see ``serve.actions``)."""
 
-ACTION_FORMATS = ("auto", "qwen", "scalecua", "osworld", "androidworld")
+ACTION_FORMATS = ("auto", "qwen", "scalecua", "osworld", "androidworld", "webarena_code")
 """Text formats of ``raw`` actions; ``auto`` picks by the text's shape."""
 
 

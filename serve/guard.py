@@ -70,8 +70,13 @@ class R3Config:
     Attributes:
         enabled: React to the gateway's ``r3_trigger``.
         reroute_attempts: Proposals from a fresh context (N) before giving up.
-        on_failure: ``terminate`` the episode, or ``continue`` with the restored history, when
-            no proposal changes the screen.
+        on_failure: What happens when no reroute proposal changes the screen. ``continue``
+            (the default) fails open: the give-up is logged (``gave_up`` in the step's log
+            record and in ``events``) and the step is decided afresh in normal mode with the
+            restored history, so the policy's own proposal runs. ``terminate`` ends the episode
+            (``Decision.stop``; adapters turn it into their harness' stop value, e.g. OSWorld's
+            ``FAIL``). A stop is a task outcome the guard makes up (OSWorld scores ``FAIL`` 1.0
+            on infeasible tasks and 0 elsewhere), so it is an explicit choice, never a default.
         critique_reroutes: Critique reroute proposals; a ``bad`` one is not executed (it still
             uses one of the N).
         rebuild_gateway_history: On Restore, also rebuild the gateway's macro history: the
@@ -82,7 +87,7 @@ class R3Config:
 
     enabled: bool = True
     reroute_attempts: int = 3
-    on_failure: Literal["terminate", "continue"] = "terminate"
+    on_failure: Literal["terminate", "continue"] = "continue"
     critique_reroutes: bool = True
     rebuild_gateway_history: bool = True
 
@@ -121,8 +126,10 @@ class GuardConfig:
     Attributes:
         max_reproposals: Re-proposals after a ``bad`` verdict (K; 1 matches the two policy calls
             per step of the published setup, 2 is the usual ceiling).
-        on_exhausted: What to run when the last proposal is still ``bad``: ``execute_last``,
-            ``execute_first`` or ``stop``.
+        on_exhausted: What to run when the last proposal is still ``bad``: ``execute_last``
+            (the default: fail open, logged as ``critic_overridden``), ``execute_first`` or
+            ``stop`` (end the episode: an explicit choice, as a stop is a made-up task outcome;
+            see ``R3Config.on_failure``).
         escalate_after: Rejections at one screen within an episode after which the next
             proposal is accepted without critique (and an escalation logged).
         candidates: Best-of-N: ask the policy for N candidates and execute the best-ranked
@@ -228,7 +235,8 @@ class Decision:
         action: Its API action object.
         verdict: The verdict of the executed proposal (``None`` when not critiqued).
         outcome: As ``Review.outcome``, plus ``r3_failed``.
-        stop: End the episode instead of executing.
+        stop: End the episode instead of executing; only when configured so
+            (``on_exhausted: stop`` or ``r3.on_failure: terminate``).
         record: This step's entry of ``guard.log``.
     """
 
@@ -602,6 +610,12 @@ class CriticGuard:
         if self.config.r3.on_failure == "terminate":
             record["r3"]["terminate"] = True
             self._terminate = True
+        else:
+            # Fail open: nothing is made up for the harness; the policy's next proposal runs and
+            # the log says R3 gave up here.
+            record["gave_up"] = "r3_failed"
+            self.events["gave_up"] += 1
+            log.info("R3 gave up at step %s; the policy's proposal runs", record["step_idx"])
 
     @staticmethod
     def _reroute_facts(rr: _Reroute) -> dict[str, Any]:

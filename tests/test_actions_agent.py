@@ -7,6 +7,7 @@ import pytest
 from hivig.actions import (
     ActionError,
     Click,
+    ElementAction,
     Key,
     LeftClick,
     LongPress,
@@ -237,7 +238,7 @@ def test_androidworld_reason_action_text_and_dataclass_dicts():
     assert parse_agent_output(as_dataclass, "androidworld", **kw)[0].text == "Clock"
     by_index = {"action_type": "click", "index": 3}
     got = parse_agent_output(by_index, "androidworld", **kw)
-    assert isinstance(got, ActionError) and got.reason == "missing_coordinate"
+    assert got == [ElementAction("click", 3)]  # the point comes from the element list only
 
 
 # ---------------------------------------------------------------------------------------------

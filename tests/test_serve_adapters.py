@@ -268,22 +268,38 @@ SCALECUA_RESPONSE = (
 )
 
 
-def test_scalecua_prefixed_calls_and_combos_with_intent():
+SCALECUA_CLEAN = (
+    "<think>The file must be saved.</think>\n<operation>Press Ctrl+S to save</operation>\n"
+    "<action>\nclick(x=500, y=250)\nhotkey(keys=['ctrl', 's'])\n</action>"
+)
+
+
+def test_scalecua_calls_with_intent_and_repaired_ones_judged_as_written():
     gw = FakeGateway()
-    agent = FakeOSWorldAgent(lambda i, o, a: (SCALECUA_RESPONSE, ["pyautogui.hotkey('ctrl','s')"]))
+    outputs = iter([SCALECUA_CLEAN, SCALECUA_RESPONSE])
+    agent = FakeOSWorldAgent(lambda i, o, a: (next(outputs), ["pyautogui.hotkey('ctrl','s')"]))
     guarded = GuardedScaleCUAAgent(
         agent, make_client(gw), screen=(1920, 1080), coord_space="resized_px", frame=(1000, 500)
     )
     guarded.predict("Save", obs_of("A"))
-    sent = critiqued(gw)[0]
-    assert sent["intent"] == "Press Ctrl+S to save"
-    assert '"coordinate": [500, 500]' in sent["raw"] and '"keys": ["ctrl", "s"]' in sent["raw"]
+    guarded.predict("Save", obs_of("B"))
+    clean, repaired = critiqued(gw)
+    assert clean["intent"] == "Press Ctrl+S to save"
+    assert '"coordinate": [500, 500]' in clean["raw"] and '"keys": ["ctrl", "s"]' in clean["raw"]
     assert gw.creates()[0]["frame"] == {"w": 1000, "h": 500}
+    # ``pyautogui.click(...)`` and ``key("ctrl+s")`` read only after a repair that ScaleCUA's
+    # own executor does not make (it matches bare ``name(...)`` calls): judged as written.
+    assert repaired == {
+        "raw": '\npyautogui.click(x=500, y=250)\nkey("ctrl+s")\n',
+        "format": "scalecua",
+        "verbatim": True,
+        "intent": "Press Ctrl+S to save",
+    }
 
 
 def test_scalecua_mobile_calls_on_android():
     gw = FakeGateway()
-    text = "<action>\nmobile.swipe(from_coord=[0.5, 0.9], to_coord=[0.5, 0.1])\n</action>"
+    text = "<action>\nswipe(from_coord=[0.5, 0.9], to_coord=[0.5, 0.1])\n</action>"
     agent = FakeOSWorldAgent(lambda i, o, a: (text, []))
     guarded = GuardedScaleCUAAgent(
         agent, make_client(gw), platform="android", screen=(1080, 2400), coord_space="norm01"
@@ -297,8 +313,8 @@ def test_scalecua_default_reads_resized_pixels_the_same_way_every_step():
     gw = FakeGateway()
     outputs = iter(
         [
-            "<action>\npyautogui.click(x=966, y=546)\n</action>",
-            "<action>\npyautogui.click(x=1200, y=546)\n</action>",
+            "<action>\nclick(x=966, y=546)\n</action>",
+            "<action>\nclick(x=1200, y=546)\n</action>",
         ]
     )
     agent = FakeOSWorldAgent(lambda i, o, a: (next(outputs), []))
@@ -500,7 +516,10 @@ def test_qwen_slips_are_repaired(response):
     d = policy.step(png("A"))
     assert d.proposal == response
     sent = critiqued(gw)[0]
-    assert sent["format"] == "qwen" and '"coordinate": [250, 400]' in sent["raw"]
+    # The caller executes ``policy.actions(d)``, the repaired reading: that is what is judged.
+    assert sent["format"] == "qwen" and sent["coord_space"] == "norm1000"
+    assert "verbatim" not in sent and sent["raw"].startswith("<tool_call>\n{")
+    assert '"coordinate": [250, 400]' in sent["raw"]
     assert policy.actions(d)[0].coordinate == (250, 400)
 
 

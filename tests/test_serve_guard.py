@@ -452,11 +452,12 @@ def test_r3_trigger_needs_k_repeats():
     assert guard.events["r3_trigger"] == 1 and guard.mode == "reroute"
 
 
-def test_r3_reroute_that_never_changes_the_screen_terminates():
+def test_r3_reroute_that_never_changes_the_screen_terminates_when_configured_to():
     gw = FakeGateway()
     env = Env("A", {("A", "go"): "B"})  # nothing changes B
     policy = Scripted(lambda ctx: "go" if not ctx.history and ctx.mode == "normal" else "dead")
-    guard = guard_for(gw, policy, r3=R3Config(reroute_attempts=3))
+    # Ending the episode is opt-in (the default fails open, see test_r3_failure_can_continue).
+    guard = guard_for(gw, policy, r3=R3Config(reroute_attempts=3, on_failure="terminate"))
     decisions = guard.run(env.execute, env.shot(), max_steps=10)
     assert decisions[-1].stop and decisions[-1].outcome == "r3_failed"
     assert env.executed == ["go", "dead", "dead", "dead", "dead", "dead"]
@@ -468,10 +469,14 @@ def test_r3_failure_can_continue():
     gw = FakeGateway()
     env = Env("A", {("A", "go"): "B"})
     policy = Scripted(lambda ctx: "go" if not ctx.history and ctx.mode == "normal" else "dead")
-    guard = guard_for(gw, policy, r3=R3Config(reroute_attempts=2, on_failure="continue"))
+    guard = guard_for(gw, policy, r3=R3Config(reroute_attempts=2))  # the default: continue
     decisions = guard.run(env.execute, env.shot(), max_steps=7)
     assert not any(d.stop for d in decisions)
     assert guard.events["r3_failed"] >= 1 and len(decisions) == 7
+    # The give-up is on record, and the policy's own proposal ran at that step.
+    assert guard.events["gave_up"] == guard.events["r3_failed"]
+    gave_up = [r for r in guard.log if r.get("gave_up") == "r3_failed"]
+    assert gave_up and all(r["outcome"] != "r3_failed" for r in gave_up)
 
 
 def test_r3_bad_reroute_proposal_is_not_executed():

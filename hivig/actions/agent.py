@@ -15,6 +15,7 @@ then sends the text as it is (judged without a marker), it never drops the step.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from typing import Any, Literal
 
@@ -30,6 +31,8 @@ from hivig.actions.model import (
     SPACES,
     Action,
     ActionError,
+    ElementAction,
+    Type,
     action_from_arguments,
     is_number,
     space_for_platform,
@@ -37,8 +40,15 @@ from hivig.actions.model import (
 from hivig.actions.osworld import OSWORLD_WAIT_SECONDS, _Source, _statement_calls
 from hivig.actions.scalecua import parse_scalecua_calls
 
-AgentFormat = Literal["auto", "qwen", "scalecua", "osworld", "androidworld"]
-AGENT_FORMATS: tuple[str, ...] = ("auto", "qwen", "scalecua", "osworld", "androidworld")
+AgentFormat = Literal["auto", "qwen", "scalecua", "osworld", "androidworld", "webarena_code"]
+AGENT_FORMATS: tuple[str, ...] = (
+    "auto",
+    "qwen",
+    "scalecua",
+    "osworld",
+    "androidworld",
+    "webarena_code",
+)
 
 CoordSpace = Literal["screen_px", "norm1000", "norm999", "norm01", "resized_px"]
 COORD_SPACES: tuple[str, ...] = ("screen_px", "norm1000", "norm999", "norm01", "resized_px")
@@ -47,6 +57,7 @@ DEFAULT_COORD_SPACE: dict[str, str | None] = {
     "qwen": "norm1000",
     "osworld": "screen_px",
     "androidworld": "screen_px",
+    "webarena_code": "screen_px",
     "scalecua": None,  # ScaleCUA outputs are read by their own magnitudes (scale detection)
 }
 """Coordinate space each format is read in when the caller names none."""
@@ -225,39 +236,133 @@ def _scalecua_lines(text: str) -> str:
     return "\n".join(lines)
 
 
+def _combo_parts(keys: str) -> list[str] | None:
+    """``"ctrl+s"`` -> ``["ctrl", "s"]``; ``"ctrl++"`` (the plus key) -> ``["ctrl", "+"]``."""
+    if keys.endswith("++"):
+        head = keys[:-2]
+        return [*head.split("+"), "+"] if head else None
+    return keys.split("+")
+
+
 def _split_combo(call: RawCall) -> RawCall:
     """A ``+``-joined combo in one argument -> ``hotkey(keys=["ctrl", "s"])``.
 
-    Covers ``key("ctrl+s")``, ``press(keys="ctrl+s")`` and ``hotkey("ctrl+s")``.
+    Covers ``key("ctrl+s")``, ``press(keys="ctrl+s")``, ``press(keys="ctrl++")`` (a combo whose
+    key is ``+``), ``hotkey("ctrl+s")`` and the keys given as one list, ``hotkey(['cmd', 'a'])``.
     """
     keys = call.kwargs.get("keys")
     if call.name == "hotkey" and isinstance(keys, (list, tuple)) and len(keys) == 1:
-        keys = keys[0]  # one positional combo: the same slip as key("ctrl+s")
+        keys = keys[0]  # one positional combo or list: the same slip as key("ctrl+s")
+        if isinstance(keys, (list, tuple)):
+            return RawCall("hotkey", {"keys": tuple(keys)}, alias=call.alias, line=call.line)
     if call.name not in ("press", "hotkey") or not isinstance(keys, str) or len(keys) < 2:
         return call
     if "+" not in keys or call.kwargs.get("presses", 1) != 1:
         return call
-    parts = [p.strip() for p in keys.split("+")]
+    parts = _combo_parts(keys)
+    if parts is None or len(parts) < 2:
+        return call
+    parts = [p if p == "+" else p.strip() for p in parts]
     if not all(parts) or not all(is_key_name(p) for p in parts):
         return call  # prose with a plus sign stays what it is: a bad key
     return RawCall("hotkey", {"keys": parts}, alias=call.alias, line=call.line)
 
 
-def _terminate_status(call: RawCall) -> RawCall:
+def _settle_keys(calls: list[RawCall]) -> list[RawCall]:
+    """Give a step's lone ``keyDown``/``keyUp`` a form the critic can be shown.
+
+    pyautogui's ``keyDown('shift')`` holds a key and ``keyUp('shift')`` releases it, often in
+    separate steps. Qwen3-VL's action space has no hold or release, so: a key still held when the
+    step ends is released there (``keyDown('shift')`` alone, or ``keyDown('ctrl')`` then
+    ``press('c')``, is shown as the ``key`` action of what was pressed: ``["shift"]``,
+    ``["ctrl", "c"]``), and a ``keyUp`` of a key this step did not hold is shown as a ``key``
+    action of that key. A key held across a pointer call (a shift-click) has no such form and
+    stays unreadable: it is judged as the text it is. The strict parsers of training data keep
+    rejecting lone key events; only live output is read this way.
+    """
+    held: list[str] = []
+    out: list[RawCall] = []
+    for call in calls:
+        key = call.kwargs.get("key")
+        if call.name == "keyDown" and isinstance(key, str):
+            held.append(key)
+        elif call.name == "keyUp" and isinstance(key, str):
+            if key not in held:
+                out.append(RawCall("press", {"keys": key, "presses": 1}, line=call.line))
+                continue
+            held.remove(key)
+        out.append(call)
+    out.extend(RawCall("keyUp", {"key": k}, line=f"keyUp({k!r})") for k in reversed(held))
+    return out
+
+
+# A free-text status ("The task is impossible because ...") says which way the task ended only
+# through words like these; failure words are tried first ("cannot be completed").
+_FAILURE_TEXT = re.compile(
+    r"\b(impossible|infeasible|unable|cannot|can't|can not|could not|couldn't|not possible|"
+    r"fail(?:s|ed|ure)?|unsuccessful|not (?:be |been )?(?:complete[ds]?|done|finished|found)|"
+    r"does not exist|doesn't exist|no such)\b",
+    re.IGNORECASE,
+)
+_SUCCESS_TEXT = re.compile(
+    r"\b(success(?:ful(?:ly)?)?|succeeded|complete[ds]?|done|finished|accomplished)\b",
+    re.IGNORECASE,
+)
+
+
+def _terminate_status(call: RawCall) -> list[RawCall]:
+    """A ``terminate`` whose status is a synonym or free text -> success/failure, text kept.
+
+    A one-word synonym (``completed``, ``infeasible``) maps to its status. A sentence maps to
+    ``failure`` or ``success`` only when its words say so, the sentence kept as the terminate's
+    ``info`` (metadata; the critic is shown the status). A sentence that says neither is the
+    agent's closing report: it is shown as an ``answer`` with that text followed by
+    ``terminate(success)`` (ScaleCUA's default status; AndroidLab ends the task with the text as
+    its message). Any other word stays a ``bad_argument``.
+    """
     status = call.kwargs.get("status")
     if call.name != "terminate" or not isinstance(status, str):
-        return call
-    mapped = _STATUS_SYNONYMS.get(status.strip().lower())
-    if mapped is None:
-        return call
-    return RawCall(call.name, {**call.kwargs, "status": mapped}, alias=call.alias, line=call.line)
+        return [call]
+    text = status.strip()
+    mapped = _STATUS_SYNONYMS.get(text.lower())
+    if mapped is not None:
+        kwargs = {**call.kwargs, "status": mapped}
+        return [RawCall(call.name, kwargs, alias=call.alias, line=call.line)]
+    if text.lower() in ("success", "failure", "fail") or not re.search(r"\s", text):
+        return [call]
+    info = call.kwargs.get("info")
+    note = text if not isinstance(info, str) or not info.strip() else f"{text} {info.strip()}"
+    if _FAILURE_TEXT.search(text):
+        mapped = "failure"
+    elif _SUCCESS_TEXT.search(text):
+        mapped = "success"
+    ended = RawCall(
+        "terminate", {"status": mapped or "success", "info": note}, alias=call.alias, line=call.line
+    )
+    if mapped is not None:
+        return [ended]
+    return [RawCall("response", {"answer": note}, line=call.line), ended]
+
+
+def _repair_calls(calls: list[RawCall]) -> list[RawCall]:
+    """The key and status repairs every pyautogui-style format gets."""
+    fixed = [t for c in calls for t in _terminate_status(_split_combo(c))]
+    return _settle_keys(fixed)
+
+
+# AndroidLab's agents write ``enter()`` for the Enter key (its executor's "Enter" action).
+_ENTER_CALL = re.compile(r"^enter\(\s*\)$")
 
 
 def _scalecua_calls(text: str) -> list[RawCall] | ActionError:
-    calls = parse_scalecua_calls(_scalecua_lines(text))
+    lines = [
+        "press(keys='enter')" if _ENTER_CALL.match(line) else line
+        for line in _scalecua_lines(text).splitlines()
+    ]
+    calls = parse_scalecua_calls("\n".join(lines))
     if isinstance(calls, ActionError):
         return calls
-    return [_terminate_status(_split_combo(c)) for c in calls]
+    return _repair_calls(calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,40 +449,222 @@ def _parse_qwen(text: str, space: str, scale: str | None, w: int, h: int) -> Any
 # AndroidWorld JSON actions
 
 
-def _androidworld_calls_of(action: Any) -> list[RawCall] | ActionError:
+_ACTION_LABEL = re.compile(r"action\s*:", re.IGNORECASE)
+_ELEMENT_KINDS = ("click", "double_tap", "long_press", "input_text")
+
+
+def _python_dict(text: str) -> dict[str, Any] | None:
+    """The Python-literal dict after the last ``Action:`` (how M3A/T3A write their action).
+
+    Upstream reads it with ``ast.literal_eval``; so does this, on the text from the first ``{``
+    after the label to each ``}`` from the last one back, so trailing prose does not matter.
+    """
+    labels = list(_ACTION_LABEL.finditer(text))
+    start = text.find("{", labels[-1].end() if labels else 0)
+    if start < 0:
+        return None
+    end = len(text)
+    for _ in range(32):  # a bounded number of tries: answers are short, text may not be
+        end = text.rfind("}", start, end)
+        if end < 0:
+            return None
+        try:
+            obj = ast.literal_eval(text[start : end + 1])
+        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+            continue
+        return obj if isinstance(obj, dict) and "action_type" in obj else None
+    return None
+
+
+def _androidworld_object(action: Any) -> dict[str, Any] | ActionError:
     obj = action
     if isinstance(action, str):
         obj = loads(action.strip(), "action")
         if isinstance(obj, ActionError):
             found = [o for o in decode_objects(action) if "action_type" in o]
-            if not found:
-                return obj
-            obj = found[0]
+            obj = found[0] if found else _python_dict(action)
+            if obj is None:
+                return ActionError("bad_syntax", "no AndroidWorld action object in the text")
     if not isinstance(obj, dict):
         return ActionError("bad_syntax", "an AndroidWorld action must be a JSON object")
     # JSONAction dataclasses serialise every field, unset ones as null.
-    return _androidworld_calls({k: v for k, v in obj.items() if v is not None})
+    return {k: v for k, v in obj.items() if v is not None}
+
+
+def _element_actions(obj: dict[str, Any]) -> list[Action] | ActionError | None:
+    """An index action without a point -> ``ElementAction`` (plus the typing); else ``None``.
+
+    ``input_text`` with an index taps the element, then types, as AndroidWorld executes it.
+    """
+    kind, index = obj.get("action_type"), obj.get("index")
+    if kind not in _ELEMENT_KINDS or index is None or obj.get("x") is not None:
+        return None
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        return ActionError("bad_argument", f"index must be an integer >= 0, got {index!r}")
+    if kind != "input_text":
+        return [ElementAction(kind, index)]
+    text = obj.get("text")
+    if not isinstance(text, str):
+        return ActionError("bad_argument", f"input_text needs a text string, got {text!r}")
+    return [ElementAction("click", index), Type(text)]
+
+
+def _parse_androidworld(action: Any, platform: str, scale: str | None, w: int, h: int) -> Any:
+    obj = _androidworld_object(action)
+    if isinstance(obj, ActionError):
+        return obj
+    if space_for_platform(platform) == MOBILE:
+        by_index = _element_actions(obj)
+        if by_index is not None:
+            return by_index
+    calls = _androidworld_calls(obj)
+    if isinstance(calls, ActionError):
+        return calls
+    out = map_calls(calls, platform, w, h, scale)
+    return out if isinstance(out, ActionError) else out[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# WebArenaLiteV2 executed code: [{"name": ..., "parameters": {...}}, ...] in screen pixels
+
+_WEBARENA_NAMES = {
+    "click": "click",
+    "doubleClick": "doubleClick",
+    "rightClick": "rightClick",
+    "moveTo": "moveTo",
+    "dragTo": "dragTo",
+    "write": "write",
+    "wait": "wait",
+    "response": "response",
+    "terminate": "terminate",
+    "callUser": "call_user",
+    "keydown": "keyDown",
+    "keyDown": "keyDown",
+    "keyup": "keyUp",
+    "keyUp": "keyUp",
+}
+# Parameters each executed action reads (the environment's defaults where it has one).
+_WEBARENA_PARAMS: dict[str, dict[str, Any]] = {
+    "click": {"x": None, "y": None, "clicks": 1, "button": "left"},
+    "doubleClick": {"x": None, "y": None, "button": "left"},
+    "rightClick": {"x": None, "y": None},
+    "moveTo": {"x": None, "y": None},
+    "dragTo": {"x": None, "y": None, "button": "left"},
+    "write": {"message": ""},
+    "wait": {"seconds": 3},
+    "response": {"answer": ""},
+    "terminate": {"status": "success", "info": None},
+    "call_user": {},
+    "keyDown": {"key": None},
+    "keyUp": {"key": None},
+}
+
+
+def _webarena_items(output: Any) -> list[Any] | ActionError:
+    items = output
+    if isinstance(output, str):
+        items = loads(output.strip(), "code")
+        if isinstance(items, ActionError):
+            try:
+                items = ast.literal_eval(output.strip())  # a Python repr of the list
+            except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+                return items  # type: ignore[return-value]
+    if isinstance(items, dict):
+        items = [items]
+    if not isinstance(items, (list, tuple)) or not items:
+        return ActionError("bad_syntax", "code must be a non-empty list of {name, parameters}")
+    return list(items)
+
+
+def _webarena_swipe(params: dict[str, Any], line: str, w: int, h: int) -> list[RawCall]:
+    """``swipe`` turns the mouse wheel: at ``from_coord`` by ``from - to``, else by direction."""
+    start, end = params.get("from_coord"), params.get("to_coord")
+    pair = [start, end]
+    if all(isinstance(p, (list, tuple)) and len(p) == 2 and all(map(is_number, p)) for p in pair):
+        dx, dy = start[0] - end[0], start[1] - end[1]  # type: ignore[index]
+        vertical = abs(dy) >= abs(dx)
+        delta, side = (dy, h) if vertical else (dx, w)
+        names = ("up", "down") if vertical else ("left", "right")
+        swipe = {"direction": names[0] if delta >= 0 else names[1]}
+        swipe["amount"] = min(1.0, abs(delta) / side)  # type: ignore[assignment]
+        move = RawCall("moveTo", {"x": start[0], "y": start[1]}, line=line)  # type: ignore[index]
+        return [move, RawCall("swipe", {"from_coord": None, "to_coord": None, **swipe}, line=line)]
+    kwargs = {
+        "from_coord": None,
+        "to_coord": None,
+        "direction": params.get("direction", "up"),
+        "amount": params.get("amount", 0.5),
+    }
+    return [RawCall("swipe", kwargs, line=line)]
+
+
+def _webarena_call(item: Any, w: int, h: int) -> list[RawCall] | ActionError:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return ActionError("bad_syntax", f"each code item needs a name: {item!r}")
+    written, params = item["name"], item.get("parameters") or {}
+    line = json.dumps(item, ensure_ascii=False, default=str)
+    if not isinstance(params, dict):
+        return ActionError("bad_argument", f"parameters must be an object: {line}")
+    if written == "swipe":
+        return _webarena_swipe(params, line, w, h)
+    if written == "hotkey":
+        keys = params.get("args")
+        return [
+            RawCall("hotkey", {"keys": tuple(keys) if isinstance(keys, list) else keys}, line=line)
+        ]
+    if written == "press":
+        keys, presses = params.get("keys"), params.get("presses", 1)
+        # A list is a sequence: each key pressed in turn (the environment's reading).
+        seq = keys if isinstance(keys, list) and keys else [keys]
+        return [RawCall("press", {"keys": k, "presses": presses}, line=line) for k in seq]
+    name = _WEBARENA_NAMES.get(written)
+    if name is None:
+        return ActionError("unsupported_action", f"unknown code action {written!r}: {line}")
+    defaults = _WEBARENA_PARAMS[name]
+    kwargs = {key: params.get(key, default) for key, default in defaults.items()}
+    return [RawCall(name, kwargs, line=line)]
+
+
+def _webarena_calls(output: Any, w: int, h: int) -> list[RawCall] | ActionError:
+    items = _webarena_items(output)
+    if isinstance(items, ActionError):
+        return items
+    calls: list[RawCall] = []
+    for item in items:
+        got = _webarena_call(item, w, h)
+        if isinstance(got, ActionError):
+            return got
+        calls.extend(got)
+    return _repair_calls(calls)
 
 
 # ---------------------------------------------------------------------------------------------
 # The front door
 
 
-def detect_format(output: str | dict[str, Any]) -> str:
+def detect_format(output: str | dict[str, Any] | list[Any]) -> str:
     """Guess which agent style produced ``output``.
 
     Args:
-        output: Agent output text, or a decoded AndroidWorld/tool-call object.
+        output: Agent output text, a decoded AndroidWorld/tool-call object, or a WebArenaLiteV2
+            code list.
 
     Returns:
-        ``qwen``, ``androidworld``, ``scalecua`` or ``osworld``; ``scalecua`` when nothing more
-        specific is seen.
+        ``qwen``, ``androidworld``, ``webarena_code``, ``scalecua`` or ``osworld``;
+        ``scalecua`` when nothing more specific is seen.
     """
+    if isinstance(output, (list, tuple)):
+        return "webarena_code"
     if isinstance(output, dict):
-        return "androidworld" if "action_type" in output else "qwen"
+        if "action_type" in output:
+            return "androidworld"
+        return "webarena_code" if "parameters" in output else "qwen"
     if not isinstance(output, str):
         return "scalecua"
     low = output.lower()
+    head = low.lstrip()[:1]
+    if head in ("[", "{") and '"parameters"' in low and '"name"' in low:
+        return "webarena_code"
     if "<tool_call>" in low or '"arguments"' in low:
         return "qwen"
     if "action_type" in low:
@@ -390,7 +677,7 @@ def detect_format(output: str | dict[str, Any]) -> str:
 
 
 def parse_agent_output(
-    output: str | dict[str, Any],
+    output: str | dict[str, Any] | list[Any],
     fmt: str = "auto",
     *,
     platform: str = "ubuntu",
@@ -402,10 +689,13 @@ def parse_agent_output(
     """Read one step of a live agent's output into grid actions, repairing the common slips.
 
     Args:
-        output: The agent's action text (tool-call response, ScaleCUA calls, pyautogui code,
-            ``WAIT``/``DONE``/``FAIL``) or an AndroidWorld action object.
-        fmt: ``qwen``, ``scalecua``, ``osworld``, ``androidworld`` or ``auto`` (see
-            ``detect_format``).
+        output: The agent's action text (tool-call response, ScaleCUA or AndroidLab calls,
+            pyautogui code, ``WAIT``/``DONE``/``FAIL``, an AndroidWorld ``Action: {...}`` answer
+            in JSON or Python-dict style), an AndroidWorld action object, or the
+            WebArenaLiteV2 ``code`` list that will execute (``[{"name", "parameters"}]``, as a
+            list or its JSON text).
+        fmt: ``qwen``, ``scalecua``, ``osworld``, ``androidworld``, ``webarena_code`` or
+            ``auto`` (see ``detect_format``).
         platform: ``windows``, ``mac``, ``ubuntu``, ``web`` or ``android``; picks
             ``computer_use`` or ``mobile_use``.
         width: Screen width in pixels.
@@ -419,6 +709,11 @@ def parse_agent_output(
         The step's actions in order, or an ``ActionError`` for text that stays unreadable after
         the repairs (the caller then sends it as raw text). Never raises.
 
+    AndroidWorld index actions (``{'action_type': 'click', 'index': 3}``) have no point: they
+    come back as ``ElementAction`` (no Qwen3-VL rendering until ``ElementAction.at`` gives it the
+    element's centre), never with invented coordinates. Key and status repairs are described
+    at ``_split_combo``, ``_settle_keys`` and ``_terminate_status``.
+
     A pyautogui-style wheel scroll (``scroll(-5)`` in OSWorld code, ``scroll(clicks=-5)`` from
     ScaleCUA) counts wheel clicks in every format: ``SCROLL_PIXELS_PER_CLICK`` (100) Qwen
     ``scroll`` pixels per click.
@@ -427,7 +722,8 @@ def parse_agent_output(
         return ActionError("bad_argument", f"format must be one of {AGENT_FORMATS}, got {fmt!r}")
     if fmt == "auto":
         fmt = detect_format(output)
-    if not isinstance(output, (str, dict)) or (isinstance(output, dict) and fmt != "androidworld"):
+    structured = {"androidworld": (dict,), "webarena_code": (dict, list, tuple)}.get(fmt, ())
+    if not isinstance(output, (str, *structured)):
         return ActionError("bad_syntax", f"{fmt} output must be text, got {type(output).__name__}")
     try:
         space = space_for_platform(platform)
@@ -443,19 +739,22 @@ def parse_agent_output(
     scale, w, h = scaled
     if fmt == "qwen":
         return _parse_qwen(output, space, scale, w, h)  # type: ignore[arg-type]
+    if fmt == "androidworld":
+        return _parse_androidworld(output, platform, scale, w, h)
     # One wheel rule for every pyautogui-style format: ``scroll(-5)`` in OSWorld code and
     # ``scroll(clicks=-5)`` from a ScaleCUA agent are the same five wheel clicks, 100 pixels
     # each on the Qwen ``scroll`` scale (the training data's and the reference's magnitude).
     pixels_per_click = SCROLL_PIXELS_PER_CLICK
     if fmt == "osworld":
         calls = _osworld_calls(output)  # type: ignore[arg-type]
+        calls = calls if isinstance(calls, ActionError) else _repair_calls(calls)
     elif fmt == "scalecua":
         calls = _scalecua_calls(output)  # type: ignore[arg-type]
     else:
-        calls = _androidworld_calls_of(output)
+        calls = _webarena_calls(output, w, h)
     if isinstance(calls, ActionError):
         return calls
-    if space == MOBILE and fmt == "osworld":
-        return ActionError("unsupported_action", "pyautogui code has no mobile_use form")
+    if space == MOBILE and fmt in ("osworld", "webarena_code"):
+        return ActionError("unsupported_action", f"{fmt} code has no mobile_use form")
     out = map_calls(calls, platform, w, h, scale, pixels_per_click=pixels_per_click)
     return out if isinstance(out, ActionError) else out[0]

@@ -49,6 +49,9 @@ def _translate(obj: dict[str, Any]) -> list[RawCall] | ActionError:
     if kind == "long_press":
         return [RawCall("long_press", {**_xy(obj), "duration": 1})]
     if kind == "input_text":
+        if obj.get("x") is None and obj.get("index") is not None:
+            # The field is named by its index: the tap has no point here (see ElementAction).
+            return ActionError("missing_coordinate", "input_text targets an element by index")
         # A target point means "tap the field, then type"; without one, type into the focus.
         tap = [RawCall("click", {**_xy(obj), "clicks": 1})] if obj.get("x") is not None else []
         return [*tap, RawCall("write", {"message": obj.get("text")})]

@@ -368,6 +368,47 @@ class CallUser(_Base):
         raise ActionError("unsupported_action", "call_user has no Qwen3-VL rendering")
 
 
+@dataclass(frozen=True)
+class ElementAction(_Base):
+    """A tap aimed at a UI element by its index, with no point (AndroidWorld M3A/T3A).
+
+    Those agents pick an element from a numbered list of the screen's UI elements and the
+    environment taps the centre of its bounding box. Without that list the point is unknown, so
+    the action carries the index and has no Qwen3-VL rendering until ``at`` gives it the point;
+    a caller that cannot resolve it sends the agent's text as it is (judged without a marker).
+
+    Attributes:
+        kind: ``click``, ``double_tap`` or ``long_press``.
+        index: The element's index in the agent's UI-element list.
+    """
+
+    action: ClassVar[str] = "element"
+    kind: Literal["click", "double_tap", "long_press"]
+    index: int
+
+    def to_arguments(self) -> dict[str, Any]:
+        """Always fails: an element index has no Qwen3-VL form (resolve it with ``at``).
+
+        Raises:
+            ActionError: ``missing_coordinate``.
+        """
+        raise ActionError("missing_coordinate", f"{self.kind} on element {self.index} has no point")
+
+    def at(self, point: Point) -> list[Action]:
+        """The actions this is once the element's centre (grid point) is known.
+
+        Args:
+            point: The centre of the element's bounding box on the 0-1000 grid.
+
+        Returns:
+            ``[Click]``, two ``Click`` for ``double_tap``, or ``[LongPress]`` (1 s, the
+            AndroidWorld long-press the executor performs).
+        """
+        if self.kind == "long_press":
+            return [LongPress(point, 1)]
+        return [Click(point)] * (2 if self.kind == "double_tap" else 1)
+
+
 Action = (
     Key
     | MobileKey
@@ -390,6 +431,7 @@ Action = (
     | SystemButton
     | Open
     | CallUser
+    | ElementAction
 )
 
 _RENDERABLE: tuple[type[_Base], ...] = (

@@ -121,19 +121,55 @@ def _status() -> dict[str, Any]:
     return {"type": "string", "enum": list(TERMINATE_STATUSES), "description": "For terminate."}
 
 
-def action_space(space: str) -> dict[str, Any]:
+TOOL_GRIDS = (1000, 999)
+"""Grid sides a tool definition can state: the 0-1000 grid of ``norm1000`` (the training data's)
+and the 999x999 screen some Qwen3-VL prompts state (``norm999``)."""
+
+
+def action_space(space: str, grid: int = 1000) -> dict[str, Any]:
     """The tool definition embedded in prompts for ``computer_use`` or ``mobile_use``.
 
     Args:
         space: ``"computer_use"`` or ``"mobile_use"``.
+        grid: The grid side the definition states (``TOOL_GRIDS``); 1000 is the critic's own
+            prompts' and the training data's, 999 matches a policy told ``999x999``.
 
     Returns:
         ``{"type": "function", "function": {"name", "description", "parameters"}}`` with the
-        screen stated as 1000x1000.
+        screen stated as ``grid`` x ``grid``.
 
     Raises:
-        ActionError: ``unknown_action`` for any other space name.
+        ActionError: ``unknown_action`` for any other space name, ``bad_argument`` for a grid
+            outside ``TOOL_GRIDS``.
     """
+    spec = _action_space(space)
+    if grid == 1000:
+        return spec
+    if grid not in TOOL_GRIDS:
+        raise ActionError("bad_argument", f"grid must be one of {TOOL_GRIDS}, got {grid!r}")
+    return _regrid(spec, grid)
+
+
+def _regrid(spec: dict[str, Any], grid: int) -> dict[str, Any]:
+    """``spec`` with every statement of the 1000 grid (text and schema bounds) set to ``grid``."""
+    fn = dict(spec["function"])
+    fn["description"] = (
+        fn["description"]
+        .replace("1000x1000", f"{grid}x{grid}")
+        .replace("from 0 to 1000", f"from 0 to {grid}")
+    )
+    props = {}
+    for name, prop in fn["parameters"]["properties"].items():
+        if prop.get("items", {}).get("maximum") == 1000:
+            prop = {**prop, "items": {**prop["items"], "maximum": grid}}
+            if "description" in prop:
+                prop["description"] = prop["description"].replace("0-1000", f"0-{grid}")
+        props[name] = prop
+    fn["parameters"] = {**fn["parameters"], "properties": props}
+    return {**spec, "function": fn}
+
+
+def _action_space(space: str) -> dict[str, Any]:
     if space == COMPUTER:
         description = _COMPUTER_DESCRIPTION
         props: dict[str, Any] = {

@@ -1,26 +1,68 @@
-"""Runner adapters: the critic inside OSWorld, ScaleCUA, AndroidWorld and Qwen3-VL agent loops.
+"""Runner adapters: the critic inside OSWorld, WindowsAgentArena, WebArenaLiteV2, AndroidLab,
+AndroidWorld, ScaleCUA and Qwen3-VL agent loops.
 
 Each wrapper keeps the harness' own interface and accepts what real agents emit; parsing is the
 shared tolerant front door ``hivig.actions.parse_agent_output``, and anything it cannot read is
 still critiqued, as raw text.
 """
 
-from serve.adapters._common import NO_ACTION, action_payload, png_size, rgb_png
-from serve.adapters.androidworld import GuardedAndroidWorldAgent, StoppedResult, action_dict
+from serve.adapters._common import (
+    MEMORY_ATTRS,
+    NO_ACTION,
+    VERBATIM,
+    action_payload,
+    png_size,
+    rgb_png,
+    well_formed,
+)
+from serve.adapters._presets import ANDROIDLAB, WAA, WEBARENA_LITE, RunnerPreset
+from serve.adapters.androidlab import ANDROIDLAB_STOP, GuardedAndroidLabAgent
+from serve.adapters.androidworld import (
+    GuardedAndroidWorldAgent,
+    StepCommands,
+    StoppedResult,
+    action_dict,
+    resolve_index,
+)
 from serve.adapters.osworld import GuardedOSWorldAgent, GuardedScaleCUAAgent
-from serve.adapters.qwen import GuardedQwenPolicy, qwen_intent, qwen_messages
+from serve.adapters.qwen import TOOL_CALL_FORMAT, GuardedQwenPolicy, qwen_intent, qwen_messages
+from serve.adapters.waa import WAA_STOP_ACTIONS, GuardedWAAAgent
+from serve.adapters.webarena_lite import (
+    STOP_CODE,
+    WEBARENA_MEMORY_ATTRS,
+    GuardedWebArenaLiteAgent,
+    code_text,
+)
 
 __all__ = [
+    "ANDROIDLAB",
+    "ANDROIDLAB_STOP",
+    "MEMORY_ATTRS",
     "NO_ACTION",
+    "STOP_CODE",
+    "TOOL_CALL_FORMAT",
+    "VERBATIM",
+    "WAA",
+    "WAA_STOP_ACTIONS",
+    "WEBARENA_LITE",
+    "WEBARENA_MEMORY_ATTRS",
+    "GuardedAndroidLabAgent",
     "GuardedAndroidWorldAgent",
     "GuardedOSWorldAgent",
     "GuardedQwenPolicy",
     "GuardedScaleCUAAgent",
+    "GuardedWAAAgent",
+    "GuardedWebArenaLiteAgent",
+    "RunnerPreset",
+    "StepCommands",
     "StoppedResult",
     "action_dict",
     "action_payload",
+    "code_text",
     "png_size",
     "qwen_intent",
     "qwen_messages",
+    "resolve_index",
     "rgb_png",
+    "well_formed",
 ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
 import json
 import logging
+import re
 import struct
 import zlib
 from collections.abc import Callable, Iterable
@@ -12,9 +15,12 @@ from typing import Any
 
 from hivig.actions import (
     ActionError,
+    detect_format,
     first_block,
     in_space,
     parse_agent_output,
+    parse_androidworld,
+    parse_scalecua,
     render_tool_calls,
     space_for_platform,
 )
@@ -37,9 +43,30 @@ MEMORY_ATTRS = (
     "screenshots",
     "messages",
     "step_idx",
+    "history_instruction",
+    "step_his",
+    "turn_number",
+    "last_action",
+    "repeat_time",
 )
 """Attributes agents keep their own episode memory in (OSWorld, ScaleCUA, AndroidWorld agents);
-the adapters snapshot those that exist so a rejected proposal leaves no trace in the agent."""
+the adapters snapshot those that exist so a rejected proposal leaves no trace in the agent.
+
+ScaleCUA's agents: ``history_instruction`` (list of operations, its OSWorld agent); ``step_his``
+(one string each step appends to), ``turn_number`` (an int counter), ``last_action`` and
+``repeat_time`` (its repeat detector) in its AndroidWorld agent."""
+
+VERBATIM = "verbatim"
+"""Payload key: judge the text as it was written (no repair, no marker). Set when the adapter's
+reading needed a repair the harness' own executor would not make, or when the coordinates cannot
+be what the session's space says."""
+
+_SYNTAX_REASONS = frozenset({"bad_syntax", "bad_key", "unknown_action", "no_tool_call", "empty"})
+"""Strict-parser failures that say the text is not well-formed in its format (as opposed to a
+value the tolerant reading rejects as well, e.g. a coordinate off the screen)."""
+
+_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL | re.IGNORECASE)
+_OSWORLD_SPECIAL = ("WAIT", "DONE", "FAIL")
 
 NO_ACTION = {"raw": "(no action executed)", "format": "auto"}
 """The prev_action sent when a step executed nothing (the agent answered without acting)."""
@@ -54,13 +81,22 @@ def action_payload(
     coord_space: str | None = None,
     frame: tuple[int, int] | None = None,
     intent: str | None = None,
+    executes_repair: bool = False,
 ) -> dict[str, Any]:
     """The API action object for one step of agent output.
 
-    Output that parses (``hivig.actions.parse_agent_output``, with its repairs) is sent as the
+    Well-formed output that parses (``hivig.actions.parse_agent_output``) is sent as the
     canonical Qwen3-VL tool-call text on the 0-1000 grid, so the gateway reads exactly what the
     critic was trained on. Anything else is sent as it is, under ``raw``: the gateway judges it as
     text without a marker; it is never dropped.
+
+    The critic must judge what will execute. The tolerant reading repairs slips (an unescaped
+    quote in ``typewrite``, a doubled brace, a ``pyautogui.`` prefix on a ScaleCUA call) that the
+    harness' own executor does not repair: the VM would run, or fail on, the broken original.
+    Output that reads only after such a repair (``well_formed`` is False) is therefore sent as
+    its original text with ``verbatim: true`` (judge as written, no repair, no marker), never as
+    the repaired canonical form; unless ``executes_repair``: the caller executes this same
+    tolerant reading (``GuardedQwenPolicy.actions``), so the repaired form is what runs.
 
     Args:
         output: The agent's action text, or an AndroidWorld action object.
@@ -70,9 +106,10 @@ def action_payload(
         coord_space: How the output writes coordinates (``None``: the format's default).
         frame: Resized frame ``(w, h)`` for ``resized_px``.
         intent: The agent's verbal intent, if it states one.
+        executes_repair: The executor runs ``parse_agent_output``'s reading (repairs included).
 
     Returns:
-        ``{"raw", "format", ["coord_space"], ["intent"]}``.
+        ``{"raw", "format", ["coord_space"], ["verbatim"], ["intent"]}``.
     """
     parsed = parse_agent_output(
         output,
@@ -85,20 +122,86 @@ def action_payload(
     )
     space = space_for_platform(platform)
     payload: dict[str, Any]
-    if isinstance(parsed, list) and parsed and all(in_space(a, space) for a in parsed):
+    readable = isinstance(parsed, list) and parsed and all(in_space(a, space) for a in parsed)
+    runs_as_read = executes_repair or well_formed(output, fmt, platform=platform, screen=screen)
+    if readable and runs_as_read:
         payload = {
-            "raw": render_tool_calls(parsed, space),
+            "raw": render_tool_calls(parsed, space),  # type: ignore[arg-type]
             "format": "qwen",
             "coord_space": "norm1000",
         }
     else:
-        if isinstance(parsed, ActionError):
-            log.info("agent output sent as raw text (%s)", parsed.reason)
         raw = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
         payload = {"raw": raw, "format": fmt}
+        if readable:
+            log.info("agent output reads only after a repair: judged as written")
+            payload[VERBATIM] = True
+        elif isinstance(parsed, ActionError):
+            log.info("agent output sent as raw text (%s)", parsed.reason)
     if intent:
         payload["intent"] = intent
     return payload
+
+
+def well_formed(
+    output: Any, fmt: str, *, platform: str = "ubuntu", screen: tuple[int, int] = DEFAULT_SCREEN
+) -> bool:
+    """Whether ``output`` is well-formed as its harness reads it, with no repair needed.
+
+    * ``osworld``: the code compiles as it is (the VM runs the string with ``exec``), or it is
+      ``WAIT``/``DONE``/``FAIL``;
+    * ``qwen``: every ``<tool_call>`` block holds one strict-JSON object with ``name`` and
+      ``arguments`` (what a tool-call harness decodes), free text around the blocks allowed;
+    * ``scalecua``: the calls are bare-name calls the strict ScaleCUA parser reads (ScaleCUA's
+      agents match ``name(...)`` per line: a module prefix or a ``+``-joined key fails there);
+    * ``androidworld``: an action object, or JSON text the strict parser reads.
+    """
+    if isinstance(output, (dict, list, tuple)):
+        return True  # a structured action (a JSONAction, a WebArena ``code`` list) runs as given
+    if not isinstance(output, str):
+        return False
+    if fmt == "auto":
+        fmt = detect_format(output)
+    w, h = screen
+    if fmt == "osworld":
+        return _compiles(output)
+    if fmt == "qwen":
+        return _strict_tool_calls(output)
+    if fmt == "androidworld":
+        got = parse_androidworld(output, w, h)
+        return not (isinstance(got, ActionError) and got.reason in _SYNTAX_REASONS)
+    if fmt == "scalecua":
+        block = first_block(output, "action")
+        got = parse_scalecua(output if block is None else block, platform, w, h)
+        return not (isinstance(got, ActionError) and got.reason in _SYNTAX_REASONS)
+    return True  # a format without a strict form: the tolerant reading is the only one
+
+
+def _compiles(code: str) -> bool:
+    if code.strip() in _OSWORLD_SPECIAL:
+        return True
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _strict_tool_calls(text: str) -> bool:
+    low = text.lower()
+    if low.count("<tool_call>") != low.count("</tool_call>"):
+        return False  # an unterminated block (or a call written after an empty one)
+    bodies = _TOOL_BLOCK.findall(text)
+    if not bodies:
+        return False
+    for body in bodies:
+        try:
+            obj = json.loads(body.strip())
+        except ValueError:
+            return False
+        if not isinstance(obj, dict) or "name" not in obj or "arguments" not in obj:
+            return False
+    return True
 
 
 def scalecua_intent(response: Any) -> str | None:
@@ -137,7 +240,12 @@ def prompt_for(
 
 
 class AgentMemory:
-    """Snapshots of an agent's list/dict memory attributes (shallow copies)."""
+    """Snapshots of an agent's memory attributes.
+
+    Containers (lists, dicts) are copied shallowly; immutable values (a ``str`` the agent
+    appends to, an ``int`` counter) are kept as they are and restored by assignment, since the
+    agent rebinds the attribute (``self.step_his += ...``) rather than changing the value.
+    """
 
     def __init__(self, agent: Any, attrs: Iterable[str] = MEMORY_ATTRS) -> None:
         self.agent = agent
@@ -155,14 +263,33 @@ class AgentMemory:
     def splice(self, base: dict[str, Any], start: dict[str, Any]) -> None:
         """R3 Restore in the agent: ``base`` plus what was added since ``start``.
 
-        Lists become ``base + current[len(start):]`` (what a fresh-context proposal appended);
-        other values keep their current state.
+        Lists and strings become ``base + current[len(start):]`` (what a fresh-context proposal
+        appended), counters ``base + (current - start)``; other values keep their current state.
         """
         for attr in self.attrs:
             now = getattr(self.agent, attr)
             old, first = base.get(attr), start.get(attr)
-            if isinstance(now, list) and isinstance(old, list) and isinstance(first, list):
-                setattr(self.agent, attr, [*old, *now[len(first) :]])
+            if _all(list, now, old, first) or _all(str, now, old, first):
+                setattr(self.agent, attr, old + now[len(first) :])
+            elif _all(int, now, old, first) and not isinstance(now, bool):
+                setattr(self.agent, attr, old + (now - first))
+
+
+def _all(kind: type, *values: Any) -> bool:
+    return all(isinstance(v, kind) for v in values)
+
+
+def _marked_init(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
+        depth = self.__dict__.get("_constructing", 0)
+        object.__setattr__(self, "_constructing", depth + 1)
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            object.__setattr__(self, "_constructing", depth)
+
+    return wrapped
 
 
 def png_size(data: Any) -> tuple[int, int] | None:
@@ -273,6 +400,25 @@ class GuardedAgent:
         if name == "agent":
             raise AttributeError(name)
         return getattr(self.agent, name)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every attribute a wrapper's ``__init__`` sets (a subclass' own included) is the
+        # wrapper's: the constructors run marked, so ``__setattr__`` keeps those names here.
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            cls.__init__ = _marked_init(init)  # type: ignore[method-assign]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Harnesses also set agent attributes (AndroidWorld: ``agent.transition_pause = 0.5``).
+        # A name the wrapper owns (set while constructing, defined on its class, or private)
+        # stays the wrapper's; any other goes to the wrapped agent.
+        mine = self.__dict__.get("_constructing", 0) > 0 or name in self.__dict__
+        mine = mine or hasattr(type(self), name) or name.startswith("_")
+        if mine or "agent" not in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.agent, name, value)
 
     @property
     def log(self) -> list[dict[str, Any]]:

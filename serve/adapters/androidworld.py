@@ -2,11 +2,25 @@
 
 ``GuardedAndroidWorldAgent.step(goal)`` observes the device screen, then runs the wrapped agent's
 own ``step`` with its ``env`` swapped for a proxy. The proxy's ``execute_action`` is where the
-agent hands over its chosen action: the guard reviews it there; an accepted action is executed
-on the real environment, a rejected one is not, and the agent's step is run again (its memory
-rolled back, the critic's feedback appended to the goal) up to K times. A goal-status report
-(``complete`` / ``infeasible``), which the agents return without calling ``execute_action``, is
-read from the step's data and reviewed the same way, as a terminate action.
+agent hands over its actions: they are buffered, not run. The commands one agent step issues
+(ScaleCUA's agent taps and then types in one step) are reviewed together as ONE proposal, when
+the step ends or as soon as the agent reads the screen again (``get_state``: M3A and T3A look at
+the result of their action within the step, to summarise it, so their one action must have run
+by then). An accepted proposal's commands run in order on the real environment; on a rejection
+nothing runs, the agent's memory is rolled back and its step is run again with the critic's
+feedback appended to the goal, up to K times. A goal-status report (``complete`` /
+``infeasible``), which the agents return without calling ``execute_action``, is read from the
+step's data and reviewed the same way, as a terminate action.
+
+While buffered, ``execute_action`` returns ``None``: AndroidWorld's own ``execute_action``
+returns nothing, and the agents ignore the value (ScaleCUA's agent wraps each call in a
+``try`` that only logs a failure; an actuation error of an accepted command now surfaces when
+the batch runs, after the agent's step, and is not caught by the wrapper).
+
+Index actions (M3A/T3A: ``{"action_type": "click", "index": N}``) are resolved for the critic
+from the UI elements of the state the agent read this step: actuation taps the centre of
+``ui_elements[N].bbox_pixels``, so the critic judges that point and the marker sits on the
+element. The agent's own action is what runs. An index without such an element stays raw text.
 """
 
 from __future__ import annotations
@@ -45,9 +59,12 @@ def action_dict(action: Any) -> Any:
             return json.loads(action.json_str())
         except (TypeError, ValueError):
             pass
+    # JSONAction leaves unset fields None and serialises without them: so do these.
     if dataclasses.is_dataclass(action) and not isinstance(action, type):
-        return dataclasses.asdict(action)
-    return dict(vars(action)) if hasattr(action, "__dict__") else str(action)
+        return {k: v for k, v in dataclasses.asdict(action).items() if v is not None}
+    if hasattr(action, "__dict__"):
+        return {k: v for k, v in vars(action).items() if v is not None}
+    return str(action)
 
 
 def default_screenshot(env: Any) -> bytes:
@@ -65,30 +82,127 @@ class StoppedResult:
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepCommands:
+    """The commands one agent step issued, reviewed together as one proposal.
+
+    Attributes:
+        actions: The agent's own actions, in order (what runs on the device).
+        judged: What the critic reads of each: index actions resolved to the element's centre.
+        calls: The ``(args, kwargs)`` each ``execute_action`` call was made with.
+    """
+
+    actions: tuple[Any, ...]
+    judged: tuple[Any, ...]
+    calls: tuple[tuple[tuple[Any, ...], dict[str, Any]], ...] = ()
+
+
 class _EnvProxy:
-    """The agent's ``env`` during a guarded step: reviews the first ``execute_action``."""
+    """The agent's ``env`` during one run of its step: buffers ``execute_action`` calls and
+    has them reviewed as one proposal (see the module docstring)."""
 
     def __init__(self, env: Any, wrapper: GuardedAndroidWorldAgent) -> None:
         self._env = env
         self._wrapper = wrapper
+        self.pending: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.state: Any = None
+        """The last state the agent read in this run (its UI elements resolve index actions)."""
         self.review: Review | None = None
         self.executed = False
+        self.closed = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
 
-    def execute_action(self, action: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.executed or self.review is not None and self.review.stop:
-            # Later calls within one agent step (rare) run as they are.
-            return self._env.execute_action(action, *args, **kwargs) if self.executed else None
+    def get_state(self, *args: Any, **kwargs: Any) -> Any:
+        # The agent is about to look at the screen: what it issued so far must have run.
+        self.settle()
+        self.state = self._env.get_state(*args, **kwargs)
+        return self.state
+
+    def execute_action(self, action: Any, *args: Any, **kwargs: Any) -> None:
+        if self.closed:
+            return None  # this run's proposal was rejected: nothing more of it runs
+        if self.executed:
+            # A command after the agent read the result of its accepted ones (no harness agent
+            # does this): run as issued, counted, since the step's review is over.
+            self._wrapper.guard.events["unreviewed_command"] += 1
+            log.warning("a command after the step's accepted proposal runs unreviewed")
+            self._env.execute_action(action, *args, **kwargs)
+            return None
+        judged = action_dict(action)
+        if isinstance(judged, dict) and judged.get("index") is not None:
+            judged = resolve_index(judged, self._observed())
+        self.pending.append((action, judged, args, kwargs))
+        return None
+
+    def _observed(self) -> Any:
+        # The agent chose from the state it read this run; one that never read it through
+        # ``env`` (a cached state) is resolved against the screen as it is now.
+        if self.state is None:
+            self.state = self._env.get_state(wait_to_stabilize=False)
+        return self.state
+
+    def settle(self) -> None:
+        """Review the buffered commands as one proposal; run them all on accept."""
+        if not self.pending or self.closed or self.executed:
+            return
         guard = self._wrapper.guard
-        review = guard.review(action)
+        batch = StepCommands(
+            tuple(p[0] for p in self.pending),
+            tuple(p[1] for p in self.pending),
+            tuple((p[2], p[3]) for p in self.pending),
+        )
+        self.pending = []
+        review = guard.review(batch)
         self.review = review
         if not review.accept:
-            return None  # rejected: nothing happens on the device
-        self.executed = True
+            self.closed = True  # rejected (or the episode stops): nothing runs on the device
+            return
         guard.commit(review)
-        return self._env.execute_action(review.proposal, *args, **kwargs)
+        self.executed = True
+        run = review.proposal if isinstance(review.proposal, StepCommands) else batch
+        for action, (args, kwargs) in zip(run.actions, run.calls, strict=True):
+            self._env.execute_action(action, *args, **kwargs)
+
+
+def resolve_index(action: Any, state: Any) -> Any:
+    """An index action with ``x``/``y`` at its element's centre, for the critic.
+
+    AndroidWorld's actuation of ``click``, ``long_press``, ``input_text`` (tap, then type) and
+    ``scroll`` with ``index`` acts on ``state.ui_elements[index].bbox_pixels``, taps at its
+    centre. Anything else (no index, explicit ``x``/``y``, an index out of range, an element
+    without a box) comes back unchanged and is judged as the agent wrote it.
+    """
+    if not isinstance(action, dict) or action.get("x") is not None:
+        return action
+    index = action.get("index")
+    if isinstance(index, str) and index.strip().isdigit():
+        index = int(index)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return action
+    elements = getattr(state, "ui_elements", None)
+    if not isinstance(elements, (list, tuple)) or index >= len(elements):
+        return action
+    centre = bbox_centre(getattr(elements[index], "bbox_pixels", None))
+    if centre is None:
+        return action
+    resolved = {k: v for k, v in action.items() if k != "index" and v is not None}
+    resolved["x"], resolved["y"] = centre
+    return resolved
+
+
+def bbox_centre(box: Any) -> tuple[int, int] | None:
+    """Centre of an AndroidWorld ``BoundingBox(x_min, x_max, y_min, y_max)`` in whole pixels
+    (actuation truncates it the same way), or ``None`` for anything else."""
+    try:
+        x0, x1 = float(box.x_min), float(box.x_max)
+        y0, y1 = float(box.y_min), float(box.y_max)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if not (x1 >= x0 and y1 >= y0):
+        return None
+    return int((x0 + x1) / 2), int((y0 + y1) / 2)
 
 
 class GuardedAndroidWorldAgent(GuardedAgent):
@@ -131,15 +245,38 @@ class GuardedAndroidWorldAgent(GuardedAgent):
         self.screenshot = screenshot
         self.guard: CriticGuard | None = None
 
-    def to_action(self, action: Any) -> dict[str, Any]:
-        """A ``JSONAction`` -> the API action object."""
+    def to_action(self, proposal: Any) -> dict[str, Any]:
+        """A step's commands (or one action) -> ONE API action object.
+
+        Every command that parses: their tool calls together, in order; otherwise the judged
+        actions as raw JSON (one object, or a list for several).
+        """
+        judged = proposal.judged if isinstance(proposal, StepCommands) else (proposal,)
+        payloads = [self._payload(action_dict(a)) for a in judged]
+        if len(payloads) == 1:
+            return payloads[0]
+        if all(p["format"] == "qwen" for p in payloads):
+            return {
+                "raw": "\n".join(p["raw"] for p in payloads),
+                "format": "qwen",
+                "coord_space": "norm1000",
+            }
+        raw = json.dumps([action_dict(a) for a in judged], ensure_ascii=False, default=str)
+        return {"raw": raw, "format": "androidworld"}
+
+    def _payload(self, action: Any) -> dict[str, Any]:
         return action_payload(
-            action_dict(action),
+            action,
             "androidworld",
             platform="android",
             screen=self.screen or (1080, 2400),
             coord_space=self.coord_space,
         )
+
+    def describe(self, proposal: Any) -> str:
+        """The agent's own actions as text (history entries, feedback)."""
+        actions = proposal.actions if isinstance(proposal, StepCommands) else (proposal,)
+        return "; ".join(json.dumps(action_dict(a), default=str) for a in actions)
 
     def _guard(self, goal: str, shot: bytes) -> CriticGuard:
         if self.guard is None:
@@ -154,7 +291,7 @@ class GuardedAndroidWorldAgent(GuardedAgent):
                 config=self.config,
                 to_action=self.to_action,
                 session_kwargs={"action_format": "androidworld"},
-                describe=lambda action: json.dumps(action_dict(action), default=str),
+                describe=self.describe,
             )
             self.memory.begin()
         return self.guard
@@ -171,14 +308,14 @@ class GuardedAndroidWorldAgent(GuardedAgent):
         self.memory.sync(guard)
         start = self.memory.step(guard.step_idx)
         result = None
-        proxy = _EnvProxy(env, self)
+        proxy = _EnvProxy(env, self)  # one per run of the agent's step
         # The guard's rulings end the loop within N reroute proposals followed (on_failure:
         # continue) by K + 1 normal ones; the bound only guards against an agent that never
         # calls execute_action.
         bound = self.config.r3.reroute_attempts + self.config.max_reproposals + 2
         idx = guard.step_idx
         for _ in range(bound):
-            proxy.review, proxy.executed = None, False
+            proxy = _EnvProxy(env, self)
             ctx = guard.context()
             # A rejected proposal leaves no trace in the agent; a reroute that failed within
             # this step puts back the memory from before the loop.
@@ -191,6 +328,7 @@ class GuardedAndroidWorldAgent(GuardedAgent):
                 result = self.agent.step(text)
             finally:
                 self.agent.env = env
+            proxy.settle()  # the commands issued since the agent last read the screen
             review = proxy.review
             if review is None and not proxy.executed:
                 # M3A/T3A report the goal status without calling execute_action: that report

@@ -3,7 +3,7 @@
 The harness keeps calling ``agent.predict(instruction, obs)``; the wrapper calls the wrapped
 agent (once, or again after a ``bad`` verdict, with the critic's feedback appended to the
 instruction) and returns the output of the proposal the guard accepted, in the agent's own shape
-(a 2-tuple, or a 3-tuple passed through). The agent's own episode memory (``thoughts``,
+(a 2-tuple, or a longer tuple passed through). The agent's own episode memory (``thoughts``,
 ``actions``, ``history``... see ``MEMORY_ATTRS``) is snapshotted so that a rejected proposal
 leaves no trace in it, an R3 reroute proposes from an empty memory, and Restore puts back the
 memory from before the loop plus the accepted step.
@@ -12,13 +12,16 @@ memory from before the loop plus the accepted step.
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from hivig.actions import first_block
+from hivig.actions import coordinate_values, first_block, parse_scalecua_calls
 from serve.adapters._common import (
     DEFAULT_SCREEN,
     MEMORY_ATTRS,
+    VERBATIM,
     EpisodeMemory,
     FeedbackHook,
     GuardedAgent,
@@ -38,8 +41,20 @@ SCALECUA_MAX_PIXELS = 2_109_744
 """ScaleCUA's released agents resize screenshots with Qwen2.5-VL ``smart_resize`` (factor 28)
 to at most this many pixels before the model sees them."""
 
+log = logging.getLogger(__name__)
+
 STOP_ACTIONS = ["FAIL"]
-"""The actions returned when the guard stops the episode (OSWorld's failure string)."""
+"""The actions returned when the guard stops the episode (OSWorld's failure string). Only an
+explicit setting stops (``on_exhausted: stop``, ``r3.on_failure: terminate``): OSWorld scores
+``FAIL`` 1.0 on infeasible tasks, so a stop is a task outcome, not a neutral way out."""
+
+DEFAULT_ARITY = 2
+"""Length of the stop value's tuple before the agent has answered in the episode: OSWorld's
+``(response, actions)``. Runners whose agents return more (OpenCUA's 3-tuple, WAA's 4-tuple) set
+``arity``; once the agent has answered, its own outputs give the shape."""
+
+_PIXEL_SPACES = ("screen_px", "resized_px", "norm999")
+_MODULE_PREFIX = re.compile(r"^\s*(?:pyautogui|mobile|computer)\.", re.MULTILINE)
 
 
 def _screenshot(obs: Any) -> Any:
@@ -66,9 +81,14 @@ class _PredictWrapper(GuardedAgent):
         prompt_hook: PromptHook = default_prompt,
         feedback_hook: FeedbackHook | None = None,
         memory_attrs: Iterable[str] = MEMORY_ATTRS,
+        arity: int = DEFAULT_ARITY,
     ) -> None:
+        if not isinstance(arity, int) or arity < 2:
+            raise ValueError(f"arity must be an int >= 2 (the agent's tuple length), got {arity!r}")
         self.agent = agent
         self.client = client
+        self.arity = arity
+        self.last_output: tuple[Any, ...] | None = None
         self.platform = platform
         self.screen = screen
         self.coord_space = coord_space
@@ -141,7 +161,12 @@ class _PredictWrapper(GuardedAgent):
             )
             self.logs.append(self.guard.log)
             self.memory.begin()
+            self._new_episode()
         return self.guard
+
+    def _new_episode(self) -> None:
+        """Forget what the previous episode's outputs looked like."""
+        self.last_output = None
 
     def predict(self, instruction: str, obs: Any, *args: Any, **kwargs: Any) -> Any:
         """The harness' ``predict``: the accepted proposal's output, in the agent's shape."""
@@ -164,6 +189,8 @@ class _PredictWrapper(GuardedAgent):
             text = prompt_for(self.agent, instruction, ctx, self.prompt_hook, self.feedback_hook)
             out = self.agent.predict(text, obs, *args, **kwargs)
             outputs.append(out)
+            if _is_pair(out):
+                self.last_output = out
             after.append(self.memory.take())
             return out
 
@@ -171,12 +198,22 @@ class _PredictWrapper(GuardedAgent):
         decision = guard.decide()
         return self._result(decision, outputs, after)
 
+    def stop_value(self) -> tuple[Any, ...]:
+        """What ``predict`` returns when the guard stops the episode (explicit settings only).
+
+        ``(response, ["FAIL"], *rest)`` in the shape of the agent's latest output of the episode
+        (its response and any further items kept); before the agent has answered,
+        ``("", ["FAIL"])`` padded with empty dicts to ``arity`` items (the extra items of
+        OpenCUA's and WAA's tuples are info/log dicts).
+        """
+        last = self.last_output
+        if last is not None:
+            return (last[0], list(STOP_ACTIONS), *last[2:])
+        return ("", list(STOP_ACTIONS), *({} for _ in range(self.arity - 2)))
+
     def _result(self, decision: Decision, outputs: list[Any], after: list[dict]) -> Any:
         if decision.stop:
-            last = outputs[-1] if outputs else ("", [])
-            if _is_pair(last):
-                return (last[0], list(STOP_ACTIONS), *last[2:])
-            return ("", list(STOP_ACTIONS))
+            return self.stop_value()
         chosen = next((i for i, o in enumerate(outputs) if o is decision.proposal), None)
         if chosen is not None and chosen != len(outputs) - 1:
             self.memory.put(after[chosen])  # execute_first / best-of-N: that proposal's memory
@@ -218,6 +255,9 @@ class GuardedOSWorldAgent(_PredictWrapper):
         feedback_hook: ``(agent, text) -> None``: hand history and feedback to the agent
             another way (e.g. an extra user turn); the instruction then stays unchanged.
         memory_attrs: The agent's memory attributes to snapshot.
+        arity: The agent's tuple length, for a stop before it has answered in the episode
+            (default 2; OpenCUA's agent returns 3, WAA's 4). Stopping happens only with
+            ``on_exhausted: stop`` or ``r3.on_failure: terminate``; the defaults fail open.
     """
 
     fmt = "osworld"
@@ -238,9 +278,48 @@ class GuardedScaleCUAAgent(_PredictWrapper):
     ``coord_space`` (``norm01`` for data-style fractions, ``screen_px``, ...) for other agents,
     and ``frame`` for ``resized_px`` when the agent resizes differently. Arguments as
     ``GuardedOSWorldAgent``.
+
+    An agent that writes ``[0, 1]`` fractions (``click(x=0.42, y=0.31)``) under a pixel space
+    would be read as a point a pixel from the top-left corner. That is never reinterpreted
+    step by step (a guess could be wrong the other way); instead a step whose coordinates are
+    all fractions of ``[0, 1]`` is sent ``verbatim`` (judged as written, no marker at the
+    corner), a warning is logged once per episode and ``events["coords_look_norm01"]`` counts
+    the steps. Set ``coord_space="norm01"`` for such an agent.
     """
 
     fmt = "scalecua"
+    warned_norm01 = False
+    """Whether this episode's ``[0, 1]`` warning was logged (a class default, so the wrapper
+    owns the name)."""
+
+    def _new_episode(self) -> None:
+        super()._new_episode()
+        self.warned_norm01 = False
+
+    def to_action(self, output: Any) -> dict[str, Any]:
+        """As ``GuardedOSWorldAgent``, with the ``[0, 1]`` check of the class docstring."""
+        response, actions = (output[0], output[1]) if _is_pair(output) else (output, None)
+        text = self.action_text(response, actions)
+        space = self.coord_space or "resized_px"
+        if space in _PIXEL_SPACES and isinstance(text, str) and unit_fractions(text):
+            self._warn_norm01()
+            payload: dict[str, Any] = {"raw": text, "format": self.fmt, VERBATIM: True}
+            intent = self.intent(response)
+            if intent:
+                payload["intent"] = intent
+            return payload
+        return super().to_action(output)
+
+    def _warn_norm01(self) -> None:
+        if self.guard is not None:
+            self.guard.events["coords_look_norm01"] += 1
+        if not self.warned_norm01:
+            self.warned_norm01 = True
+            log.warning(
+                "ScaleCUA agent wrote [0, 1] coordinates under coord_space=%s: judged as "
+                "written without a marker; pass coord_space='norm01' if the agent uses fractions",
+                self.coord_space,
+            )
 
     def _coords(self) -> None:
         if self.coord_space is None:
@@ -259,3 +338,19 @@ class GuardedScaleCUAAgent(_PredictWrapper):
     def intent(self, response: Any) -> str | None:
         """The ``<operation>`` text."""
         return scalecua_intent(response)
+
+
+def unit_fractions(text: str) -> bool:
+    """Whether every coordinate of a ScaleCUA step is within ``[0, 1]`` and one has a fraction.
+
+    ``click(x=0.42, y=0.31)`` is; ``click(x=0, y=1)`` (pixels or fractions alike) and
+    ``click(x=0.5, y=540)`` are not. Steps without coordinates are not.
+    """
+    block = first_block(text, "action")
+    calls = parse_scalecua_calls(_MODULE_PREFIX.sub("", text if block is None else block))
+    if not isinstance(calls, list):
+        return False
+    values = coordinate_values(calls)
+    if not values or not all(0.0 <= v <= 1.0 for v in values):
+        return False
+    return any(v != int(v) for v in values)

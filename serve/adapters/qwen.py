@@ -20,6 +20,23 @@ from serve.guard import CriticGuard, Decision, GuardConfig, PolicyContext
 
 _ACTION_LINE = re.compile(r"^\s*Action:\s*(?P<text>[^<{\n][^\n]*)$", re.MULTILINE)
 
+TOOLS_LEAD = (
+    "You may call one or more of the functions below to act on the screen. Their signatures "
+    "are given inside <tools></tools> XML tags:"
+)
+"""Introduces the tool definitions (the role of the lead sentence in Qwen's chat template)."""
+
+TOOL_CALL_FORMAT = (
+    "Write each function call as a JSON object with the function's name and its arguments, "
+    "wrapped in <tool_call></tool_call> XML tags, one block per call:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+"""How a call is written, placed after ``</tools>``: the format Qwen3-VL's chat template and
+computer-use prompts teach (one strict-JSON object per ``<tool_call>`` block)."""
+
+GRID_OF_SPACE = {"norm1000": 1000, "norm999": 999}
+"""The grid side the tool definition states for each coordinate space a Qwen policy may use."""
+
 
 def qwen_intent(response: Any) -> str | None:
     """The ``Action: ...`` line a Qwen3-VL response states before its tool call."""
@@ -29,19 +46,34 @@ def qwen_intent(response: Any) -> str | None:
     return match["text"].strip() if match else None
 
 
-def qwen_messages(ctx: PolicyContext, platform: str, system: str = "") -> list[dict[str, Any]]:
+def qwen_messages(
+    ctx: PolicyContext, platform: str, system: str = "", *, coord_space: str = "norm1000"
+) -> list[dict[str, Any]]:
     """Chat messages for a Qwen3-VL policy call (OpenAI-style content parts).
 
     Args:
         ctx: The guard's context for this call.
         platform: Picks the ``computer_use`` or ``mobile_use`` tool.
         system: Extra system text placed before the tool definition.
+        coord_space: The space the policy is told to write (and the session reads):
+            ``norm1000`` states a 1000x1000 screen, ``norm999`` a 999x999 one.
 
     Returns:
         ``[system, user]`` messages; the screenshot is a ``data:`` URL when given as bytes.
+
+    Raises:
+        ValueError: For a pixel space (the tool definition states a grid; a pixel-prompted
+            policy needs its own messages).
     """
-    tool = json.dumps(action_space(space_for_platform(platform)), ensure_ascii=False)
-    system_text = f"{system}\n\n# Tools\n<tools>\n{tool}\n</tools>".strip()
+    grid = GRID_OF_SPACE.get(coord_space)
+    if grid is None:
+        raise ValueError(
+            f"qwen_messages states a grid: coord_space must be one of {sorted(GRID_OF_SPACE)}, "
+            f"got {coord_space!r}"
+        )
+    tool = json.dumps(action_space(space_for_platform(platform), grid), ensure_ascii=False)
+    tools = f"# Tools\n\n{TOOLS_LEAD}\n<tools>\n{tool}\n</tools>\n\n{TOOL_CALL_FORMAT}"
+    system_text = f"{system}\n\n{tools}".strip()
     user: list[dict[str, Any]] = []
     shot = ctx.screenshot
     if isinstance(shot, (bytes, bytearray)):
@@ -65,7 +97,8 @@ class GuardedQwenPolicy:
     """A Qwen3-VL tool-call policy behind the critic.
 
     Args:
-        generate: ``generate(ctx) -> response text`` (e.g. ``qwen_messages`` + a chat call).
+        generate: ``generate(ctx) -> response text`` (e.g. ``qwen_messages`` with the same
+            ``coord_space`` + a chat call).
         client: A ``CriticClient``.
         task: The task instruction.
         platform: Session platform.
@@ -122,6 +155,8 @@ class GuardedQwenPolicy:
             coord_space=self.coord_space,
             frame=self.frame,
             intent=qwen_intent(response),
+            # The caller executes ``actions(decision)``: this same reading, repairs included.
+            executes_repair=True,
         )
 
     def actions(self, decision: Decision) -> list[Action] | ActionError:

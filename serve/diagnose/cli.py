@@ -19,6 +19,9 @@ EXIT_BAD_INPUT = 2
 EXAMPLES = """examples:
   python -m serve.diagnose results/pyautogui/screenshot/model/chrome/TASK_ID --out diag/
   python -m serve.diagnose STATE_DIR/traces/SESSION.jsonl --out diag/ --backend none
+  python -m serve.diagnose WAA_RESULTS/.../TASK_ID --out diag/            # WindowsAgentArena
+  python -m serve.diagnose logs/evaluation/NAME/TASK_TIMESTAMP --out diag/  # AndroidLab
+  python -m serve.diagnose results/EXP/TASK --out diag/                   # WebArenaLiteV2
   python -m serve.diagnose trajectories.jsonl --images-root CORPUS --out diag/ \\
       --backend openai:http://localhost:8000/v1@hivig-critic --top-k 5
 """
@@ -63,7 +66,11 @@ def _build_backend(spec: str) -> Any:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The diagnoser's options, on any parser."""
-    p.add_argument("path", help="trace .jsonl, OSWorld result folder, or trajectories .jsonl")
+    p.add_argument(
+        "path",
+        help="trace .jsonl, a result folder (OSWorld, WindowsAgentArena, AndroidLab, "
+        "WebArenaLiteV2 task), or trajectories .jsonl",
+    )
     p.add_argument("--out", required=True, help="output folder (diagnosis.json, .html, images/)")
     p.add_argument(
         "--backend",

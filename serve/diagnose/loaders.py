@@ -1,14 +1,17 @@
-"""Readers for the three inputs of ``diagnose``, detected from the path.
+"""Readers for the inputs of ``diagnose``, detected from the path.
 
 * a gateway session trace, ``<state_dir>/traces/<sid>.jsonl``, whose screenshots are
   ``<state_dir>/images/<hex>.png``;
 * an OSWorld-style result folder (``traj.jsonl``, ``step_{n}_{timestamp}.png`` after each action,
   ``result.txt``), including the ``{"Error": ...}`` lines real runs write and the ``response``
   field (a string or an object) some forks add;
+* a task folder of WindowsAgentArena, AndroidLab or WebArenaLiteV2, read by
+  ``hivig.run_folders`` (platform and screen from the run itself);
 * an ingested trajectories file (``hivig.trajectory``; screenshots relative to the corpus root).
 
 A bad line never stops a load: it is skipped and recorded in ``Run.skipped`` with a reason.
-Only a path that cannot be read as any of the three raises ``DiagnoseInputError``.
+Only a path that cannot be read as any of them raises ``DiagnoseInputError``; a results root
+holding many task folders raises it too, naming the task folders to pass.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from hivig.actions import (
     render_tool_calls,
     space_for_platform,
 )
+from hivig.run_folders import FolderRun, detect_layout, read_folder, task_folders
 from hivig.screens import volatile_boxes
 from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
 from serve.diagnose.run import Run, RunStep, Skipped, Verdict
@@ -55,22 +59,33 @@ class DiagnoseInputError(ValueError):
 # Detection
 
 
+FOLDER_KINDS = ("windowsagentarena", "androidlab", "webarena")
+"""Kinds read through ``hivig.run_folders`` (one benchmark task folder each)."""
+
+
 def detect_kind(path: Path) -> str:
-    """Which reader a path needs: ``trace``, ``osworld`` or ``trajectories``.
+    """Which reader a path needs.
 
     Args:
-        path: A trace file, an OSWorld result folder (or its ``traj.jsonl``), or an ingested
-            trajectories file.
+        path: A trace file, an OSWorld result folder (or its ``traj.jsonl``), a
+            WindowsAgentArena, AndroidLab or WebArenaLiteV2 task folder (or its ``traj.jsonl``,
+            ``traces/trace.jsonl``, ``result.json``), or an ingested trajectories file.
 
     Returns:
-        The kind.
+        ``trace``, ``osworld``, ``trajectories``, ``windowsagentarena``, ``androidlab`` or
+        ``webarena``.
 
     Raises:
-        DiagnoseInputError: The path is missing or matches none of the formats.
+        DiagnoseInputError: The path is missing, matches none of the formats, or is a results
+            root of many tasks (the message names task folders to pass instead).
     """
+    layout = detect_layout(path) if path.exists() else None
+    if layout is not None:
+        return layout
     if path.is_dir():
         if (path / "traj.jsonl").is_file():
             return "osworld"
+        _many_tasks(path)
         raise DiagnoseInputError(f"{path} is a folder without traj.jsonl; pass a result folder")
     if not path.is_file():
         raise DiagnoseInputError(f"{path} does not exist")
@@ -88,6 +103,25 @@ def detect_kind(path: Path) -> str:
     raise DiagnoseInputError(
         f"{path}: cannot tell the format (expected a gateway trace, an OSWorld traj.jsonl or "
         "ingested trajectories)"
+    )
+
+
+def _many_tasks(root: Path) -> None:
+    """Raise the one-line hint for a results root: which task folders it holds."""
+    found = task_folders(root)
+    seen = {c for _k, c in found}
+    found += [
+        ("osworld", c)
+        for c in sorted(root.iterdir())
+        if c not in seen and (c / "traj.jsonl").is_file()
+    ]
+    if not found:
+        return
+    names = ", ".join(sorted({c.name for _k, c in found})[:3])
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    raise DiagnoseInputError(
+        f"{root} is a results root of {len(found)} task folders ({found[0][0]}); "
+        f"pass one task folder, e.g. {root / found[0][1].name} [{names}{more}]"
     )
 
 
@@ -111,10 +145,11 @@ def _first_object(path: Path) -> dict[str, Any] | None:
 def load_run(
     path: str | Path, *, images_root: str | Path | None = None, trajectory_id: str | None = None
 ) -> Run:
-    """Read any of the three inputs into a ``Run``.
+    """Read any input of ``detect_kind`` into a ``Run``.
 
     Args:
-        path: Trace file, OSWorld result folder (or its ``traj.jsonl``), or trajectories file.
+        path: Trace file, OSWorld result folder (or its ``traj.jsonl``), a benchmark task
+            folder (``FOLDER_KINDS``), or trajectories file.
         images_root: Corpus root for an ingested trajectories file (default: its folder).
         trajectory_id: Which trajectory of a trajectories file to read (default: the first
             failed one, else the first).
@@ -131,6 +166,8 @@ def load_run(
         run = load_trace(p)
     elif kind == "osworld":
         run = load_osworld(p if p.is_dir() else p.parent)
+    elif kind in FOLDER_KINDS:
+        run = from_folder_run(read_folder(p))
     else:
         run = load_trajectories(p, images_root=images_root, trajectory_id=trajectory_id)
     if not run.steps:
@@ -564,6 +601,62 @@ def _initial_screenshot(folder: Path) -> Path | None:
         if found:
             return found[0]
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# Benchmark task folders (hivig.run_folders)
+
+
+def from_folder_run(folder_run: FolderRun) -> Run:
+    """A benchmark task folder's run as diagnose's ``Run``.
+
+    A step's screenshot is its before-screen; the next step's (or the folder's final screen)
+    is its after-screen.
+
+    Args:
+        folder_run: What ``hivig.run_folders.read_folder`` read.
+
+    Returns:
+        The run; platform, screen and outcome are the folder's own.
+    """
+    fr = folder_run
+    notes = list(fr.notes)
+    shots = [s.screenshot for s in fr.steps] + [fr.final_screenshot]
+    steps = [
+        RunStep(
+            step=k + 1,
+            source_ref=s.source_ref,
+            raw=s.raw_action,
+            actions=s.actions,
+            parse_error=s.parse_error,
+            intent=s.intent,
+            think=s.thought,
+            before=s.screenshot,
+            after=shots[k + 1],
+            reward=s.reward,
+            error=s.error,
+        )
+        for k, s in enumerate(fr.steps)
+    ]
+    screen = fr.screen
+    if screen is None:
+        notes.append("no readable screenshot; the screen size is unknown (reported as 0x0)")
+        screen = (0, 0)
+    if fr.task is None:
+        notes.append("the folder does not record the task instruction")
+    skipped = [Skipped(where, reason, detail) for where, reason, detail in fr.skipped]
+    return Run(
+        fr.layout,
+        fr.folder,
+        fr.task,
+        fr.platform,
+        screen,
+        steps,
+        fr.outcome,
+        fr.score,
+        skipped,
+        notes,
+    )
 
 
 # --------------------------------------------------------------------------------------------

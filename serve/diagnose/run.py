@@ -1,4 +1,4 @@
-"""The loaded form of a run to diagnose: one format for traces, OSWorld folders and trajectories.
+"""The loaded form of a run to diagnose: one format for traces, result folders and trajectories.
 
 Loaders turn every input into a ``Run`` of ``RunStep``; signals, inspection and the report only
 read this form. Steps are numbered 1.. in execution order (``RunStep.step``, as CUADebug counts);
@@ -98,14 +98,15 @@ class Run:
     """A run to diagnose.
 
     Attributes:
-        kind: ``trace``, ``osworld`` or ``trajectories``.
+        kind: ``trace``, ``osworld``, ``trajectories``, ``windowsagentarena``, ``androidlab``
+            or ``webarena``.
         source: The input path.
         task: The instruction (``None`` when the source does not record it).
         platform: One of ``hivig.actions.PLATFORMS``.
         screen: ``(width, height)`` of the screen in pixels.
         steps: The steps, 1.. in order.
         outcome: ``success``, ``failure`` or ``unknown``.
-        score: The runner's final score (OSWorld ``result.txt``), when recorded.
+        score: The runner's final score (``result.txt``, a benchmark metric), when recorded.
         skipped: Lines or items that were not used, with reasons.
         notes: Facts about the input worth stating in the result (missing screenshots, ...).
         volatile_regions: The session's own volatile boxes on the 0–1000 grid (a gateway trace

@@ -1,0 +1,211 @@
+"""WebArenaLiteV2 (ScaleCUA evaluation): the critic inside ``agent.predict``.
+
+The harness loop (``agent_run.py``) calls ``info, code = agent.predict(instruction=...,
+observation=obs)`` and hands ``code`` (a list of ``{"name", "parameters"}`` dicts in screen
+pixels) to Playwright. The wrapper keeps that interface. What the critic judges is ``code``
+itself (the ``webarena_code`` format of ``hivig.actions``, screen pixels), never a re-parse of
+the ``<action>`` text (the agent's own parse may differ from ours, and ``code`` is what runs).
+A rejected proposal leaves no trace in ``previous_operations_list`` (the agent's step history).
+
+    from serve.adapters import GuardedWebArenaLiteAgent
+    agent = GuardedWebArenaLiteAgent(OpenCUANativeAgent(...), CriticClient(url))
+    agent.reset()
+    info, code = agent.predict(instruction=query, observation=env.get_obs())
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from serve.adapters._common import (
+    MEMORY_ATTRS,
+    EpisodeMemory,
+    FeedbackHook,
+    GuardedAgent,
+    PromptHook,
+    action_payload,
+    default_prompt,
+    png_size,
+    prompt_for,
+)
+from serve.adapters._presets import WEBARENA_LITE, RunnerPreset
+from serve.client import CriticClient
+from serve.guard import CriticGuard, Decision, GuardConfig, PolicyContext
+
+WEBARENA_MEMORY_ATTRS = (*MEMORY_ATTRS, "previous_operations_list")
+"""The native agent keeps its step history in ``previous_operations_list`` (and rewrites
+``messages`` each step)."""
+
+STOP_CODE = ({"name": "terminate", "parameters": {"status": "failure", "info": ""}},)
+"""The harness' own stop: a ``terminate`` call (the loop reads ``code[0]["parameters"]``, so
+OSWorld's ``["FAIL"]`` would crash it). Returned only when the guard ends the episode."""
+
+STOP_INFO = {
+    "thought": "",
+    "operation": "The critic guard ended the episode.",
+    "actions": 'terminate(status="failure", info="")',
+}
+"""The ``info`` of the stop step, as ``result.json`` records it."""
+
+
+def code_text(code: Any) -> str:
+    """A ``code`` list as ScaleCUA call lines in screen pixels (what the critic reads).
+
+    ``[{"name": "click", "parameters": {"x": 640.0, "y": 360.0, "clicks": 2, ...}}]`` ->
+    ``click(x=640.0, y=360.0, clicks=2, ...)``; missing values (``None``, ``(None, None)``) are
+    left out. Anything that is not a list of such dicts comes back as JSON text.
+    """
+    if not isinstance(code, (list, tuple)) or not all(isinstance(c, dict) for c in code):
+        return json.dumps(code, ensure_ascii=False, default=str)
+    lines = []
+    for call in code:
+        params = call.get("parameters")
+        params = params if isinstance(params, dict) else {}
+        if call.get("name") == "hotkey":
+            keys = params.get("args") or params.get("keys") or []
+            args = ", ".join(repr(str(k)) for k in (keys if isinstance(keys, list) else [keys]))
+        else:
+            args = ", ".join(f"{k}={_literal(v)}" for k, v in params.items() if not _missing(v))
+        lines.append(f"{call.get('name')}({args})")
+    return "\n".join(lines)
+
+
+def _missing(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(v is None for v in value)
+    return value is None
+
+
+def _literal(value: Any) -> str:
+    # Playwright code carries coordinate pairs as tuples; the call syntax writes lists.
+    return repr(list(value) if isinstance(value, tuple) else value)
+
+
+def _pair(output: Any) -> tuple[Any, Any]:
+    if isinstance(output, tuple) and len(output) == 2:
+        return output[0], output[1]
+    return None, output
+
+
+class GuardedWebArenaLiteAgent(GuardedAgent):
+    """A WebArenaLiteV2 agent behind the critic: same ``reset()`` and keyword ``predict``.
+
+    Args:
+        agent: The agent (``predict(instruction=..., observation=...) -> (info, code)``,
+            ``reset()``).
+        client: A ``CriticClient``.
+        preset: Platform, screen and frame settings (``WEBARENA_LITE``: web, 1280x720).
+        config: Guard settings (K, on_exhausted, R3, recovery).
+        prompt_hook: ``(instruction, ctx) -> instruction``: how history and feedback reach the
+            agent (default: appended to the instruction it formats into its prompt).
+        feedback_hook: ``(agent, text) -> None``: hand them over another way instead.
+        memory_attrs: The agent's memory attributes to snapshot.
+    """
+
+    def __init__(
+        self,
+        agent: Any,
+        client: CriticClient,
+        *,
+        preset: RunnerPreset = WEBARENA_LITE,
+        config: GuardConfig | None = None,
+        prompt_hook: PromptHook = default_prompt,
+        feedback_hook: FeedbackHook | None = None,
+        memory_attrs: Iterable[str] = WEBARENA_MEMORY_ATTRS,
+    ) -> None:
+        self.agent = agent
+        self.client = client
+        self.preset = preset
+        self.config = config or GuardConfig()
+        self.prompt_hook = prompt_hook
+        self.feedback_hook = feedback_hook
+        self.memory = EpisodeMemory(agent, memory_attrs)
+        self.guard: CriticGuard | None = None
+        self.logs: list[list[dict[str, Any]]] = []
+
+    def to_action(self, output: Any) -> dict[str, Any]:
+        """One ``(info, code)`` output -> the API action object (``code`` is judged)."""
+        info, code = _pair(output)
+        operation = info.get("operation") if isinstance(info, dict) else None
+        return action_payload(
+            list(code) if isinstance(code, (list, tuple)) else code_text(code),
+            "webarena_code",
+            platform=self.preset.platform,
+            screen=self.preset.screen,
+            coord_space=self.preset.coord_space,
+            frame=self.preset.frame() if self.preset.coord_space == "resized_px" else None,
+            intent=operation.strip() if isinstance(operation, str) and operation.strip() else None,
+        )
+
+    def describe(self, output: Any) -> str:
+        """The agent's own words for one output (its operation, else the code)."""
+        info, code = _pair(output)
+        operation = info.get("operation") if isinstance(info, dict) else None
+        return operation if isinstance(operation, str) and operation else code_text(code)
+
+    def _guard(self, instruction: str, screenshot: Any) -> CriticGuard:
+        if self.guard is None:
+            size = png_size(screenshot)
+            if size is not None and size != self.preset.screen:
+                self.preset = self.preset.with_screen(size)
+            kwargs: dict[str, Any] = {"action_format": "webarena_code"}
+            if self.preset.coord_space == "resized_px":
+                kwargs["frame"] = self.preset.frame()
+            self.guard = CriticGuard(
+                self.client,
+                lambda ctx: None,  # replaced per step by a closure over the harness' arguments
+                task=instruction,
+                platform=self.preset.platform,
+                screen=self.preset.screen,
+                coord_space=self.preset.coord_space,
+                config=self.config,
+                to_action=self.to_action,
+                session_kwargs=kwargs,
+                describe=self.describe,
+            )
+            self.logs.append(self.guard.log)
+            self.memory.begin()
+        return self.guard
+
+    def predict(self, instruction: str, observation: Any, **kwargs: Any) -> Any:
+        """The harness' ``predict``: the accepted ``(info, code)``, or the stop step."""
+        screenshot = observation.get("screenshot") if isinstance(observation, dict) else None
+        guard = self._guard(instruction, screenshot)
+        guard.observe(screenshot)
+        self.memory.sync(guard)
+        idx = guard.step_idx
+        step_start = self.memory.step(idx)
+        outputs: list[Any] = []
+        after: list[dict[str, Any]] = []
+
+        def policy(ctx: PolicyContext) -> Any:
+            nonlocal step_start
+            # A rejected proposal leaves no trace; a reroute that failed within this step puts
+            # back the memory from before the loop.
+            step_start = self.memory.rebase(guard, idx, step_start)
+            if ctx.mode == "reroute":
+                self.memory.fresh()  # R3 reset: task and screen only
+            text = prompt_for(self.agent, instruction, ctx, self.prompt_hook, self.feedback_hook)
+            # Keyword arguments, as the harness calls agents.
+            out = self.agent.predict(instruction=text, observation=observation, **kwargs)
+            outputs.append(out)
+            after.append(self.memory.take())
+            return out
+
+        guard.policy = policy
+        decision = guard.decide()
+        return self._result(decision, outputs, after, step_start)
+
+    def _result(
+        self, decision: Decision, outputs: list[Any], after: list[dict], start: dict[str, Any]
+    ) -> Any:
+        if decision.stop:
+            self.memory.put(start)  # the step's rejected proposals leave no trace either
+            return dict(STOP_INFO), copy.deepcopy(list(STOP_CODE))
+        chosen = next((i for i, o in enumerate(outputs) if o is decision.proposal), None)
+        if chosen is not None and chosen != len(outputs) - 1:
+            self.memory.put(after[chosen])  # execute_first / best-of-N: that proposal's memory
+        return decision.proposal
