@@ -468,7 +468,14 @@ class FakeScaleCUAOSWorldAgent:
         operation, call = self.respond(instruction)
         self.history_instruction.append(operation)
         response = f"<operation>{operation}</operation>\n<action>\n{call}\n</action>"
-        return response, [f"pyautogui.{call}"]
+        return response, [self.to_pyautogui(call)]
+
+    @staticmethod
+    def to_pyautogui(call: str) -> str:
+        """The agent's own conversion of a ``click`` in 1932x1092 frame pixels (1920x1080)."""
+        x, y = (float(v) for v in re.findall(r"=([0-9.]+)", call))
+        x, y = f"{x / 1932 * 1920:.4f}", f"{y / 1092 * 1080:.4f}"
+        return f'pyautogui.click(x={x}, y={y}, clicks=1, button="left")'
 
 
 def test_scalecua_history_instruction_keeps_no_rejected_operation(gateway):
@@ -490,7 +497,17 @@ def test_scalecua_history_instruction_keeps_no_rejected_operation(gateway):
 def test_scalecua_fractions_under_pixels_are_loud_not_a_corner_click(gateway, caplog):
     _, client = gateway
     agent = FakeScaleCUAOSWorldAgent(lambda i: ("Click OK", "click(x=0.42, y=0.31)"))
+    # The agent's returned code clicks where its conversion put the point (the corner), and
+    # that is what runs and is judged; the block alone is judged as written.
     guarded = GuardedScaleCUAAgent(agent, client, screen=(1920, 1080))
+    with caplog.at_level(logging.WARNING, logger="serve.adapters.osworld"):
+        guarded.predict("t", {"screenshot": screen(320, 180)})
+    assert any("coord_space='norm01'" in r.getMessage() for r in caplog.records)
+    sent = guarded.log[0]["proposals"][0]["action"]
+    assert sent["raw"] == 'pyautogui.click(x=0.4174, y=0.3066, clicks=1, button="left")'
+    assert guarded.guard.events["coords_look_norm01"] == 1
+    caplog.clear()
+    guarded = GuardedScaleCUAAgent(agent, client, screen=(1920, 1080), judge="block")
     with caplog.at_level(logging.WARNING, logger="serve.adapters.osworld"):
         for k in range(2):
             guarded.predict("t", {"screenshot": screen(320, 180, seed=k)})
@@ -499,7 +516,9 @@ def test_scalecua_fractions_under_pixels_are_loud_not_a_corner_click(gateway, ca
     sent = guarded.log[0]["proposals"][0]["action"]
     assert sent["verbatim"] is True and sent["raw"] == "\nclick(x=0.42, y=0.31)\n"
     # Named explicitly, the same output is read as fractions: no warning, a real point.
-    guarded = GuardedScaleCUAAgent(agent, client, screen=(1920, 1080), coord_space="norm01")
+    guarded = GuardedScaleCUAAgent(
+        agent, client, screen=(1920, 1080), coord_space="norm01", judge="block"
+    )
     guarded.predict("t", {"screenshot": screen(320, 180)})
     assert '"coordinate": [420, 310]' in guarded.log[0]["proposals"][0]["action"]["raw"]
 
@@ -507,7 +526,7 @@ def test_scalecua_fractions_under_pixels_are_loud_not_a_corner_click(gateway, ca
 def test_scalecua_fractions_get_no_marker_at_the_corner(gateway):
     backend, client = gateway
     agent = FakeScaleCUAOSWorldAgent(lambda i: ("Click OK", "click(x=0.42, y=0.31)"))
-    guarded = GuardedScaleCUAAgent(agent, client, screen=(1920, 1080))
+    guarded = GuardedScaleCUAAgent(agent, client, screen=(1920, 1080), judge="block")
     guarded.predict("t", {"screenshot": screen(320, 180)})
     assert guarded.log[0]["proposals"][0]["verdict"]["marker"] is None
     assert "click(x=0.42, y=0.31)" in critiques(backend)[0]  # judged as the agent wrote it

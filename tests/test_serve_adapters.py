@@ -279,7 +279,12 @@ def test_scalecua_calls_with_intent_and_repaired_ones_judged_as_written():
     outputs = iter([SCALECUA_CLEAN, SCALECUA_RESPONSE])
     agent = FakeOSWorldAgent(lambda i, o, a: (next(outputs), ["pyautogui.hotkey('ctrl','s')"]))
     guarded = GuardedScaleCUAAgent(
-        agent, make_client(gw), screen=(1920, 1080), coord_space="resized_px", frame=(1000, 500)
+        agent,
+        make_client(gw),
+        screen=(1920, 1080),
+        coord_space="resized_px",
+        frame=(1000, 500),
+        judge="block",
     )
     guarded.predict("Save", obs_of("A"))
     guarded.predict("Save", obs_of("B"))
@@ -707,3 +712,24 @@ def test_androidworld_rejected_status_report_is_rolled_back_and_the_step_rerun()
     assert not result.done and env.executed == [JSONAction("click", x=54, y=120)]
     assert [h["summary"] for h in agent.history] == ["did click"]  # the status rolled back
     assert len(critiqued(gw)) == 2 and len(agent.goals) == 2
+
+
+def test_scalecua_returned_code_is_what_is_judged():
+    # ScaleCUA's OSWorld agent returns the pyautogui code it converted from its block (screen
+    # pixels), and the VM runs that code; on its own parse error it returns ``DONE``.
+    gw = FakeGateway()
+    outputs = iter(
+        [
+            ("<action>\nclick(x=966, y=546)\n</action>", ["pyautogui.click(x=960.0, y=540.0)"]),
+            ("<action>\nclick(x=\n</action>", ["DONE"]),
+        ]
+    )
+    agent = FakeOSWorldAgent(lambda i, o, a: next(outputs))
+    guarded = GuardedScaleCUAAgent(agent, make_client(gw), screen=(1920, 1080))
+    guarded.predict("t", obs_of("A"))
+    guarded.predict("t", obs_of("B"))
+    clicked, done = critiqued(gw)
+    assert '"coordinate": [500, 500]' in clicked["raw"]
+    assert '"action": "terminate", "status": "success"' in done["raw"]
+    with pytest.raises(ValueError, match="judge"):
+        GuardedScaleCUAAgent(agent, make_client(gw), judge="both")

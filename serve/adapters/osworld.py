@@ -266,8 +266,11 @@ class GuardedOSWorldAgent(_PredictWrapper):
 class GuardedScaleCUAAgent(_PredictWrapper):
     """A ScaleCUA agent behind the critic (``predict``), reading its ``<action>`` block.
 
-    The critique text is the response's ``<action>`` block when present (calls with
-    ``pyautogui.``/``mobile.`` prefixes, ``+``-joined combos), else the returned actions; the
+    The critic judges what will run. ScaleCUA's OSWorld and WindowsAgentArena agents return the
+    pyautogui code they converted from their ``<action>`` block (screen pixels), and the VM runs
+    that code: with the default ``judge="auto"`` returned code is judged (in ``screen_px``),
+    otherwise the response's ``<action>`` block (an agent that returns no code, e.g. one whose
+    harness executes the block itself); ``judge="block"`` always judges the block. The
     ``<operation>`` text is sent as the intent.
 
     Coordinates are read in one space for the whole episode, never guessed per step from their
@@ -288,9 +291,18 @@ class GuardedScaleCUAAgent(_PredictWrapper):
     """
 
     fmt = "scalecua"
+    judge = "auto"
+    """What is judged: ``auto`` (the returned pyautogui code when the agent returns some, else
+    the ``<action>`` block), ``block`` or ``actions``; set per wrapper with ``judge=``."""
     warned_norm01 = False
     """Whether this episode's ``[0, 1]`` warning was logged (a class default, so the wrapper
     owns the name)."""
+
+    def __init__(self, agent: Any, client: CriticClient, *, judge: str = "auto", **kwargs: Any):
+        if judge not in ("auto", "block", "actions"):
+            raise ValueError(f"judge must be auto, block or actions, got {judge!r}")
+        super().__init__(agent, client, **kwargs)
+        self.judge = judge
 
     def _new_episode(self) -> None:
         super()._new_episode()
@@ -301,8 +313,25 @@ class GuardedScaleCUAAgent(_PredictWrapper):
         response, actions = (output[0], output[1]) if _is_pair(output) else (output, None)
         text = self.action_text(response, actions)
         space = self.coord_space or "resized_px"
-        if space in _PIXEL_SPACES and isinstance(text, str) and unit_fractions(text):
+        fractions = space in _PIXEL_SPACES and isinstance(text, str) and unit_fractions(text)
+        if fractions:
             self._warn_norm01()
+        code = executed_code(actions) if self.judge != "block" else None
+        if code is not None:
+            # ScaleCUA's OSWorld and WAA agents return the pyautogui code they made from the
+            # block (screen pixels; ``DONE`` when their own parse failed): that code runs, so
+            # it is judged, even a click its conversion put in the corner.
+            payload = action_payload(
+                code,
+                "osworld",
+                platform=self.platform,
+                screen=self.screen or DEFAULT_SCREEN,
+                coord_space="screen_px",
+                intent=self.intent(response),
+            )
+            payload.setdefault("coord_space", "screen_px")
+            return payload
+        if fractions:
             payload: dict[str, Any] = {"raw": text, "format": self.fmt, VERBATIM: True}
             intent = self.intent(response)
             if intent:
@@ -316,8 +345,9 @@ class GuardedScaleCUAAgent(_PredictWrapper):
         if not self.warned_norm01:
             self.warned_norm01 = True
             log.warning(
-                "ScaleCUA agent wrote [0, 1] coordinates under coord_space=%s: judged as "
-                "written without a marker; pass coord_space='norm01' if the agent uses fractions",
+                "ScaleCUA agent wrote [0, 1] coordinates under coord_space=%s (read as pixels, "
+                "next to the top-left corner); pass coord_space='norm01' if the agent uses "
+                "fractions",
                 self.coord_space,
             )
 
@@ -338,6 +368,20 @@ class GuardedScaleCUAAgent(_PredictWrapper):
     def intent(self, response: Any) -> str | None:
         """The ``<operation>`` text."""
         return scalecua_intent(response)
+
+
+def executed_code(actions: Any) -> str | None:
+    """The pyautogui code of a ``predict`` output's actions (one statement block per action),
+    or ``None`` when they are not code strings (empty, dicts, prose)."""
+    if isinstance(actions, str):
+        actions = [actions]
+    if not isinstance(actions, (list, tuple)) or not actions:
+        return None
+    if not all(isinstance(a, str) and a.strip() for a in actions):
+        return None
+    if not all(a.strip() in ("WAIT", "DONE", "FAIL") or "pyautogui." in a for a in actions):
+        return None
+    return "\n".join(actions)
 
 
 def unit_fractions(text: str) -> bool:
