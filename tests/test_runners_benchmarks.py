@@ -418,7 +418,7 @@ def test_waa_stop_returns_fail_in_four_values(gateway, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["webarena_lite", "androidlab", "waa", "osworld"])
+@pytest.mark.parametrize("name", ["webarena_lite", "androidlab", "waa", "osworld", "androidworld"])
 def test_example_runner_scripts_run(name):
     script = ROOT / "examples" / "runners" / f"{name}.py"
     run = subprocess.run(
