@@ -249,11 +249,16 @@ def _add_audit(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data", required=True, help="a data_gen run's output folder (its `out`)")
     p.add_argument("--max-auc", type=float, default=0.7, help="threshold of the gated families")
-    p.add_argument("--gated", nargs="+", default=["pointing"], help="families whose AUC is gated")
+    p.add_argument(
+        "--gated",
+        nargs="+",
+        default=["text_blind"],
+        help="families, text_blind or dimension keys whose AUC is gated",
+    )
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from data_gen.audit import AuditSettings, audit_rows, shortcut_audit
+    from data_gen.audit import GATE_NAMES, AuditSettings, audit_rows, shortcut_audit
     from hivig.records import RecordError, read_records, records_dir
 
     root = records_dir(args.data)
@@ -269,6 +274,10 @@ def _audit(args: argparse.Namespace) -> int:
         return 2
     if not records:
         print(f"audit: no records under {root} (give the `out` of a finished run)", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.gated) - GATE_NAMES)
+    if unknown:
+        print(f"audit: unknown --gated names {unknown}; use {sorted(GATE_NAMES)}", file=sys.stderr)
         return 2
     audit = shortcut_audit(records, AuditSettings(args.max_auc, tuple(args.gated)))
     rows = [

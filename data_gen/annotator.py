@@ -569,7 +569,65 @@ def _describe_target(o: dict[str, Any]) -> str:
     label, role = o.get("target_label"), o.get("target_role")
     if label:
         return f"the '{label}' {role or 'element'}"
-    return "the area under the marker" if o.get("has_point") else "the screen as a whole"
+    return "empty space under the marker" if o.get("has_point") else "the screen as a whole"
+
+
+def _choose(o: dict[str, Any], salt: str, options: tuple[str, ...]) -> str:
+    """One of ``options``, picked by a hash of the oracle (deterministic, varied per sample)."""
+    blob = json.dumps(o, sort_keys=True, ensure_ascii=False, default=str) + salt
+    return options[int(hashlib.sha256(blob.encode()).hexdigest(), 16) % len(options)]
+
+
+def _names(pairs: list[list[str]]) -> str:
+    # Content comes by kind ("further file entries"), controls by their visible label.
+    labels = [f"'{label}'" if label else f"further {role} entries" for label, role in pairs]
+    if not labels:
+        return ""
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def _next_state(o: dict[str, Any]) -> str:
+    """The next state in the future tense, from what really appears and disappears."""
+    appeared, vanished = o.get("appeared") or [], o.get("vanished") or []
+    dialogs = [p for p in appeared if p[1] == "dialog"]
+    busy = [p for p in vanished if p[1] == "progress"]
+    calls = set(o.get("calls") or ())
+    parts = []
+    if dialogs:
+        parts.append(
+            _choose(o, "dialog", ("A {d} dialog will open.", "The {d} dialog will come up."))
+        )
+    elif appeared:
+        parts.append(
+            _choose(
+                o,
+                "appear",
+                (
+                    "{a} will appear on the screen.",
+                    "The screen will newly show {a}.",
+                    "{a} will come into view.",
+                ),
+            )
+        )
+    if busy:
+        parts.append("The loading indicator will be gone.")
+    elif vanished:
+        parts.append(
+            _choose(
+                o,
+                "vanish",
+                ("{v} will no longer be shown.", "{v} will disappear.", "{v} will close."),
+            )
+        )
+    if not parts and "type" in calls:
+        parts.append("The typed text will fill the focused field.")
+    if not parts and calls & {"scroll", "swipe", "hscroll"}:
+        parts.append("The list will move and bring further entries into view.")
+    if not parts:
+        parts.append("The selection on the screen will change while the layout stays.")
+    names = {"d": _names(dialogs), "a": _names(appeared), "v": _names(vanished)}
+    sentences = [part.format(**names) for part in parts]
+    return " ".join(t[0].upper() + t[1:] for t in sentences)
 
 
 def _offline_transition(o: dict[str, Any]) -> tuple[str, str | None]:
@@ -578,14 +636,19 @@ def _offline_transition(o: dict[str, Any]) -> tuple[str, str | None]:
         effect = "No structural change will follow; the episode ends on the current layout."
         state = "The task will end here and the screen will keep its current layout."
     elif o.get("no_change"):
-        effect = "The layout will stay as it is: no container, dialog or list will change."
-        state = "The screen will remain visually unchanged after this step."
-    else:
-        effect = "The interface will respond to the step and rearrange the affected region."
-        state = (
-            f"After acting on {target}, the affected region will update and the interface "
-            "will present its next state."
+        effect = "Nothing on the screen changed: no container, dialog or list moved."
+        state = _choose(
+            o,
+            "same",
+            (
+                "The screen will remain visually unchanged after this step.",
+                "No visible change will follow; the layout will stay as it is.",
+                "The interface will look exactly the same afterwards.",
+            ),
         )
+    else:
+        state = _next_state(o)
+        effect = state.replace(" will ", " ")
     think = f"[Action Mechanism] The step acts on {target}.\n[Structural Effect] {effect}"
     return f"<next_state>\n{state}\n</next_state>", think
 
@@ -637,34 +700,68 @@ def _syntax_line(o: dict[str, Any]) -> str:
     return f"Action String Check: {o['calls_text']} - Syntax is {validity}."
 
 
+_GOOD_RULES = (
+    "Acting on the element the step names is how this interface moves forward.",
+    "The point sits on the element the step is about, so the interface responds as meant.",
+    "The step works because the interface is ready and the call is well formed.",
+    "This is the direct way this screen offers for the next part of the goal.",
+)
+
+_LOOK = (
+    "The step acts on {t}.",
+    "Under the marker lies {t}.",
+    "The call is aimed at {t}.",
+)
+
+
 def _offline_rationale_good(o: dict[str, Any]) -> tuple[str, str | None]:
     target = _describe_target(o)
     intent = o.get("intent")
-    p1 = f"{_syntax_line(o)} The step targets {target}."
+    p1 = f"{_syntax_line(o)} " + _choose(o, "look", _LOOK).format(t=target)
     if intent:
         p1 += f" This agrees with the stated intent: {intent}"
     p2 = o.get("next_state") or "The interface will respond to the step."
-    p3 = (
-        f"This brings the task '{o.get('task', '')}' a step closer to completion. "
-        "Overall Grading: Good."
-    )
+    p3 = _choose(
+        o,
+        "good",
+        (
+            "That is what the task '{task}' needs at this point. Overall Grading: Good.",
+            "This brings the task '{task}' a step closer to completion. Overall Grading: Good.",
+            "The goal '{task}' moves forward with it. Overall Grading: Good.",
+        ),
+    ).format(task=o.get("task", ""))
     think = f"{p1}\n\n{p2}\n\n{p3}"
-    explanation = f"{p2} Acting on the intended element is how this interface advances."
+    explanation = f"{p2} {_choose(o, 'rule', _GOOD_RULES)}"
     return render_critique_target(think, "Good", None, explanation), None
 
 
 def _offline_rationale_bad(o: dict[str, Any]) -> tuple[str, str | None]:
     target = _describe_target(o)
-    p1 = f"{_syntax_line(o)} The step targets {target}."
+    p1 = f"{_syntax_line(o)} " + _choose(o, "look", _LOOK).format(t=target)
     if o.get("intent"):
         p1 += f" The stated intent is: {o['intent']}"
     p2 = o["consequence"]
-    p3 = (
-        f"In this step {o['note']}, which does not serve the task '{o.get('task', '')}'. "
-        f"Overall Grading: Bad, Error Dimension: {o['dimension']}."
-    )
+    p3 = _choose(
+        o,
+        "bad",
+        (
+            "Here {note}, which does not serve the task '{task}'.",
+            "In this step {note}; the task '{task}' gains nothing from it.",
+            "The problem is that {note}, so '{task}' does not move forward.",
+        ),
+    ).format(note=o["note"], task=o.get("task", ""))
+    p3 += f" Overall Grading: Bad, Error Dimension: {o['dimension']}."
     think = f"{p1}\n\n{p2}\n\n{p3}"
-    explanation = f"{p2} The interface only responds as intended when {o['rule']}."
+    lead = _choose(
+        o,
+        "lead",
+        (
+            "The interface only responds as intended when {rule}.",
+            "This kind of interaction works only when {rule}.",
+            "Progress on this screen depends on this: {rule}.",
+        ),
+    ).format(rule=o["rule"])
+    explanation = f"{p2} {lead}"
     return render_critique_target(think, "Bad", o["dimension"], explanation), None
 
 

@@ -42,16 +42,41 @@ POINTING = tuple(
 )
 """The visually grounded dimensions: Good and Bad differ only in where the step points."""
 
+TEXT_BLIND = tuple(
+    dimension_by_key(k).name
+    for k in ("grounding_spatial_error", "action_operation_misalignment", "constraint_neglect")
+)
+"""Dimensions whose error is not in the step's text by nature: the Bad step keeps the form and
+wording of the expert's (the same intent with another point for Grounding/Spatial Error and
+Action-Operation Misalignment; another element of the same kind in the expert's own phrasing
+for Constraint Neglect), so only the screen (and the goal) shows what is wrong. The others
+change the step on purpose, and a text probe reads that whatever the data quality: a broken
+call, a scroll or a wait where the expert clicked, one character where the expert typed a
+name, a command whose name reads wrong for the goal (Semantic Error), an element that is not
+the expert's at all (Visual Hallucination names one this screen does not show)."""
+
+
 FAMILIES: dict[str, tuple[str, ...]] = {
     "pointing": POINTING,
+    "text_blind": TEXT_BLIND,
     "visual_other": tuple(
         d.name for d in DIMENSIONS if d.group == "visual_spatial" and d.name not in POINTING
     ),
     "cognitive": tuple(d.name for d in DIMENSIONS if d.group == "cognitive"),
 }
-"""Dimension families the audit scores separately. Only ``pointing`` must be text-blind by
-construction: the other families' errors are partly textual on purpose (a broken JSON call, a
-terminate where an answer is due), so their AUCs are reported, not gated, by default."""
+"""Dimension families the audit scores separately (pooled). ``text_blind`` is gated by default:
+its errors are not in the step's text by nature. ``pointing`` (which adds Visual
+Hallucination) and the other families are partly textual (a ghost's name, a broken call, a
+terminate where an answer is due), so their AUCs are reported; every dimension also gets its
+own row."""
+
+DIMENSION_AUDITS: dict[str, tuple[str, ...]] = {d.key: (d.name,) for d in DIMENSIONS}
+"""One probe per dimension, by key (the paired AUC of every dimension is reported)."""
+
+GATE_NAMES = frozenset(FAMILIES) | frozenset(DIMENSION_AUDITS)
+"""What ``export.audit_gated`` may name: a family (scored pooled) or a dimension key (scored
+alone: a few dozen pairs give a noisy AUC, so single dimensions are gated only by name)."""
+
 
 PROBES = ("step", "history")
 """The texts a probe reads (see the module docstring)."""
@@ -70,15 +95,17 @@ class AuditSettings:
 
     Attributes:
         max_auc: Highest acceptable out-of-fold AUC of a gated family's probes.
-        gated: Families whose AUC above ``max_auc`` fails the export.
+        gated: Families and dimension keys whose AUC above ``max_auc`` fails the export.
         min_samples: Families with fewer Bad samples are reported as too small, not scored.
+        min_dimension_samples: The same floor for the one-dimension probes.
         folds: Grouped cross-validation folds (fewer when there are fewer episodes).
         top_features: Features listed per direction.
     """
 
     max_auc: float = 0.7
-    gated: tuple[str, ...] = ("pointing",)
+    gated: tuple[str, ...] = ("text_blind",)
     min_samples: int = 20
+    min_dimension_samples: int = 10
     folds: int = 5
     top_features: int = 6
 
@@ -235,24 +262,41 @@ def shortcut_audit(
         "failed": [],
     }
     for family, dims in families.items():
-        samples = family_samples(records, dims)
-        bads = sum(y for _, y in samples)
-        row: dict[str, Any] = {"dimensions": list(dims), "mask_rate": mask_rates(samples)}
+        row = _audit_row(records, dims, settings, settings.min_samples)
         for probe in PROBES:
-            if bads < settings.min_samples:
-                good = len(samples) - bads
-                row[probe] = {"n": len(samples), "bad": bads, "good": good, "auc": None}
-                row[probe]["note"] = f"too few Bad samples to score (< {settings.min_samples})"
-                continue
-            texts = [probe_text(r, probe) for r, _ in samples]
-            row[probe] = probe_auc(
-                texts, [y for _, y in samples], [r.episode_key for r, _ in samples], settings
-            )
             auc = row[probe]["auc"]
             if family in settings.gated and auc is not None and auc > settings.max_auc:
                 result["failed"].append(f"{family}/{probe}")
         result["families"][family] = row
+    result["dimensions"] = {}
+    for key, dims in DIMENSION_AUDITS.items():
+        row = _audit_row(records, dims, settings, settings.min_dimension_samples)
+        row["gated"] = key in settings.gated
+        for probe in PROBES:
+            auc = row[probe]["auc"]
+            if row["gated"] and auc is not None and auc > settings.max_auc:
+                result["failed"].append(f"{key}/{probe}")
+        result["dimensions"][key] = row
     return result
+
+
+def _audit_row(
+    records: list[SFTRecord], dims: Sequence[str], settings: AuditSettings, floor: int
+) -> dict[str, Any]:
+    samples = family_samples(records, dims)
+    bads = sum(y for _, y in samples)
+    row: dict[str, Any] = {"dimensions": list(dims), "mask_rate": mask_rates(samples)}
+    for probe in PROBES:
+        if bads < floor:
+            good = len(samples) - bads
+            row[probe] = {"n": len(samples), "bad": bads, "good": good, "auc": None}
+            row[probe]["note"] = f"too few Bad samples to score (< {floor})"
+            continue
+        texts = [probe_text(r, probe) for r, _ in samples]
+        row[probe] = probe_auc(
+            texts, [y for _, y in samples], [r.episode_key for r, _ in samples], settings
+        )
+    return row
 
 
 def check_audit(audit: Mapping[str, Any]) -> None:
@@ -263,7 +307,8 @@ def check_audit(audit: Mapping[str, Any]) -> None:
     parts = []
     for name in audit["failed"]:
         family, probe = name.split("/")
-        row = audit["families"][family][probe]
+        rows = audit["families"] if family in audit["families"] else audit["dimensions"]
+        row = rows[family][probe]
         parts.append(f"{name} AUC {row['auc']} (leans on {', '.join(row.get('top_bad', [])[:3])})")
     raise ShortcutAuditError(
         f"shortcut audit failed: text alone separates Good from Bad above AUC {max_auc}: "
@@ -275,7 +320,8 @@ def check_audit(audit: Mapping[str, Any]) -> None:
 def audit_rows(audit: Mapping[str, Any]) -> list[tuple[str, str, Any, Any, Any, str]]:
     """``(family, probe, auc, bad, good, top Bad features)`` rows for tables."""
     rows = []
-    for family, row in audit["families"].items():
+    every = {**audit["families"], **audit.get("dimensions", {})}
+    for family, row in every.items():
         for probe in PROBES:
             r = row[probe]
             top = ", ".join(r.get("top_bad", [])[:4])

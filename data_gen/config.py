@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from data_gen.annotator import PREFETCH
-from data_gen.audit import FAMILIES
+from data_gen.audit import FAMILIES, GATE_NAMES
 from hivig.backends.images import check_transport
 from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
 from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key
@@ -245,9 +245,13 @@ class ExportConfig:
     audit_max_auc: float = 0.7
     """Shortcut audit: the highest acceptable AUC of a text-only probe (proposed step, history
     text) separating Good from Bad in a gated family; above it the export fails loudly."""
-    audit_gated: list[str] = field(default_factory=lambda: ["pointing"])
-    """Dimension families the audit gates (``pointing``, ``visual_other``, ``cognitive``; see
-    ``data_gen.audit.FAMILIES``); the others are reported only."""
+    audit_gated: list[str] = field(default_factory=lambda: ["text_blind"])
+    """What the audit gates: dimension families (``pointing``, ``visual_other``,
+    ``cognitive``; see ``data_gen.audit.FAMILIES``), ``text_blind`` (every dimension whose
+    error is not in the step's text by nature: Grounding/Spatial Error, Action-Operation
+    Misalignment, Constraint Neglect; ``data_gen.audit.TEXT_BLIND``) or dimension keys. A
+    gated family is scored as a whole and per member dimension; the others are reported
+    only."""
     audit_min_samples: int = 20
     """Families with fewer Bad samples are reported as too small to score."""
     max_tokens: int = 16384
@@ -266,10 +270,11 @@ class ExportConfig:
             raise ConfigError("`export.history_critique_ratio` must be >= 0 (0 = keep all)")
         if not 0.5 <= self.audit_max_auc <= 1.0:
             raise ConfigError("`export.audit_max_auc` must be in [0.5, 1]")
-        unknown = sorted(set(self.audit_gated) - set(FAMILIES))
+        unknown = sorted(set(self.audit_gated) - GATE_NAMES)
         if unknown:
             raise ConfigError(
-                f"`export.audit_gated` names unknown families {unknown}; use {sorted(FAMILIES)}"
+                f"`export.audit_gated` names unknown families {unknown}; use families "
+                f"{sorted(FAMILIES)}, text_blind, or dimension keys"
             )
 
 

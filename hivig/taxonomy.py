@@ -37,7 +37,8 @@ class Dimension:
         name: Exact name as the critic writes it after ``Error Dimension:``.
         key: Stable snake_case identifier for configs, reports and file names.
         group: ``visual_spatial`` (perception/grounding) or ``cognitive`` (reasoning/execution).
-        definition: One-paragraph definition shown to annotators and, shortened, to the critic.
+        definition: The definition shown to annotators and to the critic, with the exclusion
+            clauses that separate it from its neighbours.
         consequence: What executing such an action does; Bad rationales must predict this.
         requires_intent: The error is only observable when the verbal intent is shown.
         maskable: Samples of this dimension may have their intent masked.
@@ -62,8 +63,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="grounding_spatial_error",
         group="visual_spatial",
         definition=(
-            "The intent is right but the coordinates are imprecise: the action lands just outside "
-            "the intended element, in dead space or on a neighbouring element."
+            "The intent names the right element but the point misses it: it lands just outside "
+            "the element, in dead space or on a neighbouring element. Where the marker lies "
+            "decides it, not a fixed offset: a point inside the element's box is no grounding "
+            "error, and a point far from any plausible target is Visual Hallucination rather "
+            "than a near miss."
         ),
         consequence=(
             "Nothing happens because the point hits dead space, or the adjacent element fires "
@@ -79,8 +83,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="procedural_prerequisite_neglect",
         group="cognitive",
         definition=(
-            "A required earlier state change is skipped: typing before the field has focus, or "
-            "acting behind an overlay or dialog that has to be dismissed first."
+            "A state change the action depends on is skipped: typing before the text field has "
+            "focus, or acting behind a dialog, menu or overlay that still covers the target. "
+            "The unmet prerequisite is visible on the current screen; a step whose own click "
+            "gives the focus neglects nothing, and acting while the interface is still loading "
+            "is Timing and Latency Neglect."
         ),
         consequence=(
             "The input fails silently, lands on the blocking overlay, or acts on a state that is "
@@ -96,8 +103,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="semantic_error",
         group="cognitive",
         definition=(
-            "A real element is hit precisely but its meaning is misread: a label, icon or UI "
-            "convention is confused (for example Sign Up taken for Log In, or a deceptive ad)."
+            "A real, clickable element is hit precisely but its meaning is misread: a label, "
+            "icon or interface convention is taken for something it is not (Sign Up taken for "
+            "Log In, a read-only counter for a control, an advert for content). Picking a "
+            "sibling of the right kind that breaks an attribute the goal states is Constraint "
+            "Neglect instead."
         ),
         consequence=(
             "The wrong action succeeds and the interface moves away from what the goal needs."
@@ -112,9 +122,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="termination_misjudgment",
         group="cognitive",
         definition=(
-            "Completion is misjudged: the task is terminated before it is done, terminated where "
-            "the requested information had to be reported with answer, or redundant actions "
-            "follow a goal that is already met."
+            "Completion is misjudged: the task is terminated while the goal is still unmet, "
+            "terminated with a bare terminate where the requested information had to be "
+            "reported with answer, or redundant actions follow a goal that is already met. "
+            "Ending right after the goal is reached, or after the requested answer was given, "
+            "is correct."
         ),
         consequence=(
             "The episode stops with the task unfinished, or an extra action disturbs a state that "
@@ -130,8 +142,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="constraint_neglect",
         group="cognitive",
         definition=(
-            "An attribute or position stated explicitly in the goal is ignored; the chosen target "
-            "is visible and plausible but violates that stated constraint."
+            "The goal states an attribute or position explicitly (a name, a time, a value, an "
+            "order, a place) and the step ignores it: it takes a visible, plausible element of "
+            "the right kind that lacks that attribute (another file, the wrong alarm, 1.25x "
+            "where 1.5x was asked). An attribute the goal does not state is not Constraint "
+            "Neglect, and a different command or control altogether is Semantic Error."
         ),
         consequence=(
             "The interface reaches a state that looks partly right but breaks the requested "
@@ -147,8 +162,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="action_formulation_error",
         group="cognitive",
         definition=(
-            "The intent is right but the tool call is invalid: broken JSON, a missing required "
-            "argument, an invalid enum value or merged arguments."
+            "The intent is right but the tool call cannot be executed as written: broken JSON "
+            "(a missing brace or quote, a trailing comma), a required argument missing, an "
+            "action name or enum value outside the action space, or arguments merged into one. "
+            "A well-formed call with wrong values belongs to another dimension."
         ),
         consequence="The call is rejected by the action parser and the interface does not change.",
         requires_intent=False,
@@ -161,11 +178,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="observation_neglect",
         group="visual_spatial",
         definition=(
-            "The agent searches, scrolls or opens menus for something that is already visible on "
-            "the current screen."
+            "The agent searches, scrolls or opens menus for something the current screen "
+            "already shows clearly. The target is visible before the step and the search moves "
+            "the view away from it; scrolling towards content that really is off screen is not "
+            "Observation Neglect."
         ),
         consequence=(
-            "The view changes for no reason and may push the already visible target out of sight."
+            "The view changes for no reason and may push the already visible element out of sight."
         ),
         requires_intent=False,
         maskable=True,
@@ -177,8 +196,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="suboptimal_path",
         group="cognitive",
         definition=(
-            "Slow micro-steps such as repeated arrow or backspace presses are used where a "
-            "standard, faster method exists, such as direct text entry or a bulk delete."
+            "The step heads the right way but by slow micro-steps (one character, one arrow or "
+            "backspace press at a time) where a standard, faster method does the whole change "
+            "at once, such as typing the full text or a bulk delete. Only the method is "
+            "inefficient; a step in the wrong direction is another dimension."
         ),
         consequence="Only a tiny local change happens where one global change was available.",
         requires_intent=False,
@@ -193,7 +214,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
         definition=(
             "The interaction type is right (scroll, hscroll, swipe or drag) but its vector is "
             "wrong: the direction or sign is reversed, the start and end points are swapped, or "
-            "the magnitude is far too small to matter."
+            "the magnitude is far too small to move anything noticeably. A vector against a "
+            "direction the intent states in words is Action-Operation Misalignment."
         ),
         consequence="The content moves the opposite way or by an imperceptible amount.",
         requires_intent=False,
@@ -207,7 +229,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
         group="visual_spatial",
         definition=(
             "The action targets an element that is not on the current screen: a ghost from an "
-            "earlier state or a position guessed from layout habits instead of what is visible."
+            "earlier state that is gone, an element that only appears after a step the agent "
+            "skipped, or a position guessed from layout habits instead of what is visible. The "
+            "named element is absent from this screenshot; a near miss of an element that is "
+            "visible is Grounding/Spatial Error."
         ),
         consequence="The point hits nothing that matches and the action fails silently.",
         requires_intent=False,
@@ -220,8 +245,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="timing_and_latency_neglect",
         group="cognitive",
         definition=(
-            "The agent acts while the interface is busy or changing: spinners, progress bars, "
-            "opening animations or buttons that are still disabled."
+            "The agent acts while the interface is visibly busy or changing: spinners, progress "
+            "bars, loading messages, opening animations or buttons that are still disabled. The "
+            "busy state is on the current screen; acting on an element that is not shown at all "
+            "is Visual Hallucination."
         ),
         consequence="The input is ignored or dropped because the interface is not ready for it.",
         requires_intent=False,
@@ -235,7 +262,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
         group="visual_spatial",
         definition=(
             "The stated intent and the emitted tool call disagree: the intent names one element "
-            "while the coordinates point at another."
+            "or action while the call does another (its coordinates point at a different "
+            "element, or its action type or direction differs from the words). The intent may "
+            "be sensible; the contradiction between words and call is the error."
         ),
         consequence=(
             "An unexpected transition happens that matches neither the intent nor the goal."

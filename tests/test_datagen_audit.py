@@ -69,11 +69,20 @@ def _records(leak: bool) -> list[SFTRecord]:
 
 def test_a_textual_shortcut_is_found_and_fails_the_gate():
     audit = shortcut_audit(_records(leak=True), AuditSettings(max_auc=0.7))
-    row = audit["families"]["pointing"]["step"]
+    row = audit["families"]["text_blind"]["step"]
     assert row["auc"] > 0.95 and any("zzleak" in f for f in row["top_bad"])
-    assert audit["failed"] == ["pointing/step", "pointing/history"]  # both read the step
-    with pytest.raises(ShortcutAuditError, match="pointing/step"):
+    # Grounding/Spatial Error is text-blind by nature: its family is gated (both probes read
+    # the step); the pointing family and the dimension's own row report the same leak.
+    assert audit["failed"] == ["text_blind/step", "text_blind/history"]
+    assert audit["families"]["pointing"]["step"]["auc"] > 0.95
+    assert audit["dimensions"]["grounding_spatial_error"]["step"]["auc"] > 0.95
+    with pytest.raises(ShortcutAuditError, match="text_blind/step"):
         check_audit(audit)
+    # Gated by its key, the dimension alone fails too.
+    alone = shortcut_audit(
+        _records(leak=True), AuditSettings(max_auc=0.7, gated=("grounding_spatial_error",))
+    )
+    assert alone["failed"] == ["grounding_spatial_error/step", "grounding_spatial_error/history"]
 
 
 def test_no_shortcut_no_failure():
@@ -174,7 +183,9 @@ def test_demo_passes_its_shortcut_audit(demo):
     _, stats, _, _ = demo
     audit = stats["shortcut_audit"]
     assert audit["failed"] == []
-    assert audit["families"]["pointing"]["step"]["auc"] <= audit["settings"]["max_auc"]
+    assert audit["families"]["text_blind"]["step"]["auc"] <= audit["settings"]["max_auc"]
+    # Every dimension has its own paired AUC row.
+    assert len(audit["dimensions"]) == len(DIMENSIONS)
 
 
 def test_demo_sampling_follows_the_paper(demo):
@@ -191,7 +202,16 @@ def test_demo_sampling_follows_the_paper(demo):
     # Within [0.5, 1.5] of the target share where the corpus can carry it.
     for name, row in stats["dimension_target_vs_achieved"].items():
         assert row["achieved"] <= 1.5 * row["target"] + 1e-9, name
-    assert set(stats["distribution_out_of_bounds"]) <= {"Timing and Latency Neglect"}
+    # The few screens where Timing (a visible loading state) and Procedural Prerequisite
+    # Neglect (a focus click on a visible text field) are true cannot carry their share.
+    # Observation Neglect (a list that shows the target) and Visual Hallucination (an element
+    # that only a later or earlier screen has, dead space here) are rarer still on it.
+    assert set(stats["distribution_out_of_bounds"]) <= {
+        "Timing and Latency Neglect",
+        "Procedural Prerequisite Neglect",
+        "Observation Neglect",
+        "Visual Hallucination",
+    }
 
 
 def test_demo_masking_does_not_depend_on_the_label(demo):
@@ -258,8 +278,10 @@ def test_audit_command_on_a_finished_run(demo, capsys):
     _, _, out, _ = demo
     assert main(["audit", "--data", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "pointing/step" in printed and "failed" in printed
+    assert "pointing/step" in printed and "text_blind/step" in printed and "failed" in printed
+    assert "visual_hallucination/step" in printed  # every dimension has its row
     # A threshold the demo cannot meet fails loudly (exit 1), naming the family.
     assert main(["audit", "--data", str(out), "--max-auc", "0.5"]) == 1
-    assert "pointing" in capsys.readouterr().out.split("failed", 1)[1]
+    assert "text_blind" in capsys.readouterr().out.split("failed", 1)[1]
+    assert main(["audit", "--data", str(out), "--gated", "no_such_family"]) == 2
     assert main(["audit", "--data", str(out / "nothing")]) == 2

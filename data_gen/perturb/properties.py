@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from data_gen.perturb.base import BadStep, StepView
 from data_gen.perturb.calls import POINT_TARGETS, Call, primary_point
-from data_gen.perturb.elements import target_at
+from data_gen.perturb.elements import Element, target_at
 from data_gen.perturb.programmatic import (
     ACTION_FORMULATION,
     GROUNDING,
@@ -26,8 +26,18 @@ from data_gen.perturb.programmatic import (
     PARAMETER_VECTOR,
     PREREQUISITE,
     TERMINATION,
+    TEXT_ROLES,
     TIMING,
+    busy_indicators,
+    mentions,
+    on_screen_labels,
     points_of,
+)
+from data_gen.perturb.semantic import (
+    INTERACTIVE_ROLES,
+    label_core,
+    scroll_region,
+    stated_in_goal,
 )
 from hivig.taxonomy import dimension_by_key
 
@@ -162,6 +172,10 @@ def timing(view: StepView, bad: BadStep) -> str | None:
         return "the expert did not wait"
     if any(c.get("action") == "wait" for c in _calls(bad)):
         return "the Bad step waits too"
+    if any(c.get("action") == "answer" for c in _calls(bad)):
+        return "an answer from a loading screen reports what only a later screen shows"
+    if view.elements and not busy_indicators(view.elements):
+        return "the current screen shows no loading state"
     for point in points_of(_calls(bad)):
         later, now = target_at(view.next_elements, *point), target_at(view.elements, *point)
         if later is None or now is None or now.label != later.label:
@@ -177,6 +191,10 @@ def prerequisite(view: StepView, bad: BadStep) -> str | None:
         return "the next step has its own focus click"
     if "type" not in {c.get("action") for c in _calls(bad)} or points_of(_calls(bad)):
         return "the Bad step does not type without focus"
+    if view.elements:
+        field = _expert_target(view)
+        if field is None or field.role not in TEXT_ROLES:
+            return "the expert's click does not focus a text field visible on this screen"
     return _consistent(view, bad)
 
 
@@ -212,21 +230,34 @@ def grounding(view: StepView, bad: BadStep) -> str | None:
     return None
 
 
+def named_labels(intent: str, elements: Sequence[Element]) -> list[Element]:
+    """Elements of ``elements`` whose label the intent names."""
+    return [e for e in elements if e.is_target and e.label and mentions(e.label, intent)]
+
+
 def hallucination(view: StepView, bad: BadStep) -> str | None:
-    """A point on nothing of this screen, where the target is not; no new or copied words."""
+    """Acts on an element this screen does not show: the intent names no element of the
+    (complete) current screen, the point is dead space here and not on the expert's target,
+    and the named ghost, where the generator knows it, is absent from this screen."""
     point = _point_of(bad)
     if point is None:
         return "no point action"
-    if bad.generator == "programmatic" and bad.intent != view.intent:
-        return "the intent is not the expert's"
-    if view.elements:
+    if not bad.intent.strip():
+        return "the intent names no element (a ghost needs a name)"
+    if view.elements and not view.partial_screens:
         if target_at(view.elements, *point) is not None:
             return "the point lands on an element of this screen"
+        shown = named_labels(bad.intent, view.elements)
+        if shown:
+            return f"the named target '{shown[0].label}' is visible on this screen"
         hit = primary_point(view.calls)
         real = None if hit is None else target_at(view.elements, *hit[1]["coordinate"])
         if real is not None and real.contains(*point):
             return "the point is on the real target"
-    return _consistent(view, bad) if bad.generator == "annotator" else None
+    ghost = str(bad.extra.get("ghost", ""))
+    if ghost and ghost.strip().lower() in on_screen_labels(view.elements):
+        return f"the ghost '{ghost}' is on this screen"
+    return _consistent(view, bad)
 
 
 def _annotator_check(view: StepView, bad: BadStep) -> str | None:
@@ -238,14 +269,67 @@ def _annotator_check(view: StepView, bad: BadStep) -> str | None:
     return _consistent(view, bad)
 
 
+def _known(view: StepView) -> bool:
+    return bool(view.elements) and not view.partial_screens
+
+
+def _expert_target(view: StepView) -> Element | None:
+    hit = primary_point(view.calls)
+    return None if hit is None else target_at(view.elements, *hit[1]["coordinate"])
+
+
+def _bad_target(view: StepView, bad: BadStep) -> Element | None:
+    point = _point_of(bad)
+    return None if point is None else target_at(view.elements, *point)
+
+
 def observation_neglect(view: StepView, bad: BadStep) -> str | None:
-    """Searches (scrolls or swipes) although the expert's target is already visible."""
+    """Searches (scrolls or swipes) a scrollable region that already shows the expert's
+    target."""
     names = {c.get("action") for c in _calls(bad)}
     if not names & {"scroll", "hscroll", "swipe"}:
         return "the Bad step does not search"
-    hit = primary_point(view.calls)
-    if hit is None or (view.elements and target_at(view.elements, *hit[1]["coordinate"]) is None):
+    if primary_point(view.calls) is None:
         return "the expert's target is not visible on this screen"
+    if view.elements:
+        target = _expert_target(view)
+        if target is None:
+            return "the expert's target is not visible on this screen"
+        if scroll_region(view, target) is None:
+            return "no scrollable region on this screen holds the target (nothing to scroll)"
+    return _annotator_check(view, bad)
+
+
+def constraint_neglect(view: StepView, bad: BadStep) -> str | None:
+    """Takes a visible element of the same kind as the expert's whose name breaks what the
+    goal states explicitly (an attribute the goal does not state is not Constraint Neglect)."""
+    if _point_of(bad) is None or primary_point(view.calls) is None:
+        return "no point action"
+    if view.elements:
+        right, wrong = _expert_target(view), _bad_target(view, bad)
+        if right is None or wrong is None:
+            return "the step does not select a visible element"
+        if not stated_in_goal(right.label, view.task):
+            return "the goal states no attribute of the expert's element"
+        if wrong.role != right.role or label_core(wrong.label) == label_core(right.label):
+            return "the Bad element is not a sibling of the same kind"
+        if stated_in_goal(wrong.label, view.task):
+            return "the Bad element is one the goal names"
+    return _annotator_check(view, bad)
+
+
+def semantic_error(view: StepView, bad: BadStep) -> str | None:
+    """Hits a real, clickable element precisely whose meaning is not what the goal needs."""
+    if view.elements and _point_of(bad) is not None:
+        right, wrong = _expert_target(view), _bad_target(view, bad)
+        if wrong is None:
+            return "the point hits no element (not a precise hit)"
+        if wrong.role not in INTERACTIVE_ROLES:
+            return f"a {wrong.role} does nothing when clicked (no meaning to misread)"
+        if right is not None and wrong.label == right.label:
+            return "the Bad element is the expert's"
+        if right is not None and constraint_neglect(view, bad) is None:
+            return "a same-kind sibling against the goal's words is Constraint Neglect"
     return _annotator_check(view, bad)
 
 
@@ -258,8 +342,8 @@ CHECKS: dict[str, Check] = {
     MISALIGNMENT.name: misalignment,
     GROUNDING.name: grounding,
     HALLUCINATION.name: hallucination,
-    dimension_by_key("semantic_error").name: _annotator_check,
-    dimension_by_key("constraint_neglect").name: _annotator_check,
+    dimension_by_key("semantic_error").name: semantic_error,
+    dimension_by_key("constraint_neglect").name: constraint_neglect,
     dimension_by_key("suboptimal_path").name: _annotator_check,
     dimension_by_key("observation_neglect").name: observation_neglect,
 }

@@ -47,14 +47,14 @@ _UI_RULES_BY_KEY: dict[str, str] = {
     "semantic_error": "the element's label and meaning match what the goal needs",
     "termination_misjudgment": "the episode ends exactly when the goal is met, with an answer "
     "where one is requested",
-    "constraint_neglect": "every attribute the goal states is respected by the chosen target",
+    "constraint_neglect": "every attribute the goal states is respected by the chosen element",
     "action_formulation_error": "the call is well-formed JSON with a valid action name and all "
     "required arguments",
-    "observation_neglect": "targets already on screen are used directly",
+    "observation_neglect": "elements already on screen are used directly",
     "suboptimal_path": "the direct, standard method performs the whole change at once",
     "parameter_vector_miscalibration": "the scroll, swipe or drag vector points the right way "
     "with enough magnitude",
-    "visual_hallucination": "the targeted element is actually present on the current screen",
+    "visual_hallucination": "the element acted on is actually present on the current screen",
     "timing_and_latency_neglect": "the interface has finished loading before new input arrives",
     "action_operation_misalignment": "the coordinates hit the element that the stated intent names",
 }
@@ -83,26 +83,66 @@ def echoes(text: str, hidden: str | None) -> bool:
     return squash in " ".join(text.lower().split())
 
 
-def rationale_problem(parsed: CritiqueOutput, hidden_intent: str | None) -> Rejected | None:
+FORBIDDEN_WORDS = re.compile(r"\b(reference|target|ideal|optimal|flawed|should have)\b", re.I)
+"""Words the rationale prompts forbid (they betray a hidden answer key or prescribe a fix)."""
+
+_DIGITS = re.compile(r"\d+")
+
+
+def privileged_numbers(text: str, visible: str) -> list[str]:
+    """Numbers ``text`` states that ``visible`` (what the critic is shown) does not contain.
+
+    A critic's input is the goal, the trajectory, the proposed step and the screenshot; a
+    number outside them (the expert's real scroll amount, an element box from the sidecar, a
+    value only a later screen shows) is a fact the trained critic would learn to assert
+    without seeing it.
+    """
+    seen = set(_DIGITS.findall(visible))
+    return sorted({n for n in _DIGITS.findall(text) if n not in seen})
+
+
+def rationale_problem(
+    parsed: CritiqueOutput, hidden_intent: str | None, visible: str | None = None
+) -> Rejected | None:
     """The checks every annotator's rationale must pass (retried, then dropped with a reason).
 
     The explanation is what the policy reads, so it gives no coordinates (describe, do
     not dictate) and names no dimension (the verdict line does that); and no part of the
     target may quote an intent that the sample's input masked (the critic would learn to
-    answer from what it was not shown).
+    answer from what it was not shown). The reasoning (a Thinking model's separate
+    reasoning included: it becomes the training ``<think>``) passes the same word and fact
+    checks as the explanation: no forbidden word, and, given ``visible`` (the critic's input
+    text and the labels its screenshot shows), no number the critic cannot see.
     """
+    whole = f"{parsed.think or ''}\n{parsed.explanation}"
+    word = FORBIDDEN_WORDS.search(whole)
+    if word is not None:
+        return Rejected("forbidden_word", f"the rationale uses {word.group()!r}")
+    if visible is not None:
+        extra = privileged_numbers(whole, visible)
+        if extra:
+            return Rejected(
+                PRIVILEGED_FACT, f"the rationale states {extra[:3]}, absent from the input"
+            )
     if _COORDINATES.search(parsed.explanation):
         return Rejected("explanation_coordinates", "the explanation gives coordinates")
     found = _DIMENSION_NAMES.search(parsed.explanation)
     if found is not None:
         return Rejected("explanation_dimension", f"the explanation names {found.group()!r}")
-    if echoes(f"{parsed.think or ''}\n{parsed.explanation}", hidden_intent):
+    if echoes(whole, hidden_intent):
         return Rejected("echoes_masked_intent", "the rationale quotes the masked intent")
     return None
 
 
+PRIVILEGED_FACT = "privileged_fact"
+"""Reason of a rationale stating a number the critic's input does not show."""
+
+
 def critique_validator(
-    verdict: str, dimension: str | None, hidden_intent: str | None = None
+    verdict: str,
+    dimension: str | None,
+    hidden_intent: str | None = None,
+    visible: str | None = None,
 ) -> Callable[[str, str | None], tuple[CritiqueOutput, str] | Rejected]:
     """Validator requiring the known verdict (and dimension), reasoning, and a renderable target.
 
@@ -120,7 +160,7 @@ def critique_validator(
         got = None if parsed.dimension is None else parsed.dimension.name
         if got != dimension:
             return Rejected("wrong_dimension", f"expected {dimension}, got {got}")
-        problem = rationale_problem(parsed, hidden_intent)
+        problem = rationale_problem(parsed, hidden_intent, visible)
         if problem is not None:
             return problem
         target = render_or_reject(
@@ -131,6 +171,11 @@ def critique_validator(
         return parsed, target
 
     return validate
+
+
+def critic_visible_text(user_text: str, elements: Any) -> str:
+    """What the critic can read: its input text plus the labels drawn on its screenshot."""
+    return user_text + "\n" + "\n".join(e.label for e in elements)
 
 
 class RationaleStep:
@@ -224,7 +269,11 @@ class RationaleStep:
         tr = unit["transition"]
         args = (traj.task, traj.platform, past_trajectory(traj, k), shot, text)
         messages = build_rationale_bad_messages(
-            *args, dim, step_text(traj, k), tr["mechanism"] or "None", tr["effect"] or "None"
+            *args,
+            dim,
+            traj.steps[k].intent or "",
+            tr["mechanism"] or "None",
+            tr["effect"] or "None",
         )
         parsed = parse_calls(bad.text)
         oracle = {
@@ -269,13 +318,16 @@ class RationaleStep:
         ctx = self.ctx
         verdict, dimension, masked, generator = label
         request = AnnotatorRequest(stage, list(messages), oracle)
+        critic = build_critique_messages(*critic_args)
+        visible = critic_visible_text(
+            critic[1].text(), ctx.elements.get(work.trajectory.steps[k].screenshot)
+        )
         result = await ctx.annotate_or_drop(
-            stats, sid, request, critique_validator(verdict, dimension, hidden_intent)
+            stats, sid, request, critique_validator(verdict, dimension, hidden_intent, visible)
         )
         if not result.ok:
             return
         _, target = result.value
-        critic = build_critique_messages(*critic_args)
         hashes = list(result.request_hashes)
         bad = work.units[k].get("bad")
         if verdict == "Bad" and bad is not None:

@@ -9,6 +9,7 @@ final step that does not (a truncated trajectory) has no after-screenshot and is
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from data_gen.annotator import AnnotatorRequest, Rejected
@@ -31,11 +32,31 @@ TERMINAL_STATE = "The task will end here and the screen will keep its current la
 
 
 def validate_transition(text: str, reasoning: str | None) -> TransitionOutput | Rejected:
-    """Contract check of a transition answer (separate reasoning is passed on, never scanned)."""
+    """Contract check of a transition answer.
+
+    Both labelled parts must be there: the mechanism and the effect become hidden context of
+    the rationale prompts, and a missing one would silently read "None" there. A missing label
+    is retried like any contract failure, then the step is dropped (quarantined) with its
+    reason.
+    """
     parsed = parse_next_state(text, reasoning)
     if isinstance(parsed, ContractError):
         return Rejected(parsed.reason, parsed.message)
+    missing = [
+        name
+        for name, part in (
+            ("[Action Mechanism]", parsed.mechanism),
+            ("[Structural Effect]", parsed.effect),
+        )
+        if not (part or "").strip()
+    ]
+    if missing:
+        return Rejected(MISSING_LABELS, f"the reasoning lacks {' and '.join(missing)}")
     return parsed
+
+
+MISSING_LABELS = "missing_transition_labels"
+"""Reason of a transition answer without its ``[Action Mechanism]`` / ``[Structural Effect]``."""
 
 
 def target_oracle(ctx: Context, screenshot: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -46,6 +67,46 @@ def target_oracle(ctx: Context, screenshot: str, calls: list[dict[str, Any]]) ->
         el = target_at(ctx.elements.get(screenshot), *hit[1]["coordinate"])
         if el is not None:
             out.update(target_label=el.label, target_role=el.role)
+    return out
+
+
+_UNDESCRIBED = frozenset({"clock", "status", "titlebar", "addressbar", "document", "list"})
+"""Roles whose change says nothing about the step (the clock ticks every step)."""
+
+
+def screen_change(before: Any, after: Any) -> dict[str, list[list[str]]]:
+    """Elements that appear and disappear between two screens, as ``[label, role]`` pairs.
+
+    The offline annotator describes the real next state from these (a dialog opens, a menu's
+    entries appear, a loading bar goes away). Labels with digits that the first screen does
+    not show are left out: a number only the next screen shows is not for a prediction.
+    """
+
+    def described(elements: Any) -> dict[str, str]:
+        return {e.label: e.role for e in elements if e.label.strip() and e.role not in _UNDESCRIBED}
+
+    old, new = described(before), described(after)
+    shown = set(re.findall(r"\d+", " ".join(e.label for e in before)))
+    appeared = [[label, role] for label, role in new.items() if label not in old]
+    vanished = [[label, role] for label, role in old.items() if label not in new]
+    return {"appeared": _structural(appeared, shown), "vanished": _structural(vanished, shown)}
+
+
+CONTENT_ROLES = frozenset({"file", "link", "listitem", "contact", "alarm", "folder"})
+"""Roles whose labels are content (names, values): a transition names them by kind only."""
+
+
+def _structural(pairs: list[list[str]], shown: set[str]) -> list[list[str]]:
+    """Controls by label, content by kind ("file entries"), nothing with an unseen number."""
+    out: list[list[str]] = []
+    kinds: list[str] = []
+    for label, role in pairs:
+        if role in CONTENT_ROLES:
+            if role not in kinds:
+                kinds.append(role)
+        elif set(re.findall(r"\d+", label)) <= shown:
+            out.append([label, role])
+    out = out[:3] + [["", role] for role in kinds[:2]]
     return out
 
 
@@ -99,6 +160,8 @@ class TransitionsStep:
         oracle = {
             "no_change": no_change,
             "terminal": False,
+            "calls": [str(c.get("action")) for c in calls],
+            **screen_change(self.ctx.elements.get(before), self.ctx.elements.get(after)),
             **target_oracle(self.ctx, before, calls),
         }
         request = AnnotatorRequest(self.name, list(messages), oracle)

@@ -330,7 +330,8 @@ def build_perturbation_messages(
         platform: The trajectory's platform.
         history: ``format_trajectory`` of the past steps.
         screenshot: Clean current screenshot.
-        chosen_thought: The ground-truth step's thought.
+        chosen_thought: The ground-truth step's thought; blank becomes an explicit "none"
+            (navigation files record no thought, and an empty line reads as a lost field).
         chosen_step: ``format_step`` of the ground-truth step (with intent).
         candidates: Dimensions the annotator may pick from, in the order shown.
         version: Template version; the latest by default.
@@ -350,7 +351,7 @@ def build_perturbation_messages(
         task=task,
         history=history,
         screenshot=screenshot,
-        chosen_thought=chosen_thought,
+        chosen_thought=chosen_thought.strip() or "none",
         chosen_step=chosen_step,
         candidates=taxonomy_text(candidates),
     )
@@ -451,7 +452,7 @@ def build_rationale_bad_messages(
     screenshot: ImageRef,
     step_text: str,
     dimension: Dimension,
-    correct_step: str,
+    reference_intent: str,
     mechanism: str,
     effect: str,
     *,
@@ -466,7 +467,9 @@ def build_rationale_bad_messages(
         screenshot: Current screenshot with the Bad step's marks.
         step_text: ``format_step`` of the Bad step (masked or not, as the sample will be).
         dimension: The injected error dimension (its definition and consequence are shown).
-        correct_step: ``format_step`` of the ground-truth step, intent and tool calls.
+        reference_intent: The ground-truth step's intent only (its words, never its tool
+            call: the call's parameters would leak into the rationale as facts the critic
+            cannot see); an explicit "none stated" where the step has none.
         mechanism: The ground-truth transition's action mechanism.
         effect: The ground-truth transition's structural effect.
         version: Template version; the latest by default.
@@ -474,10 +477,15 @@ def build_rationale_bad_messages(
     Returns:
         ``[system, user]`` messages tagged with their prompt id.
     """
+    template = load_prompt("annotator_rationale_bad", version)
+    # v1 named the slot for the whole correct step; v2 shows the intent only. Either way only
+    # the words are passed.
+    slot = "reference_intent" if "reference_intent" in template.placeholders else "correct_step"
     return _build(
         "annotator_rationale_bad",
         version,
         platform,
+        template,
         task=task,
         history=history,
         screenshot=screenshot,
@@ -485,7 +493,7 @@ def build_rationale_bad_messages(
         dimension=dimension.name,
         definition=dimension.definition,
         consequence=dimension.consequence,
-        correct_step=correct_step,
         mechanism=mechanism,
         effect=effect,
+        **{slot: " ".join(reference_intent.split()) or "none stated"},
     )
