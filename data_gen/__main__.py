@@ -4,6 +4,7 @@
     python -m data_gen ingest --root CORPUS --out OUT [--platforms web android] [--shard 0/4]
     python -m data_gen split --in OUT/trajectories.jsonl --out SPLITS --val 0.05 --test 0.05
     python -m data_gen run --config configs/data_gen/tiny.yaml      # the synthesis pipeline
+    python -m data_gen ingest-runs --format osworld --root RESULTS --out CORPUS [--examples EX]
 
 On SLURM, ingest runs as an array job with ``--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT``.
 Every command ends with a one-screen summary on stdout; progress bars go to stderr.
@@ -36,6 +37,9 @@ hivig data generation.
   run          the synthesis pipeline (transitions, history, perturbation, rationales, export);
                see `python -m data_gen run --help`
   audit        the shortcut audit of a finished run (text-only probes, AUC per family)
+  ingest-runs  an agent's own result folders (osworld, waa, webarena-lite, androidlab,
+               androidworld) or the gateway's traces -> a ScaleCUA-layout corpus plus one
+               sidecar per episode; see `python -m data_gen ingest-runs --help`
 """
 
 
@@ -305,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_make_sample(sub, common)
     _add_audit(sub, common)
     sub.add_parser("run", help="the synthesis pipeline (own options: run --help)", add_help=False)
+    sub.add_parser(
+        "ingest-runs",
+        help="agent result folders or gateway traces -> a ScaleCUA-layout corpus "
+        "(own options: ingest-runs --help)",
+        add_help=False,
+    )
     return parser
 
 
@@ -426,6 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from data_gen.run import main as run_main
 
         return run_main(argv[1:])
+    if argv and argv[0] == "ingest-runs":
+        from data_gen.runs import main as ingest_runs_main
+
+        return ingest_runs_main(argv[1:])
     args = build_parser().parse_args(argv)
     handlers = {"ingest": _ingest, "split": _split, "make-sample": _make_sample, "audit": _audit}
     return handlers[args.command](args)

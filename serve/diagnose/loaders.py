@@ -16,39 +16,46 @@ holding many task folders raises it too, naming the task folders to pass.
 
 from __future__ import annotations
 
-import ast
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
-from hivig.actions import (
-    PLATFORMS,
-    Action,
-    ActionError,
-    Terminate,
-    parse_osworld,
-    parse_tool_calls,
-    render_tool_calls,
-    space_for_platform,
+from hivig.actions import Terminate, render_tool_calls, space_for_platform
+from hivig.run_folders import (
+    DEFAULT_SCREEN,
+    OSWORLD_PLATFORM,
+    FolderRun,
+    detect_layout,
+    parse_osworld_action,
+    read_folder,
+    read_osworld,
+    strip_thought_strings,
+    task_folders,
+    trace_action,
+    trace_events,
+    trace_image,
+    trace_session_fields,
+    trace_verdict,
 )
-from hivig.run_folders import FolderRun, detect_layout, read_folder, task_folders
 from hivig.screens import volatile_boxes
 from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
 from serve.diagnose.run import Run, RunStep, Skipped, Verdict
 
-OSWORLD_PLATFORM = "ubuntu"
-"""OSWorld runs on an Ubuntu VM; its folders do not record the platform."""
-
-DEFAULT_SCREEN = (1920, 1080)
-"""OSWorld's default screen, used when no screenshot can be read to learn the size."""
-
 _TEXT_CAP = 2000  # characters of a response kept as the step's reasoning
-_OSWORLD_INITIAL = ("step_0.png", "step_0_*.png", "initial*.png", "screenshot_0*.png")
-_TASK_FILES = ("task.json", "example.json", "config.json")
-_TASK_TEXT_FILES = ("instruction.txt", "task.txt")
+__all__ = [
+    "DEFAULT_SCREEN",
+    "FOLDER_KINDS",
+    "OSWORLD_PLATFORM",
+    "DiagnoseInputError",
+    "detect_kind",
+    "from_folder_run",
+    "load_osworld",
+    "load_run",
+    "load_trace",
+    "load_trajectories",
+    "parse_osworld_action",
+    "strip_thought_strings",
+]
 
 
 class DiagnoseInputError(ValueError):
@@ -176,26 +183,6 @@ def load_run(
     return run
 
 
-def _lines(path: Path, skipped: list[Skipped]) -> list[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` of every JSON-object line; the others go to ``skipped``."""
-    out: list[tuple[int, dict[str, Any]]] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path.name}:{number}"
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError) as e:
-                skipped.append(Skipped(where, "bad_json", str(e)[:200]))
-                continue
-            if not isinstance(obj, dict):
-                skipped.append(Skipped(where, "not_an_object", type(obj).__name__))
-                continue
-            out.append((number, obj))
-    return out
-
-
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
@@ -204,59 +191,6 @@ def _cap(text: str | None) -> str | None:
     if text is None:
         return None
     return text if len(text) <= _TEXT_CAP else text[: _TEXT_CAP - 3] + "..."
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _image_size(path: Path) -> tuple[int, int] | None:
-    try:
-        with Image.open(path) as img:
-            return img.size
-    except (OSError, ValueError, Image.DecompressionBombError):
-        return None
-
-
-# --------------------------------------------------------------------------------------------
-# Gateway traces
-
-
-def _trace_image(images: Path, ref: object) -> Path | None:
-    if not isinstance(ref, str) or not ref.startswith("sha256:"):
-        return None
-    digest = ref.split(":", 1)[1]
-    if not re.fullmatch(r"[0-9a-f]{64}", digest):
-        return None
-    path = images / f"{digest}.png"
-    return path if path.is_file() else None
-
-
-def _trace_action(obj: object) -> tuple[str, str | None, list[Action] | None, str | None]:
-    """``(raw, intent, actions, parse_error)`` of a trace action object."""
-    if not isinstance(obj, dict):
-        return "", None, None, "missing action"
-    text = _text(obj.get("action_text")) or _text(obj.get("raw")) or ""
-    intent = _text(obj.get("intent"))
-    recorded_error = _text(obj.get("parse_error"))
-    parsed = parse_tool_calls(text) if text else ActionError("empty", "no action text")
-    if isinstance(parsed, ActionError):
-        return text, intent, None, recorded_error or f"{parsed.reason}: {parsed.message}"
-    return text, intent, parsed, recorded_error
-
-
-def _trace_verdict(obj: object) -> Verdict | None:
-    if not isinstance(obj, dict) or obj.get("verdict") not in ("good", "bad", "abstain"):
-        return None
-    return Verdict(
-        verdict=obj["verdict"],
-        source=str(obj.get("source") or "model"),
-        dimension=_text(obj.get("error_dimension")),
-        explanation=_text(obj.get("explanation")) or "",
-        confidence=_number(obj.get("confidence")),
-    )
 
 
 def _history_fields(obs: dict[str, Any] | None) -> tuple[str | None, str | None]:
@@ -280,29 +214,12 @@ def load_trace(path: Path) -> Run:
     Returns:
         The run (outcome ``failure`` when it ends in ``terminate(failure)``, else ``unknown``).
     """
-    skipped: list[Skipped] = []
     notes: list[str] = []
     images = path.parent.parent / "images"
-    session: dict[str, Any] | None = None
-    observes: dict[int, dict[str, Any]] = {}
-    critiques: dict[int, list[dict[str, Any]]] = {}
-    for number, obj in _lines(path, skipped):
-        where = f"{path.name}:{number}"
-        event = obj.get("event")
-        idx = obj.get("step_idx")
-        if event == "session":
-            session = session or obj
-        elif event in ("observe", "critique"):
-            if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
-                skipped.append(Skipped(where, "bad_step_idx", f"step_idx {idx!r}"))
-            elif event == "observe":
-                # Observe is idempotent per step_idx: a repeated line restates the first one.
-                observes.setdefault(idx, obj)
-            else:
-                critiques.setdefault(idx, []).append(obj)
-        elif event != "close":
-            skipped.append(Skipped(where, "unknown_event", f"event {event!r}"))
-    task, platform, screen = _session_fields(session, notes)
+    events = trace_events(path)
+    skipped = [Skipped(where, reason, detail) for where, reason, detail in events.skipped]
+    session, observes, critiques = events.session, events.observes, events.critiques
+    task, platform, screen = trace_session_fields(session, notes)
     steps: list[RunStep] = []
     last = max(observes) if observes else -1
     for k in range(last):
@@ -310,7 +227,7 @@ def load_trace(path: Path) -> Run:
         if nxt is None:
             skipped.append(Skipped(f"step_idx {k + 1}", "missing_observe", "no observe event"))
             continue
-        raw, intent, actions, error = _trace_action(nxt.get("prev_action"))
+        raw, intent, actions, error = trace_action(nxt.get("prev_action"))
         verdict = _matching_verdict(critiques.get(k, []), raw)
         progress, result = _history_fields(nxt)
         change = nxt.get("change") if isinstance(nxt.get("change"), dict) else None
@@ -322,8 +239,8 @@ def load_trace(path: Path) -> Run:
                 actions=actions,
                 parse_error=error,
                 intent=intent,
-                before=_trace_image(images, (observes.get(k) or {}).get("image_ref")),
-                after=_trace_image(images, nxt.get("image_ref")),
+                before=trace_image(images, (observes.get(k) or {}).get("image_ref")),
+                after=trace_image(images, nxt.get("image_ref")),
                 verdict=verdict,
                 last_action_result=result,
                 progress_summary=progress,
@@ -333,7 +250,7 @@ def load_trace(path: Path) -> Run:
     final = critiques.get(last, []) if last >= 0 else []
     if final:
         crit = final[-1]
-        raw, intent, actions, error = _trace_action(crit.get("action"))
+        raw, intent, actions, error = trace_action(crit.get("action"))
         terminal = bool(actions) and isinstance(actions[-1], Terminate)
         steps.append(
             RunStep(
@@ -343,9 +260,9 @@ def load_trace(path: Path) -> Run:
                 actions=actions,
                 parse_error=error,
                 intent=intent,
-                before=_trace_image(images, crit.get("image_ref"))
-                or _trace_image(images, observes[last].get("image_ref")),
-                verdict=_trace_verdict(crit.get("verdict")),
+                before=trace_image(images, crit.get("image_ref"))
+                or trace_image(images, observes[last].get("image_ref")),
+                verdict=_verdict(crit.get("verdict")),
                 executed=terminal,
             )
         )
@@ -372,24 +289,9 @@ def _volatile_regions(session: dict[str, Any] | None, notes: list[str]) -> list[
     return [[int(v) for v in box] for box in regions]
 
 
-def _session_fields(
-    session: dict[str, Any] | None, notes: list[str]
-) -> tuple[str | None, str, tuple[int, int]]:
-    if session is None:
-        notes.append("the trace has no session event; platform and screen are assumed")
-        return None, OSWORLD_PLATFORM, DEFAULT_SCREEN
-    platform = {"macos": "mac", "linux": "ubuntu"}.get(session.get("platform"))
-    platform = platform or session.get("platform")
-    if platform not in PLATFORMS:
-        notes.append(f"unknown platform {session.get('platform')!r}; assumed {OSWORLD_PLATFORM}")
-        platform = OSWORLD_PLATFORM
-    screen = session.get("screen")
-    size = DEFAULT_SCREEN
-    if isinstance(screen, dict):
-        w, h = screen.get("w"), screen.get("h")
-        if isinstance(w, int) and isinstance(h, int) and w > 0 and h > 0:
-            size = (w, h)
-    return _text(session.get("task")), platform, size
+def _verdict(obj: object) -> Verdict | None:
+    got = trace_verdict(obj)
+    return None if got is None else Verdict(**got)
 
 
 def _matching_verdict(critiques: list[dict[str, Any]], raw: str) -> Verdict | None:
@@ -397,7 +299,7 @@ def _matching_verdict(critiques: list[dict[str, Any]], raw: str) -> Verdict | No
     for crit in reversed(critiques):
         action = crit.get("action")
         if isinstance(action, dict) and (action.get("action_text") or action.get("raw")) == raw:
-            return _trace_verdict(crit.get("verdict"))
+            return _verdict(crit.get("verdict"))
     return None
 
 
@@ -405,116 +307,8 @@ def _matching_verdict(critiques: list[dict[str, Any]], raw: str) -> Verdict | No
 # OSWorld result folders
 
 
-def strip_thought_strings(code: str) -> str:
-    """Blank out bare string statements (UI-TARS-style thought blocks) from pyautogui code.
-
-    Args:
-        code: The action code.
-
-    Returns:
-        The code with every top-level string-literal statement replaced by blank lines (line
-        numbers are kept); the input unchanged when it does not parse.
-    """
-    try:
-        body = ast.parse(code).body
-    except (SyntaxError, ValueError):
-        return code
-    lines = code.splitlines(keepends=True)
-    drop: set[int] = set()
-    for stmt in body:
-        if (
-            isinstance(stmt, ast.Expr)
-            and isinstance(stmt.value, ast.Constant)
-            and isinstance(stmt.value.value, str)
-        ):
-            drop.update(range(stmt.lineno - 1, (stmt.end_lineno or stmt.lineno)))
-    if not drop:
-        return code
-    return "".join("\n" if i in drop else line for i, line in enumerate(lines))
-
-
-def _osworld_code(action: object) -> str:
-    """The action text of a traj.jsonl line: a string, or the code inside an action object."""
-    if isinstance(action, str):
-        return action
-    if isinstance(action, dict):
-        for key in ("command", "code", "action", "pyautogui", "python"):
-            if isinstance(action.get(key), str):
-                return action[key]
-    return json.dumps(action, ensure_ascii=False)
-
-
-def parse_osworld_action(code: str, width: int, height: int) -> list[Action] | ActionError:
-    """Parse an OSWorld action (pyautogui code or WAIT/DONE/FAIL), ignoring thought strings."""
-    parsed = parse_osworld(code, width, height)
-    if isinstance(parsed, ActionError) and parsed.reason == "unsupported_action":
-        stripped = strip_thought_strings(code)
-        if stripped != code:
-            return parse_osworld(stripped, width, height)
-    return parsed
-
-
-def _response_texts(response: object) -> tuple[str | None, str | None]:
-    """``(think, intent)`` from a ``response`` field that is a string or an object."""
-    if isinstance(response, str):
-        return _cap(_text(response)), None
-    if isinstance(response, dict):
-        intent = _text(response.get("intent")) or _text(response.get("action_description"))
-        for key in ("thought", "thoughts", "reasoning", "response", "content", "text"):
-            if _text(response.get(key)):
-                return _cap(response[key]), intent
-        return _cap(json.dumps(response, ensure_ascii=False)), intent
-    return None, None
-
-
-def _info_error(info: object) -> str | None:
-    if not isinstance(info, dict):
-        return None
-    for key, value in info.items():
-        if "error" in str(key).lower() and value:
-            return f"{key}: {value}"[:300]
-    return None
-
-
-def _osworld_task(folder: Path) -> str | None:
-    for name in _TASK_FILES:
-        path = folder / name
-        if path.is_file():
-            try:
-                obj = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(obj, dict) and _text(obj.get("instruction")):
-                return obj["instruction"]
-    for name in _TASK_TEXT_FILES:
-        path = folder / name
-        if path.is_file():
-            text = path.read_text(encoding="utf-8", errors="replace").strip()
-            if text:
-                return text
-    return None
-
-
-def _osworld_score(folder: Path, notes: list[str]) -> float | None:
-    path = folder / "result.txt"
-    if not path.is_file():
-        notes.append("no result.txt; the outcome is unknown")
-        return None
-    text = path.read_text(encoding="utf-8", errors="replace").strip()
-    try:
-        return float(text.split()[0]) if text else None
-    except ValueError:
-        notes.append(f"result.txt holds {text[:40]!r}, not a number; the outcome is unknown")
-        return None
-
-
 def load_osworld(folder: Path) -> Run:
-    """Read an OSWorld-style result folder into a run.
-
-    Every action line is one step (several lines may share a ``step_num`` when one response
-    held several actions). The screenshot a line names is the screen *after* its action, so
-    the before-screen of a step is the after-screen of the step before; the first step has a
-    before-screen only when the folder holds an initial screenshot (``step_0*.png``).
+    """Read an OSWorld-style result folder into a run (``hivig.run_folders.read_osworld``).
 
     Args:
         folder: The result folder holding ``traj.jsonl``.
@@ -522,85 +316,7 @@ def load_osworld(folder: Path) -> Run:
     Returns:
         The run; ``{"Error": ...}`` lines and other unusable lines are in ``Run.skipped``.
     """
-    skipped: list[Skipped] = []
-    notes: list[str] = []
-    traj = folder / "traj.jsonl"
-    records: list[tuple[int, dict[str, Any], Path | None]] = []
-    for number, obj in _lines(traj, skipped):
-        where = f"traj.jsonl:{number}"
-        if "Error" in obj and "action" not in obj:
-            skipped.append(Skipped(where, "error_line", str(obj["Error"])[:300]))
-            notes.append(f"the runner recorded an error: {str(obj['Error'])[:200]}")
-            continue
-        if "action" not in obj:
-            skipped.append(Skipped(where, "no_action", f"keys {sorted(obj)[:8]}"))
-            continue
-        shot = obj.get("screenshot_file")
-        image = folder / shot if isinstance(shot, str) and shot and "/" not in shot else None
-        if image is not None and not image.is_file():
-            image = None
-        records.append((number, obj, image))
-    size = next((s for _, _, p in records if p and (s := _image_size(p))), None)
-    if size is None:
-        notes.append(f"no readable screenshot; the screen is assumed {DEFAULT_SCREEN}")
-    width, height = size or DEFAULT_SCREEN
-    previous = _initial_screenshot(folder)
-    steps: list[RunStep] = []
-    for number, obj, image in records:
-        code = _osworld_code(obj["action"])
-        parsed = parse_osworld_action(code, width, height)
-        think, intent = _response_texts(obj.get("response"))
-        error = _text(obj.get("Error")) or _info_error(obj.get("info"))
-        steps.append(
-            RunStep(
-                step=len(steps) + 1,
-                source_ref=f"traj.jsonl:{number} step_num {obj.get('step_num')}",
-                raw=code,
-                actions=None if isinstance(parsed, ActionError) else parsed,
-                parse_error=(
-                    f"{parsed.reason}: {parsed.message}"
-                    if isinstance(parsed, ActionError)
-                    else None
-                ),
-                intent=intent,
-                think=think,
-                before=previous,
-                after=image,
-                reward=_number(obj.get("reward")),
-                error=error,
-            )
-        )
-        previous = image
-    missing = sum(s.after is None for s in steps)
-    if missing:
-        notes.append(f"{missing} step(s) have no readable screenshot file")
-    if steps and steps[0].before is None:
-        notes.append("the folder has no initial screenshot; step 1 has no before-screen")
-    score = _osworld_score(folder, notes)
-    outcome = "unknown" if score is None else ("success" if score >= 1.0 else "failure")
-    task = _osworld_task(folder)
-    if task is None:
-        notes.append("the folder does not record the task instruction")
-    return Run(
-        "osworld",
-        folder,
-        task,
-        OSWORLD_PLATFORM,
-        (width, height),
-        steps,
-        outcome,
-        score,
-        skipped,
-        notes,
-    )
-
-
-def _initial_screenshot(folder: Path) -> Path | None:
-    for pattern in _OSWORLD_INITIAL:
-        found = sorted(folder.glob(pattern))
-        if found:
-            return found[0]
-    return None
+    return from_folder_run(read_osworld(folder))
 
 
 # --------------------------------------------------------------------------------------------
