@@ -1,0 +1,241 @@
+"""The gateway's own session traces: ``traces/<sid>.jsonl`` and ``images/<hex>.png``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hivig.actions import (
+    PLATFORMS,
+    Action,
+    ActionError,
+    Terminate,
+    parse_tool_calls,
+)
+from hivig.run_folders._base import (
+    DEFAULT_SCREEN,
+    OSWORLD_PLATFORM,
+    FolderRun,
+    FolderStep,
+    _jsonl,
+    _number,
+    _text,
+)
+
+
+def trace_image(images: Path, ref: object) -> Path | None:
+    """The screenshot file of a trace ``image_ref`` (``sha256:<hex>``), when it exists.
+
+    Args:
+        images: The state folder's ``images/``.
+        ref: The recorded reference.
+
+    Returns:
+        ``images/<hex>.png``, or ``None`` for a malformed reference or a missing file.
+    """
+    if not isinstance(ref, str) or not ref.startswith("sha256:"):
+        return None
+    digest = ref.split(":", 1)[1]
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        return None
+    path = images / f"{digest}.png"
+    return path if path.is_file() else None
+
+
+def trace_action(obj: object) -> tuple[str, str | None, list[Action] | None, str | None]:
+    """``(raw, intent, actions, parse_error)`` of a trace action object.
+
+    Args:
+        obj: The ``prev_action`` of an observe event or the ``action`` of a critique event.
+
+    Returns:
+        The action text, its intent, the grid actions (``None`` when unreadable) and why.
+    """
+    if not isinstance(obj, dict):
+        return "", None, None, "missing action"
+    text = _text(obj.get("action_text")) or _text(obj.get("raw")) or ""
+    intent = _text(obj.get("intent"))
+    recorded_error = _text(obj.get("parse_error"))
+    parsed = parse_tool_calls(text) if text else ActionError("empty", "no action text")
+    if isinstance(parsed, ActionError):
+        return text, intent, None, recorded_error or f"{parsed.reason}: {parsed.message}"
+    return text, intent, parsed, recorded_error
+
+
+def trace_verdict(obj: object) -> dict[str, Any] | None:
+    """A critique's verdict as ``{verdict, source, dimension, explanation, confidence}``."""
+    if not isinstance(obj, dict) or obj.get("verdict") not in ("good", "bad", "abstain"):
+        return None
+    return {
+        "verdict": obj["verdict"],
+        "source": str(obj.get("source") or "model"),
+        "dimension": _text(obj.get("error_dimension")),
+        "explanation": _text(obj.get("explanation")) or "",
+        "confidence": _number(obj.get("confidence")),
+    }
+
+
+def trace_session_fields(
+    session: dict[str, Any] | None, notes: list[str]
+) -> tuple[str | None, str, tuple[int, int]]:
+    """``(task, platform, screen)`` of a trace's session event (assumed when absent).
+
+    Args:
+        session: The first ``session`` event, or ``None``.
+        notes: Receives what had to be assumed.
+
+    Returns:
+        The task text, the platform and ``(width, height)``.
+    """
+    if session is None:
+        notes.append("the trace has no session event; platform and screen are assumed")
+        return None, OSWORLD_PLATFORM, DEFAULT_SCREEN
+    platform = {"macos": "mac", "linux": "ubuntu"}.get(session.get("platform"))
+    platform = platform or session.get("platform")
+    if platform not in PLATFORMS:
+        notes.append(f"unknown platform {session.get('platform')!r}; assumed {OSWORLD_PLATFORM}")
+        platform = OSWORLD_PLATFORM
+    screen = session.get("screen")
+    size = DEFAULT_SCREEN
+    if isinstance(screen, dict):
+        w, h = screen.get("w"), screen.get("h")
+        if isinstance(w, int) and isinstance(h, int) and w > 0 and h > 0:
+            size = (w, h)
+    return _text(session.get("task")), str(platform), size
+
+
+@dataclass
+class TraceEvents:
+    """A trace's events grouped by kind (the first session, observes and critiques by step).
+
+    Attributes:
+        session: The first ``session`` event.
+        observes: The first ``observe`` per ``step_idx`` (observe is idempotent per step).
+        critiques: Every ``critique`` per ``step_idx``, in file order.
+        close: The last ``close`` event.
+        skipped: Lines not used, ``(where, reason, detail)``.
+    """
+
+    session: dict[str, Any] | None = None
+    observes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    critiques: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    close: dict[str, Any] | None = None
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def trace_events(path: Path) -> TraceEvents:
+    """Group the events of one trace file.
+
+    Args:
+        path: The ``traces/<sid>.jsonl`` file.
+
+    Returns:
+        The events; bad lines, bad ``step_idx`` and unknown events are in ``skipped``.
+    """
+    ev = TraceEvents()
+    for number, obj in _jsonl(path, ev.skipped):
+        where = f"{path.name}:{number}"
+        event, idx = obj.get("event"), obj.get("step_idx")
+        if event == "session":
+            ev.session = ev.session or obj
+        elif event == "close":
+            ev.close = obj
+        elif event in ("observe", "critique"):
+            if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+                ev.skipped.append((where, "bad_step_idx", f"step_idx {idx!r}"))
+            elif event == "observe":
+                ev.observes.setdefault(idx, obj)
+            else:
+                ev.critiques.setdefault(idx, []).append(obj)
+        else:
+            ev.skipped.append((where, "unknown_event", f"event {event!r}"))
+    return ev
+
+
+def matching_verdicts(critiques: list[dict[str, Any]], raw: str) -> list[dict[str, Any]]:
+    """The verdicts on action text ``raw`` among one step's critiques, in file order."""
+    out = []
+    for crit in critiques:
+        action = crit.get("action")
+        if isinstance(action, dict) and (action.get("action_text") or action.get("raw")) == raw:
+            verdict = trace_verdict(crit.get("verdict"))
+            if verdict is not None:
+                out.append(verdict)
+    return out
+
+
+_OUTCOMES = ("success", "failure")
+
+
+def read_trace(path: Path) -> FolderRun:
+    """Read a gateway session trace as a run of executed steps.
+
+    Step ``k`` (screen ``k`` observed, then an action executed) takes its action from the
+    ``prev_action`` of observe ``k + 1`` and its verdicts from the critiques at ``k`` of that
+    same action text. A critique at the last screen is a step only when its action ends the
+    task (``terminate``); otherwise whether it ran is unknown and it is skipped. The outcome is
+    the ``outcome`` a runner reported on the close event, else ``failure`` for a run that ends
+    in ``terminate(failure)``, else ``unknown``.
+
+    Args:
+        path: The ``traces/<sid>.jsonl`` file.
+
+    Returns:
+        The run (``finished`` is ``False`` without a close event).
+    """
+    ev = trace_events(path)
+    notes: list[str] = []
+    images = path.parent.parent / "images"
+    task, platform, screen = trace_session_fields(ev.session, notes)
+    steps: list[FolderStep] = []
+    last = max(ev.observes) if ev.observes else -1
+    for k in range(last):
+        nxt = ev.observes.get(k + 1)
+        if nxt is None:
+            ev.skipped.append((f"step_idx {k + 1}", "missing_observe", "no observe event"))
+            continue
+        raw, intent, actions, error = trace_action(nxt.get("prev_action"))
+        before = trace_image(images, (ev.observes.get(k) or {}).get("image_ref"))
+        steps.append(
+            FolderStep(
+                index=len(steps),
+                source_ref=f"trace step_idx {k} -> {k + 1}",
+                screenshot=before,
+                raw_action=raw,
+                actions=actions,
+                parse_error=error,
+                intent=intent,
+                verdicts=tuple(matching_verdicts(ev.critiques.get(k, []), raw)),
+            )
+        )
+    final = ev.critiques.get(last, []) if last >= 0 else []
+    if final:
+        raw, intent, actions, error = trace_action(final[-1].get("action"))
+        if actions and isinstance(actions[-1], Terminate):
+            shot = trace_image(images, final[-1].get("image_ref"))
+            steps.append(
+                FolderStep(
+                    index=len(steps),
+                    source_ref=f"trace step_idx {last} (last critique)",
+                    screenshot=shot or trace_image(images, ev.observes[last].get("image_ref")),
+                    raw_action=raw,
+                    actions=actions,
+                    parse_error=error,
+                    intent=intent,
+                    verdicts=tuple(matching_verdicts(final, raw)),
+                )
+            )
+        else:
+            why = "a proposal with no next screen"
+            ev.skipped.append((f"step_idx {last}", "not_executed", why))
+    reported = (ev.close or {}).get("outcome")
+    outcome = reported if reported in _OUTCOMES else "unknown"
+    if outcome == "unknown" and steps and steps[-1].actions:
+        end = steps[-1].actions[-1]
+        outcome = "failure" if isinstance(end, Terminate) and end.status == "failure" else outcome
+    run = FolderRun("trace", path, path.stem, task, platform, screen, steps, outcome=outcome)
+    run.skipped, run.notes, run.finished = ev.skipped, notes, ev.close is not None
+    run.model = _text((ev.session or {}).get("agent_model"))
+    return run

@@ -1,0 +1,112 @@
+"""WebArenaLiteV2 task folders: ``trajectory/{idx}.png``, ``result.json``, ``results.jsonl``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hivig.run_folders._base import (
+    WEBARENA_PIXELS,
+    FolderRun,
+    FolderStep,
+    _cap,
+    _first_size,
+    _frame_ratio,
+    _inside,
+    _jsonl,
+    _number,
+    _outcome,
+    _parsed,
+    _resized,
+    _text,
+    pixel_calls,
+)
+
+
+def _web_metric(folder: Path, notes: list[str]) -> float | None:
+    path = folder.parent / "results.jsonl"
+    metric = None
+    if path.is_file():
+        for _line, obj in _jsonl(path, []):
+            save = obj.get("save_folder")
+            if isinstance(save, str) and save.rstrip("/").rsplit("/", 1)[-1] == folder.name:
+                metric = _number(obj.get("metric"))  # a rerun appends; the last line counts
+    if metric is None:
+        notes.append(f"{folder.parent.name}/results.jsonl has no metric for this task")
+    return metric
+
+
+def read_webarena(folder: Path) -> FolderRun:
+    """Read a WebArenaLiteV2 task folder (``trajectory/{idx}.png``, ``result.json``).
+
+    ``result.json`` keeps the agent's ``<action>`` text per step (``actions``), read in the
+    smart-resized frame the agent saw (``WEBARENA_PIXELS``); ``trajectory/{idx}.png`` is the
+    screen before step ``idx``.
+
+    Args:
+        folder: The ``results/{exp}/{task}`` folder.
+
+    Returns:
+        The run (platform ``web``).
+    """
+    skipped: list[tuple[str, str, str]] = []
+    notes: list[str] = []
+    result: Any = {}
+    if not (folder / "result.json").is_file():
+        notes.append("no result.json: the run did not finish, so no step was recorded")
+    else:
+        try:
+            result = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            skipped.append(("result.json", "bad_json", str(e)[:200]))
+    if not isinstance(result, dict):
+        skipped.append(("result.json", "not_an_object", type(result).__name__))
+        result = {}
+    actions_text = result.get("actions") if isinstance(result.get("actions"), list) else []
+    thoughts = result.get("thought") if isinstance(result.get("thought"), list) else []
+    operations = result.get("operation") if isinstance(result.get("operation"), list) else []
+    shots = [_inside(folder / "trajectory", f"{k}.png") for k in range(len(actions_text) + 1)]
+    screen = _first_size(shots)
+    frame = _resized(screen, WEBARENA_PIXELS)
+    steps: list[FolderStep] = []
+    for k, text in enumerate(actions_text):
+        if not _text(text):
+            skipped.append((f"result.json actions[{k}]", "no_action", repr(text)[:80]))
+            continue
+        if shots[k] is None:
+            notes.append(f"trajectory/{k}.png is missing")
+        kw = {"coord_space": "resized_px", "frame": frame} if frame else {}
+        actions, error = _parsed(text, "scalecua", "web", screen, **kw)
+        calls = None
+        if actions is not None and frame is not None:
+            calls = pixel_calls(text, "scalecua", _frame_ratio(screen, frame))
+        steps.append(
+            FolderStep(
+                index=len(steps),
+                source_ref=f"result.json step {k}",
+                screenshot=shots[k],
+                raw_action=text,
+                actions=actions,
+                parse_error=error,
+                thought=_cap(_text(thoughts[k]) if k < len(thoughts) else None),
+                intent=_text(operations[k]) if k < len(operations) else None,
+                calls=calls,
+            )
+        )
+    metric = _web_metric(folder, notes)
+    return FolderRun(
+        "webarena",
+        folder,
+        str(result.get("task_id") or folder.name),
+        _text(result.get("task")),
+        "web",
+        screen,
+        steps,
+        final_screenshot=shots[len(actions_text)] if actions_text else None,
+        outcome=_outcome(metric),
+        score=metric,
+        skipped=skipped,
+        notes=notes,
+        finished=(folder / "result.json").is_file(),
+    )
