@@ -23,6 +23,7 @@ from hivig.actions import (
     ElementAction,
     action_from_arguments,
     in_space,
+    is_androidworld_text,
     marks_for_tool_calls,
     parse_agent_output,
     parse_androidworld,
@@ -194,8 +195,9 @@ def detect_format(raw: str) -> str:
         return "qwen"
     if text.startswith(("[", "{")) and '"name"' in text and '"parameters"' in text:
         return "webarena_code"
-    if "action_type" in text:
-        # A bare JSONAction, or an M3A/T3A answer: ``Reason: ... Action: {'action_type': ...}``.
+    if is_androidworld_text(text):
+        # A bare JSONAction, or an M3A/T3A answer: ``Reason: ... Action: {'action_type': ...}``;
+        # never typed text that merely holds the word (``typewrite('set action_type to 3')``).
         return "androidworld"
     if text in _OSWORLD_SPECIAL or "pyautogui." in text or "import " in text:
         return "osworld"

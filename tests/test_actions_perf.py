@@ -17,6 +17,7 @@ from hivig.actions import (
     ActionError,
     LeftClick,
     ScaleCUAParse,
+    parse_agent_output,
     parse_androidworld,
     parse_osworld,
     parse_scalecua,
@@ -47,6 +48,25 @@ def _osworld(code: str) -> object:
 def _androidworld(text: str) -> object:
     return parse_androidworld(text, 1080, 2400)
 
+
+def _m3a(text: str) -> object:
+    return parse_agent_output(text, "androidworld", platform="android", width=1080, height=2400)
+
+
+def _scalecua_agent(text: str) -> object:
+    return parse_agent_output(text, "scalecua", platform="ubuntu", width=1920, height=1080)
+
+
+def _osworld_agent(text: str) -> object:
+    return parse_agent_output(text, "osworld", platform="ubuntu", width=1920, height=1080)
+
+
+def _webarena(text: str) -> object:
+    return parse_agent_output(text, "webarena_code", platform="web", width=1280, height=720)
+
+
+_TUPLE = "(" + "1," * (N // 2) + ")"
+_ITEM = '{"name": "keydown", "parameters": {"key": "shift"}}, '
 
 CASES = [
     # ScaleCUA <action> bodies
@@ -80,6 +100,33 @@ CASES = [
     ("androidworld", _androidworld, "[" * N),
     ("androidworld", _androidworld, '{"a":' * (N // 5)),
     ("androidworld", _androidworld, '{"action_type": "input_text", "text": "' + "a" * N + '"}'),
+    # M3A/T3A Python-dict answers (each of these took seconds to minutes before the cap)
+    ("m3a", _m3a, "Action: {'action_type': 'click', 'x': " + _TUPLE + "}" * 32),
+    ("m3a", _m3a, "Action: {" + "'a': {}, " * (N // 9) + "}" * 40),
+    ("m3a", _m3a, "Action: {'action_type': 'click', 'x': '" + "x" * N + "'" + " }" * 33),
+    ("m3a", _m3a, "Action: {'action_type': " + "[" * (N // 2) + "]" * (N // 2) + "}"),
+    ("m3a", _m3a, "Action: " * (N // 8) + "{"),
+    ("m3a", _m3a, "Reason: " + "}" * N + "\nAction: {'action_type': 'wait'}"),
+    # free-text terminate statuses
+    ("terminate", _scalecua_agent, 'terminate(status="' + "Done. " * (N // 6) + '")'),
+    ("terminate", _scalecua_agent, 'terminate(status="' + "a" * N + '.")'),
+    ("terminate", _scalecua_agent, 'terminate(status="' + " " * N + 'x")'),
+    ("terminate", _scalecua_agent, 'terminate(status="success")\n' * (N // 27)),
+    # keyDown/keyUp in model text and in executed code
+    ("keys", _scalecua_agent, "keyDown('shift')\n" * (N // 17)),
+    ("keys", _scalecua_agent, "keyDown('shift')\nkeyUp('shift')\n" * (N // 32)),
+    ("keys", _scalecua_agent, "press(keys='" + "ctrl+" * (N // 5) + "+')"),
+    ("keys", _osworld_agent, "pyautogui.keyDown('a')\npyautogui.keyUp('a')\n" * (N // 44)),
+    # WebArenaLiteV2 code: JSON text and Python repr
+    ("webarena_code", _webarena, "[" + _ITEM * (N // len(_ITEM)) + "]"),
+    ("webarena_code", _webarena, "[" * N),
+    ("webarena_code", _webarena, "[{'name': 'click', 'parameters': {'x': " + _TUPLE + "}}]"),
+    ("webarena_code", _webarena, "[" + "{'name': 'wait'}, " * (N // 18) + "]"),
+    (
+        "webarena_code",
+        _webarena,
+        '[{"name": "hotkey", "parameters": {"args": ["' + "a" * N + '"]}}]',
+    ),
 ]
 
 
@@ -106,3 +153,11 @@ def test_large_inputs_still_parse_correctly():
     parsed = _scalecua("click(x=0.5, y=0.5)\n" * 5000)
     assert isinstance(parsed, ScaleCUAParse) and len(parsed.actions) == 5000
     assert parse_tool_calls("<tool_call>" * 9000).reason == "bad_syntax"
+    # The caps leave real answers alone: a short M3A dict and a long typed text still read.
+    typed = "Action: {'action_type': 'input_text', 'text': '" + "a" * 2000 + "', 'x': 5, 'y': 5}"
+    assert len(_m3a(typed)) == 2
+    wait = "Reason: " + "}" * N + "\nAction: {'action_type': 'wait'} }"
+    assert not isinstance(_m3a(wait), ActionError)
+    code = [{"name": "keydown", "parameters": {"key": "shift"}}] * 3000
+    assert isinstance(_webarena(repr(code)), ActionError)  # keys held past the step
+    assert len(_webarena(repr(code[:1] + [{"name": "keyup", "parameters": {"key": "shift"}}]))) == 1

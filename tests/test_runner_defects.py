@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -206,6 +207,35 @@ def test_the_critic_prompt_shows_repaired_text_as_written(gateway):
     guarded = GuardedOSWorldAgent(OneShotAgent(BROKEN), client, screen=OSWORLD_SCREEN)
     guarded.predict("Type it", {"screenshot": screen(*OSWORLD_SCREEN)})
     assert BROKEN in critiques(backend)[0]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "pyautogui.press('ctrl+s')",  # pyautogui: one unknown key, nothing is pressed
+        "pyautogui.hotkey('ctrl+s')",
+        "pyautogui.hotkey(['ctrl', 'a'])",  # pyautogui raises on a list
+        "pyautogui.keyDown('shift')",  # the key stays held
+    ],
+)
+def test_a_key_combo_pyautogui_would_not_press_is_judged_as_written(gateway, code):
+    backend, client = gateway
+    guarded = GuardedOSWorldAgent(OneShotAgent(code), client, screen=OSWORLD_SCREEN)
+    _, actions = guarded.predict("Save it", {"screenshot": screen(*OSWORLD_SCREEN)})
+    assert actions == [code]
+    sent = guarded.log[0]["proposals"][0]["action"]
+    assert sent["format"] == "osworld" and sent["raw"] == code
+    prompt = critiques(backend)[0]
+    assert code in prompt and '"action": "key"' not in prompt.split("Current Proposed Step")[-1]
+
+
+def test_a_key_combo_pyautogui_presses_is_judged_as_the_combo(gateway):
+    backend, client = gateway
+    code = "pyautogui.hotkey('ctrl', 's')"
+    guarded = GuardedOSWorldAgent(OneShotAgent(code), client, screen=OSWORLD_SCREEN)
+    guarded.predict("Save it", {"screenshot": screen(*OSWORLD_SCREEN)})
+    sent = guarded.log[0]["proposals"][0]["action"]
+    assert sent["format"] == "qwen" and '"keys": ["ctrl", "s"]' in sent["raw"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,6 +477,144 @@ def test_attribute_writes_reach_the_wrapped_agent(gateway):
     osworld = GuardedOSWorldAgent(DeadClickAgent(), client)
     osworld.temperature = 0.0
     assert osworld.agent.temperature == 0.0 and osworld.arity == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# AndroidWorld replay: the agent's pauses, actuation errors, execute_first, indexed scrolls
+
+PAUSE = 0.2
+"""Seconds the fake agents sleep after a command (short real sleeps)."""
+
+
+class TimedAndroidEnv(FakeAndroidEnv):
+    """``FakeAndroidEnv`` that stamps every call with ``time.monotonic()``; ``open_app`` of an
+    app that is not installed raises, as actuation's ``ValueError`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[float, str]] = []
+
+    def get_state(self, wait_to_stabilize: bool = False) -> Any:
+        self.calls.append((time.monotonic(), "get_state"))
+        return super().get_state(wait_to_stabilize)
+
+    def execute_action(self, action: JSONAction) -> None:
+        self.calls.append((time.monotonic(), action.action_type or ""))
+        if action.action_type == "open_app":
+            raise ValueError("app not installed")
+        super().execute_action(action)
+
+    def gap(self, first: str, then: str) -> float:
+        """Seconds from the first ``first`` call to the next ``then`` call after it."""
+        i = next(k for k, (_, name) in enumerate(self.calls) if name == first)
+        j = next(k for k in range(i + 1, len(self.calls)) if self.calls[k][1] == then)
+        return self.calls[j][0] - self.calls[i][0]
+
+
+class SleepingScaleCUAAgent(FakeScaleCUAAndroidAgent):
+    """ScaleCUA's ``step_agent``: each command in a ``try`` that logs a failure and carries
+    on, then a sleep before the next one."""
+
+    def step(self, instruction: str) -> Any:
+        self.turn_number += 1
+        self.env.get_state(wait_to_stabilize=False)
+        operation, commands = self.respond(instruction)
+        self.step_his += f"Step {self.turn_number}: {operation}\n"
+        for command in commands:
+            try:
+                self.env.execute_action(command)
+            except Exception:  # noqa: BLE001 - upstream logs it and goes on
+                self.history.append("error")
+            time.sleep(PAUSE)
+        return type("Result", (), {"done": False, "data": {}})()
+
+
+class FakeM3A:
+    """M3A's step: read the state, execute one action in a ``try``, sleep
+    ``wait_after_action_seconds``, read the "after" state and summarise into ``history``."""
+
+    def __init__(self, env: FakeAndroidEnv) -> None:
+        self.env = env
+        self.history: list[dict[str, Any]] = []
+        self.wait_after_action_seconds = PAUSE
+        self.runs = 0
+
+    def step(self, goal: str) -> Any:
+        self.runs += 1
+        self.env.get_state(wait_to_stabilize=False)
+        action = JSONAction("click", x=100 + self.runs, y=300)
+        with contextlib.suppress(Exception):
+            self.env.execute_action(action)
+        time.sleep(self.wait_after_action_seconds)
+        self.env.get_state(wait_to_stabilize=False)
+        self.history.append({"action_output_json": action, "summary": f"tapped x={action.x}"})
+        return type("Result", (), {"done": False, "data": {"x": action.x}})()
+
+
+def test_replay_keeps_the_pauses_between_a_steps_commands(gateway):
+    _, client = gateway
+    env = TimedAndroidEnv()
+    commands = [JSONAction("click", x=270, y=140), JSONAction("input_text", text="vpn")]
+    agent = SleepingScaleCUAAgent(env, lambda i: ("Type vpn", commands))
+    GuardedAndroidWorldAgent(agent, client).step("Search for vpn")
+    assert env.executed == commands
+    # The type lands a pause after the tap, as unwrapped (not a few microseconds later).
+    assert env.gap("click", "input_text") >= PAUSE * 0.9
+
+
+def test_replay_waits_before_the_agent_reads_the_after_screen(gateway):
+    _, client = gateway
+    env = TimedAndroidEnv()
+    agent = FakeM3A(env)
+    GuardedAndroidWorldAgent(agent, client).step("Open settings")
+    assert env.executed == [JSONAction("click", x=101, y=300)]
+    assert env.gap("click", "get_state") >= PAUSE * 0.9  # wait_after_action_seconds kept
+
+
+def test_a_failing_command_is_logged_and_the_rest_of_the_step_runs(gateway, caplog):
+    _, client = gateway
+    env = TimedAndroidEnv()
+    commands = [JSONAction("open_app", text="Nope"), JSONAction("navigate_home")]
+    agent = SleepingScaleCUAAgent(env, lambda i: ("Open Nope", commands))
+    guarded = GuardedAndroidWorldAgent(agent, client)
+    with caplog.at_level(logging.WARNING, logger="serve.adapters.androidworld"):
+        result = guarded.step("Open Nope")  # the agent's own try would have swallowed it
+    assert result.done is False
+    assert [name for _, name in env.calls if name != "get_state"] == ["open_app", "navigate_home"]
+    assert guarded.guard.events["command_error"] == 1
+    assert "app not installed" in caplog.text
+
+
+def test_execute_first_hands_back_the_executed_runs_memory_and_result(gateway):
+    backend, client = gateway
+    backend.verdict = "bad"
+    env = TimedAndroidEnv()
+    agent = FakeM3A(env)
+    cfg = GuardConfig(max_reproposals=1, on_exhausted="execute_first")
+    result = GuardedAndroidWorldAgent(agent, client, config=cfg).step("Open settings")
+    assert agent.runs == 2
+    assert env.executed == [JSONAction("click", x=101, y=300)]  # the first proposal ran
+    assert [h["summary"] for h in agent.history] == ["tapped x=101"]  # and is remembered
+    assert result.data == {"x": 101}
+
+
+@pytest.mark.parametrize(
+    ("index", "start", "end"),
+    [
+        (1, (270, 440), (270, 400)),  # inside Wi-Fi's box (40, 500, 400, 480), to its top edge
+        (0, (270, 600), (270, 0)),  # index 0: the whole screen, as actuation's ``if index:``
+    ],
+)
+def test_scroll_with_an_index_is_judged_as_a_swipe_inside_its_box(gateway, index, start, end):
+    backend, client = gateway
+    env = FakeAndroidEnv()
+    action = JSONAction("scroll", index=index, direction="down")
+    guarded = GuardedAndroidWorldAgent(FakeT3A(env, lambda goal: action), client)
+    guarded.step("Scroll the list")
+    assert env.executed == [action]
+    prompt = critiques(backend)[0]
+    assert '"swipe"' in prompt and grid(*start) in prompt
+    assert grid(*end).replace('"coordinate"', '"coordinate2"') in prompt
 
 
 # ---------------------------------------------------------------------------------------------

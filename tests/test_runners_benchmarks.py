@@ -26,6 +26,7 @@ from serve.adapters import (
     GuardedWAAAgent,
     GuardedWebArenaLiteAgent,
 )
+from serve.adapters.webarena_lite import planner_feedback
 from serve.app import create_app
 from serve.client import CriticClient
 from serve.guard import GuardConfig
@@ -182,6 +183,69 @@ def test_webarena_stop_only_when_configured_and_the_loop_survives(gateway, tmp_p
     assert agent.previous_operations_list == []  # both rejected proposals were rolled back
 
 
+class FakePlanner:
+    """The workflow's planner: ``messages`` (OpenAI-style content lists) and ``add_message``."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [
+            {"role": "system", "content": [{"type": "text", "text": "Task: {task_instruction}"}]}
+        ]
+
+    def add_message(self, text_content: str, image_content=None, role="user", put_text_last=False):
+        self.messages.append({"role": role, "content": [{"type": "text", "text": text_content}]})
+
+
+class FakeAgenticWorkflow:
+    """``OpenCUAAgenticWorkflow.predict``: the instruction goes into the planner's system
+    prompt only while ``step_count == 0``; each step adds the fixed user prompt to
+    ``planner.messages``, asks the planner (which sees only those messages) and counts
+    ``step_count``."""
+
+    def __init__(self) -> None:
+        self.planner = FakePlanner()
+        self.seen: list[str] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.step_count = 0
+        self.turn_count = 0
+        self.planner.reset()
+
+    def predict(self, instruction: str, observation: dict[str, Any]):
+        if self.step_count == 0:
+            system = self.planner.messages[0]["content"][0]
+            system["text"] = system["text"].format(task_instruction=instruction)
+        self.planner.add_message("Give the next step.", observation["screenshot"], "user", True)
+        conversation = "\n".join(m["content"][0]["text"] for m in self.planner.messages)
+        self.seen.append(conversation)
+        # The planner's answer, from what it was shown: the critic's words move the click.
+        x, y = (640.0, 360.0) if "critic judged" in conversation else (320.0, 180.0)
+        self.step_count += 1
+        code = [{"name": "click", "parameters": {"x": x, "y": y, "clicks": 1, "button": "left"}}]
+        return {"thought": "", "operation": f"Click at {x}", "actions": code}, code
+
+
+def test_webarena_agentic_workflow_gets_feedback_and_keeps_no_rejected_turn(gateway, tmp_path):
+    client, _ = gateway
+    agent, env = FakeAgenticWorkflow(), FakeWebEnv()
+    wrapped = GuardedWebArenaLiteAgent(agent, client, feedback_hook=planner_feedback)
+    wrapped.reset()
+    run_webarena(wrapped, env, tmp_path / "r", "t", "Submit the form", max_steps=2)
+    # Step 0: the first click rejected; the re-proposal saw the critic's words.
+    assert "critic judged" not in agent.seen[0] and "critic judged" in agent.seen[1]
+    assert [c[0]["parameters"]["x"] for c in env.executed] == [640.0, 640.0]
+    assert agent.step_count == 2  # one per executed step, not per proposal
+    turns = [m["content"][0]["text"] for m in agent.planner.messages]
+    # system; step 0: the guard's turn (feedback), its prompt; step 1: the guard's turn
+    # (history), its prompt. The rejected run's prompt turn is gone.
+    assert turns[0] == "Task: Submit the form" and turns.count("Give the next step.") == 2
+    assert len(turns) == 5 and turns[2] == turns[4] == "Give the next step."
+    assert "critic judged" in turns[1] and sum("critic judged" in t for t in turns) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # AndroidLab: ``rsp = agent.act([system, user])`` from a thread pool sharing one agent
 
@@ -323,6 +387,91 @@ def test_androidlab_stop_maps_to_finish(gateway, tmp_path):
     # A new task on the same thread opens a new episode.
     FakePixelTask(wrapped, "Open the clock", tmp_path / "u").run(max_rounds=1)
     assert len(wrapped.logs) == 2
+
+
+class QwenShapedAgent(FakeAndroidLabAgent):
+    """``agent/mllm/qwen_model.py``'s ``QwenAgent``: untyped content parts, the text first and
+    the screenshot as the ``file://`` path the harness wrote."""
+
+    def __init__(self, action: str = "click(x=490, y=1064)") -> None:
+        super().__init__()
+        self.action = action
+
+    def prompt_to_message(self, prompt: str, images: list[str]) -> dict[str, Any]:
+        return {
+            "role": "user",
+            "content": [{"text": prompt}, *({"image": f"file://{p}"} for p in images)],
+        }
+
+    def act(self, messages: list[dict[str, Any]]) -> str:
+        self.calls.append(next(p["text"] for p in messages[-1]["content"] if "text" in p))
+        return f"<operation>Tap</operation><action>{self.action}</action>"
+
+
+class OpenAIShapedAgent(QwenShapedAgent):
+    """The InternVL-style agents: typed parts, the screenshot as a ``data:`` URL."""
+
+    prompt_to_message = FakeAndroidLabAgent.prompt_to_message
+
+    def act(self, messages: list[dict[str, Any]]) -> str:
+        self.calls.append(messages[-1]["content"][-1]["text"])
+        return f"<operation>Tap</operation><action>{self.action}</action>"
+
+
+@pytest.mark.parametrize("agent_cls", [QwenShapedAgent, OpenAIShapedAgent])
+def test_androidlab_reads_both_message_shapes_as_one_episode(gateway, tmp_path, agent_cls):
+    client, _ = gateway
+    wrapped = GuardedAndroidLabAgent(agent_cls(), client)
+    FakePixelTask(wrapped, "Set an alarm for 7am", tmp_path / "t").run(max_rounds=3)
+    assert [e["task"] for e in wrapped.logs] == ["Set an alarm for 7am"]  # one episode
+    log = wrapped.logs[0]["log"]
+    assert len(log) == 3 and all(step["observe"]["image_ref"] for step in log)
+    wrapped.close()
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        'click(x=490, y=1064)\nwrite(message="7am")',  # two calls: one anchored pattern each
+        "long_press(x=490, y=1064)",  # the pattern requires duration
+        "click(x=490, y=1064, clicks=1)",  # pasted into the command as the y value
+    ],
+)
+def test_androidlab_actions_the_executor_cannot_run_are_judged_verbatim(gateway, tmp_path, action):
+    client, _ = gateway
+    wrapped = GuardedAndroidLabAgent(OpenAIShapedAgent(action), client)
+    FakePixelTask(wrapped, "Set an alarm", tmp_path / "t").run(max_rounds=1)
+    sent = wrapped.logs[0]["log"][0]["proposals"][0]["action"]
+    assert sent == {"raw": action, "format": "scalecua", "verbatim": True, "intent": "Tap"}
+
+
+def test_androidlab_runnable_action_is_judged_as_a_tool_call(gateway, tmp_path):
+    client, _ = gateway
+    wrapped = GuardedAndroidLabAgent(
+        OpenAIShapedAgent("long_press(x=490, y=1064, duration=2)"), client
+    )
+    FakePixelTask(wrapped, "Set an alarm", tmp_path / "t").run(max_rounds=1)
+    sent = wrapped.logs[0]["log"][0]["proposals"][0]["action"]
+    assert sent["format"] == "qwen" and '"long_press"' in sent["raw"]
+
+
+def test_androidlab_wrapper_forwards_writes_and_closes_sessions_outside_its_lock(gateway, tmp_path):
+    client, _ = gateway
+    agent = OpenAIShapedAgent()
+    with GuardedAndroidLabAgent(agent, client) as wrapped:
+        wrapped.temperature = 0.0  # a harness setting reaches the agent, as every wrapper's
+        assert agent.temperature == 0.0 and "temperature" not in vars(wrapped)
+        FakePixelTask(wrapped, "Open the clock", tmp_path / "t").run(max_rounds=1)
+        first = wrapped.guard
+        closed_unlocked = []
+        real_close = first.close
+        first.close = lambda: (closed_unlocked.append(not wrapped._lock.locked()), real_close())
+        # The thread's next task closes the previous episode, without holding the shared lock.
+        FakePixelTask(wrapped, "Open the settings", tmp_path / "u").run(max_rounds=1)
+        assert closed_unlocked == [True] and first.session is None
+        second = wrapped.guard
+        assert second is not first and second.session is not None
+    assert second.session is None  # the with block closed the thread's last episode
 
 
 # ---------------------------------------------------------------------------------------------

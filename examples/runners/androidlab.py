@@ -67,8 +67,10 @@ def main() -> None:
     """Two tasks at once through one guarded agent."""
     args = parser(__doc__.splitlines()[0]).parse_args()
     with gateway(args) as client:
+        # The with block closes every thread's last episode (the harness never says a task
+        # ended).
         agent = GuardedAndroidLabAgent(AgentStandIn(), client)
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        with agent, ThreadPoolExecutor(max_workers=2) as pool:
             futures = [pool.submit(run_task, agent, t) for t in ("Open the clock", "Open Maps")]
             taps = [f.result() for f in futures]
         report(sum(rejected(e["log"]) for e in agent.logs), taps)

@@ -12,10 +12,11 @@ from hivig.actions.agent import (
     COORD_SPACES,
     DEFAULT_COORD_SPACE,
     detect_format,
+    is_androidworld_text,
     parse_agent_output,
 )
 from hivig.actions.androidworld import parse_androidworld
-from hivig.actions.keys import PYAUTOGUI_KEYS, is_key_name, is_mobile_key_name
+from hivig.actions.keys import PYAUTOGUI_KEY_TABLE, PYAUTOGUI_KEYS, is_key_name, is_mobile_key_name
 from hivig.actions.model import (
     ACTION_NAMES,
     COMPUTER,
@@ -83,6 +84,7 @@ __all__ = [
     "COORD_SPACES",
     "DEFAULT_COORD_SPACE",
     "detect_format",
+    "is_androidworld_text",
     "parse_agent_output",
     "first_block",
     "ALIASES",
@@ -97,6 +99,7 @@ __all__ = [
     "PLATFORMS",
     "PLATFORM_ALIASES",
     "platform_name",
+    "PYAUTOGUI_KEY_TABLE",
     "PYAUTOGUI_KEYS",
     "Action",
     "ActionError",

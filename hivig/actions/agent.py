@@ -24,7 +24,7 @@ from hivig.actions._normalise import SCROLL_PIXELS_PER_CLICK, map_calls
 from hivig.actions._strict_json import decode_objects, loads
 from hivig.actions._tags import all_blocks, first_block
 from hivig.actions.androidworld import _translate as _androidworld_calls
-from hivig.actions.keys import is_key_name
+from hivig.actions.keys import PYAUTOGUI_KEY_TABLE, is_key_name
 from hivig.actions.model import (
     GRID_MAX,
     MOBILE,
@@ -296,58 +296,62 @@ def _settle_keys(calls: list[RawCall]) -> list[RawCall]:
     return out
 
 
-# A free-text status ("The task is impossible because ...") says which way the task ended only
-# through words like these; failure words are tried first ("cannot be completed").
-_FAILURE_TEXT = re.compile(
-    r"\b(impossible|infeasible|unable|cannot|can't|can not|could not|couldn't|not possible|"
-    r"fail(?:s|ed|ure)?|unsuccessful|not (?:be |been )?(?:complete[ds]?|done|finished|found)|"
-    r"does not exist|doesn't exist|no such)\b",
-    re.IGNORECASE,
-)
-_SUCCESS_TEXT = re.compile(
-    r"\b(success(?:ful(?:ly)?)?|succeeded|complete[ds]?|done|finished|accomplished)\b",
-    re.IGNORECASE,
-)
+# A status the agent wrote as one word, or as the label that opens a sentence ("Done. ...",
+# "Failed: ..."): the word decides. Anything else in a sentence is never guessed at, since words
+# like "not found" or "cannot" appear in reports of finished tasks too.
+_STATUS_WORDS = {
+    **_STATUS_SYNONYMS,
+    "success": "success",
+    "successfully": "success",
+    "failure": "failure",
+    "fail": "fail",  # kept as written: the normaliser maps it and counts it
+    "impossible": "failure",
+}
+# The leading word counts only when punctuation sets it off as a label, so an imperative such as
+# "Complete the form first" is not read as a status.
+_LEADING_STATUS = re.compile(r"\s*([A-Za-z]+)\s*[.,:;!\-\u2013\u2014(]")
+_TRAILING_PUNCT = ".!?;:, \t\r\n"
+NEUTRAL_STATUS = "success"
+"""Status of a ``terminate`` whose text names none: ScaleCUA's default, and AndroidLab ends the
+task the same way whatever the status says (every ``terminate`` is its ``finish``)."""
 
 
-def _terminate_status(call: RawCall) -> list[RawCall]:
+def _status_of(text: str) -> str | None:
+    """The status a one-word status or a sentence's leading label names, else ``None``."""
+    word = text.strip().rstrip(_TRAILING_PUNCT).strip().lower()
+    if word in _STATUS_WORDS:
+        return _STATUS_WORDS[word]
+    lead = _LEADING_STATUS.match(text)
+    return _STATUS_WORDS.get(lead.group(1).lower()) if lead else None
+
+
+def _terminate_status(call: RawCall) -> RawCall:
     """A ``terminate`` whose status is a synonym or free text -> success/failure, text kept.
 
-    A one-word synonym (``completed``, ``infeasible``) maps to its status. A sentence maps to
-    ``failure`` or ``success`` only when its words say so, the sentence kept as the terminate's
-    ``info`` (metadata; the critic is shown the status). A sentence that says neither is the
-    agent's closing report: it is shown as an ``answer`` with that text followed by
-    ``terminate(success)`` (ScaleCUA's default status; AndroidLab ends the task with the text as
-    its message). Any other word stays a ``bad_argument``.
+    A one-word status is read whatever its case and trailing punctuation (``Success``,
+    ``FAILURE``, ``Completed.``), synonyms included (``infeasible`` is a failure). A sentence
+    sets the status only through a leading status word set off by punctuation (``Done. The
+    file ...``, ``Failed: ...``); any other sentence gets ``NEUTRAL_STATUS``, the text kept as
+    the terminate's ``info``. Another single word (``maybe``) stays a ``bad_argument``.
     """
     status = call.kwargs.get("status")
     if call.name != "terminate" or not isinstance(status, str):
-        return [call]
+        return call
     text = status.strip()
-    mapped = _STATUS_SYNONYMS.get(text.lower())
-    if mapped is not None:
-        kwargs = {**call.kwargs, "status": mapped}
-        return [RawCall(call.name, kwargs, alias=call.alias, line=call.line)]
-    if text.lower() in ("success", "failure", "fail") or not re.search(r"\s", text):
-        return [call]
-    info = call.kwargs.get("info")
-    note = text if not isinstance(info, str) or not info.strip() else f"{text} {info.strip()}"
-    if _FAILURE_TEXT.search(text):
-        mapped = "failure"
-    elif _SUCCESS_TEXT.search(text):
-        mapped = "success"
-    ended = RawCall(
-        "terminate", {"status": mapped or "success", "info": note}, alias=call.alias, line=call.line
-    )
-    if mapped is not None:
-        return [ended]
-    return [RawCall("response", {"answer": note}, line=call.line), ended]
+    mapped = _status_of(text)
+    if mapped is None and not re.search(r"\s", text):
+        return call  # an unknown word: the normaliser reports it
+    kwargs = {**call.kwargs, "status": mapped or NEUTRAL_STATUS}
+    if mapped is None or re.search(r"\s", text):
+        info = call.kwargs.get("info")
+        kept = info.strip() if isinstance(info, str) else ""
+        kwargs["info"] = f"{text} {kept}" if kept else text
+    return RawCall(call.name, kwargs, alias=call.alias, line=call.line)
 
 
 def _repair_calls(calls: list[RawCall]) -> list[RawCall]:
-    """The key and status repairs every pyautogui-style format gets."""
-    fixed = [t for c in calls for t in _terminate_status(_split_combo(c))]
-    return _settle_keys(fixed)
+    """The key and status repairs of model text read by a tolerant harness parser (ScaleCUA)."""
+    return _settle_keys([_terminate_status(_split_combo(c)) for c in calls])
 
 
 # AndroidLab's agents write ``enter()`` for the Enter key (its executor's "Enter" action).
@@ -450,6 +454,15 @@ def _parse_qwen(text: str, space: str, scale: str | None, w: int, h: int) -> Any
 
 
 _ACTION_LABEL = re.compile(r"action\s*:", re.IGNORECASE)
+DICT_MAX_CHARS = 4096
+"""Longest Python-dict action text evaluated. An M3A/T3A action is one short dict (a few
+hundred characters; a long ``input_text`` stays well within this): a longer one is judged as
+written, and ``literal_eval`` never spends seconds on a hostile megabyte."""
+DICT_TRIES = 8
+"""Closing braces tried from the end of that text (prose after the dict may hold a few)."""
+PY_REPR_MAX_CHARS = 16384
+"""Longest WebArenaLiteV2 code list read as a Python repr (its JSON text has no limit): a step's
+code is a few short items, and ``literal_eval`` is slow on huge literals."""
 _ELEMENT_KINDS = ("click", "double_tap", "long_press", "input_text")
 
 
@@ -457,14 +470,15 @@ def _python_dict(text: str) -> dict[str, Any] | None:
     """The Python-literal dict after the last ``Action:`` (how M3A/T3A write their action).
 
     Upstream reads it with ``ast.literal_eval``; so does this, on the text from the first ``{``
-    after the label to each ``}`` from the last one back, so trailing prose does not matter.
+    after the label to each of the last few ``}`` (trailing prose does not matter). The work is
+    bounded whatever the text: at most ``DICT_MAX_CHARS`` are evaluated, ``DICT_TRIES`` times.
     """
     labels = list(_ACTION_LABEL.finditer(text))
     start = text.find("{", labels[-1].end() if labels else 0)
     if start < 0:
         return None
-    end = len(text)
-    for _ in range(32):  # a bounded number of tries: answers are short, text may not be
+    end = min(len(text), start + DICT_MAX_CHARS)
+    for _ in range(DICT_TRIES):
         end = text.rfind("}", start, end)
         if end < 0:
             return None
@@ -538,10 +552,9 @@ _WEBARENA_NAMES = {
     "response": "response",
     "terminate": "terminate",
     "callUser": "call_user",
+    # Only the lower-case spellings have a handler; ``keyDown`` runs nothing there.
     "keydown": "keyDown",
-    "keyDown": "keyDown",
     "keyup": "keyUp",
-    "keyUp": "keyUp",
 }
 # Parameters each executed action reads (the environment's defaults where it has one).
 _WEBARENA_PARAMS: dict[str, dict[str, Any]] = {
@@ -565,6 +578,8 @@ def _webarena_items(output: Any) -> list[Any] | ActionError:
     if isinstance(output, str):
         items = loads(output.strip(), "code")
         if isinstance(items, ActionError):
+            if len(output) > PY_REPR_MAX_CHARS:
+                return items
             try:
                 items = ast.literal_eval(output.strip())  # a Python repr of the list
             except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
@@ -598,6 +613,34 @@ def _webarena_swipe(params: dict[str, Any], line: str, w: int, h: int) -> list[R
     return [RawCall("swipe", kwargs, line=line)]
 
 
+def _skipped_key(keys: list[Any]) -> Any:
+    """The first key the environment would skip (not a name of its table), else ``None``."""
+    return next((k for k in keys if not isinstance(k, str) or k not in PYAUTOGUI_KEY_TABLE), None)
+
+
+def _webarena_keys(written: str, params: dict[str, Any], line: str) -> list[RawCall] | ActionError:
+    """``hotkey``/``press`` read as the browser environment executes them.
+
+    The environment presses a key only when its name is in pyautogui's key table exactly as
+    written, and silently skips any other: a ``+``-joined combo (``"ctrl+s"``, ``"ctrl++"``), a
+    list nested in ``args``, an alias (``cmd``), a capital letter. This is executed code, so no
+    repair may stand in for what does not run: such a key is a ``bad_key`` and the step is judged
+    as written. ``hotkey`` holds its ``args`` down in order; ``press`` with a list presses each
+    key in turn (``presses`` times each), never as a combination.
+    """
+    keys = params.get("args") if written == "hotkey" else params.get("keys")
+    seq = keys if isinstance(keys, list) else [keys]
+    if not seq:
+        return ActionError("bad_argument", f"{written} without keys runs nothing: {line}")
+    skipped = _skipped_key(seq)
+    if skipped is not None:
+        return ActionError("bad_key", f"the environment skips key {skipped!r}: {line}")
+    if written == "hotkey":
+        return [RawCall("hotkey", {"keys": tuple(seq)}, line=line)]
+    presses = params.get("presses", 1)
+    return [RawCall("press", {"keys": k, "presses": presses}, line=line) for k in seq]
+
+
 def _webarena_call(item: Any, w: int, h: int) -> list[RawCall] | ActionError:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return ActionError("bad_syntax", f"each code item needs a name: {item!r}")
@@ -607,16 +650,8 @@ def _webarena_call(item: Any, w: int, h: int) -> list[RawCall] | ActionError:
         return ActionError("bad_argument", f"parameters must be an object: {line}")
     if written == "swipe":
         return _webarena_swipe(params, line, w, h)
-    if written == "hotkey":
-        keys = params.get("args")
-        return [
-            RawCall("hotkey", {"keys": tuple(keys) if isinstance(keys, list) else keys}, line=line)
-        ]
-    if written == "press":
-        keys, presses = params.get("keys"), params.get("presses", 1)
-        # A list is a sequence: each key pressed in turn (the environment's reading).
-        seq = keys if isinstance(keys, list) and keys else [keys]
-        return [RawCall("press", {"keys": k, "presses": presses}, line=line) for k in seq]
+    if written in ("hotkey", "press"):
+        return _webarena_keys(written, params, line)
     name = _WEBARENA_NAMES.get(written)
     if name is None:
         return ActionError("unsupported_action", f"unknown code action {written!r}: {line}")
@@ -635,11 +670,35 @@ def _webarena_calls(output: Any, w: int, h: int) -> list[RawCall] | ActionError:
         if isinstance(got, ActionError):
             return got
         calls.extend(got)
-    return _repair_calls(calls)
+    # Executed code: no key repair (see ``_webarena_keys``); a terminate's status is read, as
+    # the environment ends the task on any status.
+    return [_terminate_status(c) for c in calls]
 
 
 # ---------------------------------------------------------------------------------------------
 # The front door
+
+
+# An AndroidWorld action as text: a bare object, or the object after an M3A/T3A ``Action:``
+# label (optionally fenced). ``action_type`` alone is not enough: typed text or a message may
+# hold the word (``typewrite('set action_type to 3')``).
+_LABELLED_OBJECT = re.compile(r"\baction\s*:\s*(?:```[A-Za-z]*\s*)?\{", re.IGNORECASE)
+
+
+def is_androidworld_text(text: str) -> bool:
+    """Whether ``text`` reads as an AndroidWorld action.
+
+    That is an object with ``action_type`` that opens the text or follows an ``Action:`` label.
+
+    Args:
+        text: Agent output text.
+
+    Returns:
+        True for ``{"action_type": ...}`` and ``Reason: ... Action: {'action_type': ...}``.
+    """
+    if "action_type" not in text.lower():
+        return False
+    return text.lstrip().startswith("{") or _LABELLED_OBJECT.search(text) is not None
 
 
 def detect_format(output: str | dict[str, Any] | list[Any]) -> str:
@@ -667,7 +726,7 @@ def detect_format(output: str | dict[str, Any] | list[Any]) -> str:
         return "webarena_code"
     if "<tool_call>" in low or '"arguments"' in low:
         return "qwen"
-    if "action_type" in low:
+    if is_androidworld_text(output):
         return "androidworld"
     if "<action>" in low or "mobile." in low:
         return "scalecua"
@@ -712,7 +771,9 @@ def parse_agent_output(
     AndroidWorld index actions (``{'action_type': 'click', 'index': 3}``) have no point: they
     come back as ``ElementAction`` (no Qwen3-VL rendering until ``ElementAction.at`` gives it the
     element's centre), never with invented coordinates. Key and status repairs are described
-    at ``_split_combo``, ``_settle_keys`` and ``_terminate_status``.
+    at ``_split_combo``, ``_settle_keys`` and ``_terminate_status``; the key repairs apply to
+    model text only (``scalecua``), never to executed code (``osworld``, ``webarena_code``),
+    whose keys are read as its executor presses them (see ``_webarena_keys``).
 
     A pyautogui-style wheel scroll (``scroll(-5)`` in OSWorld code, ``scroll(clicks=-5)`` from
     ScaleCUA) counts wheel clicks in every format: ``SCROLL_PIXELS_PER_CLICK`` (100) Qwen
@@ -746,8 +807,10 @@ def parse_agent_output(
     # each on the Qwen ``scroll`` scale (the training data's and the reference's magnitude).
     pixels_per_click = SCROLL_PIXELS_PER_CLICK
     if fmt == "osworld":
+        # Executed code: keys are read as pyautogui presses them, with no repair. It treats
+        # "ctrl+s" as an unknown key (nothing happens), raises on hotkey(['ctrl', 'a']) and
+        # keeps a lone keyDown held; those stay errors and are judged as written.
         calls = _osworld_calls(output)  # type: ignore[arg-type]
-        calls = calls if isinstance(calls, ActionError) else _repair_calls(calls)
     elif fmt == "scalecua":
         calls = _scalecua_calls(output)  # type: ignore[arg-type]
     else:

@@ -117,6 +117,10 @@ PYAUTOGUI_KEYS: frozenset[str] = frozenset(
 )
 """Lower-case key names accepted on desktop and web (pyautogui names plus common aliases)."""
 
+PYAUTOGUI_KEY_TABLE: frozenset[str] = PYAUTOGUI_KEYS - frozenset(_EXTRA_NAMES)
+"""pyautogui's own key table, case-sensitive and without aliases: the names an executor that
+checks keys against it (WebArenaLiteV2's browser environment) presses; it skips any other."""
+
 # Android key names are adb keyevent names (``volume_up``, ``enter``): short snake_case words.
 _MOBILE_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 

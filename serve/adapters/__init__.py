@@ -16,7 +16,7 @@ from serve.adapters._common import (
     well_formed,
 )
 from serve.adapters._presets import ANDROIDLAB, WAA, WEBARENA_LITE, RunnerPreset
-from serve.adapters.androidlab import ANDROIDLAB_STOP, GuardedAndroidLabAgent
+from serve.adapters.androidlab import ANDROIDLAB_STOP, GuardedAndroidLabAgent, runs_on_androidlab
 from serve.adapters.androidworld import (
     GuardedAndroidWorldAgent,
     StepCommands,
@@ -32,6 +32,7 @@ from serve.adapters.webarena_lite import (
     WEBARENA_MEMORY_ATTRS,
     GuardedWebArenaLiteAgent,
     code_text,
+    planner_feedback,
 )
 
 __all__ = [
@@ -59,10 +60,12 @@ __all__ = [
     "action_dict",
     "action_payload",
     "code_text",
+    "planner_feedback",
     "png_size",
     "qwen_intent",
     "qwen_messages",
     "resolve_index",
+    "runs_on_androidlab",
     "rgb_png",
     "well_formed",
 ]

@@ -149,7 +149,8 @@ def well_formed(
     """Whether ``output`` is well-formed as its harness reads it, with no repair needed.
 
     * ``osworld``: the code compiles as it is (the VM runs the string with ``exec``), or it is
-      ``WAIT``/``DONE``/``FAIL``;
+      ``WAIT``/``DONE``/``FAIL``; its keys need no check here, as ``parse_agent_output`` never
+      repairs them in executed code (a combo pyautogui would not press stays unreadable);
     * ``qwen``: every ``<tool_call>`` block holds one strict-JSON object with ``name`` and
       ``arguments`` (what a tool-call harness decodes), free text around the blocks allowed;
     * ``scalecua``: the calls are bare-name calls the strict ScaleCUA parser reads (ScaleCUA's
@@ -182,7 +183,7 @@ def _compiles(code: str) -> bool:
         return True
     try:
         ast.parse(code)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return True
 
@@ -245,20 +246,42 @@ class AgentMemory:
     Containers (lists, dicts) are copied shallowly; immutable values (a ``str`` the agent
     appends to, an ``int`` counter) are kept as they are and restored by assignment, since the
     agent rebinds the attribute (``self.step_his += ...``) rather than changing the value.
+
+    A dotted name reaches memory kept in a part of the agent (``"planner.messages"``: the
+    list of ScaleCUA's agentic workflow's planner); the path is followed anew each time, so a
+    part the agent replaces is still found.
     """
 
     def __init__(self, agent: Any, attrs: Iterable[str] = MEMORY_ATTRS) -> None:
         self.agent = agent
-        self.attrs = tuple(a for a in attrs if hasattr(agent, a))
+        self.attrs = tuple(a for a in attrs if self._has(agent, a))
+
+    @staticmethod
+    def _has(obj: Any, dotted: str) -> bool:
+        for name in dotted.split("."):
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+
+    def _get(self, dotted: str) -> Any:
+        obj = self.agent
+        for name in dotted.split("."):
+            obj = getattr(obj, name)
+        return obj
+
+    def _set(self, dotted: str, value: Any) -> None:
+        owner, _, name = dotted.rpartition(".")
+        setattr(self._get(owner) if owner else self.agent, name, value)
 
     def take(self) -> dict[str, Any]:
         """The current values."""
-        return {a: copy.copy(getattr(self.agent, a)) for a in self.attrs}
+        return {a: copy.copy(self._get(a)) for a in self.attrs}
 
     def put(self, snap: dict[str, Any]) -> None:
         """Restore ``snap``."""
         for attr, value in snap.items():
-            setattr(self.agent, attr, copy.copy(value))
+            self._set(attr, copy.copy(value))
 
     def splice(self, base: dict[str, Any], start: dict[str, Any]) -> None:
         """R3 Restore in the agent: ``base`` plus what was added since ``start``.
@@ -267,12 +290,12 @@ class AgentMemory:
         appended), counters ``base + (current - start)``; other values keep their current state.
         """
         for attr in self.attrs:
-            now = getattr(self.agent, attr)
+            now = self._get(attr)
             old, first = base.get(attr), start.get(attr)
             if _all(list, now, old, first) or _all(str, now, old, first):
-                setattr(self.agent, attr, old + now[len(first) :])
+                self._set(attr, old + now[len(first) :])
             elif _all(int, now, old, first) and not isinstance(now, bool):
-                setattr(self.agent, attr, old + (now - first))
+                self._set(attr, old + (now - first))
 
 
 def _all(kind: type, *values: Any) -> bool:

@@ -10,7 +10,22 @@ returns; the agents themselves are stateless).
 
 One agent object is shared by the thread pool (``-p 8``), one task per worker thread at a
 time, so the critic episode is kept per thread and restarts when the task text changes or
-the prompt lists no previous operation (a task's first step).
+the prompt lists no previous operation (a task's first step). The harness never says a task
+ended: a thread's last episode stays open until ``close()`` (or the end of a ``with`` block,
+or interpreter exit, whichever comes first).
+
+User messages are read in both shapes the harness' agents build: OpenAI-style parts
+(``{"type": "text"}``, ``{"type": "image_url", "image_url": {"url": "data:..."}}``) and
+``QwenAgent``'s (``{"text": ...}``, ``{"image": "file://..."}``; the image read from the file
+the harness wrote).
+
+The critic judges what the executor can run. The harness maps the response's ``<action>`` text
+to its ``do(...)`` command by matching the WHOLE text against one anchored pattern per call
+(``click(x=.., y=..)``, ``long_press(x=.., y=.., duration=..)``, ...) and pasting the matched
+values into the command; anything else becomes an "Unrecognized call" message and the task
+fails. ``runs_on_androidlab`` mirrors those rules; a response they refuse (two calls, a
+missing ``duration``, an extra argument the pattern would paste into the command) is sent as
+its text, ``verbatim``, so the critic judges it as the unrunnable text it is.
 
     from serve.adapters import GuardedAndroidLabAgent
     agent = GuardedAndroidLabAgent(get_agent(name, **args), CriticClient(url))
@@ -19,16 +34,20 @@ the prompt lists no previous operation (a task's first step).
 
 from __future__ import annotations
 
+import atexit
 import base64
 import logging
 import re
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hivig.actions import first_block
 from serve.adapters._common import (
+    VERBATIM,
+    GuardedAgent,
     PromptHook,
     action_payload,
     default_prompt,
@@ -78,17 +97,43 @@ class _Episode:
     record: dict[str, Any] = field(default_factory=dict)
 
 
-def _image_bytes(part: dict[str, Any]) -> bytes | None:
-    url = (part.get("image_url") or {}).get("url") if isinstance(part, dict) else None
-    if not isinstance(url, str):
+def _is_text(part: Any) -> bool:
+    """A text part: OpenAI's ``{"type": "text"}`` or QwenAgent's untyped ``{"text": ...}``."""
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type")
+    return kind == "text" or (kind is None and isinstance(part.get("text"), str))
+
+
+def _image_ref(part: Any) -> str | None:
+    """The image a part holds: an OpenAI ``image_url`` or QwenAgent's ``{"image": ...}``."""
+    if not isinstance(part, dict):
         return None
-    if ";base64," in url:
+    if part.get("type") == "image_url" or "image_url" in part:
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        return url if isinstance(url, str) else None
+    image = part.get("image")
+    if part.get("type") in (None, "image") and isinstance(image, str):
+        return image
+    return None
+
+
+def _image_bytes(ref: str | None) -> bytes | None:
+    """A data URL decoded, or the file a ``file://`` URL or plain path names."""
+    if not isinstance(ref, str):
+        return None
+    if ";base64," in ref:
         try:
-            return base64.b64decode(url.split(";base64,", 1)[1])
+            return base64.b64decode(ref.split(";base64,", 1)[1])
         except ValueError:
             return None
-    path = Path(url.removeprefix("file://"))
-    return path.read_bytes() if path.is_file() else None
+    path = Path(ref.removeprefix("file://"))
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError as exc:
+        log.warning("cannot read the step's screenshot %s: %s", path, exc)
+        return None
 
 
 def _user_index(messages: list[dict[str, Any]]) -> int | None:
@@ -105,13 +150,13 @@ def read_prompt(messages: list[dict[str, Any]]) -> _Prompt | None:
         return None
     content = messages[idx].get("content")
     parts = content if isinstance(content, list) else [{"type": "text", "text": str(content)}]
-    texts = [p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
-    shots = [_image_bytes(p) for p in parts if isinstance(p, dict) and p.get("type") == "image_url"]
+    texts = [p["text"] for p in parts if _is_text(p)]
+    shots = (_image_bytes(_image_ref(p)) for p in parts if _image_ref(p) is not None)
     text = texts[-1] if texts else ""
     match = _TASK.search(text)
     task = match["task"].strip() if match else text.strip()
     start = match.end() if match else len(text)
-    return _Prompt(text, task, start, next((s for s in shots if s), None))
+    return _Prompt(text, task, start, next((shot for shot in shots if shot), None))
 
 
 def with_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
@@ -125,8 +170,7 @@ def with_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]
         out[idx] = {**out[idx], "content": text}
         return out
     parts = list(content)
-    last = max((i for i, p in enumerate(parts) if isinstance(p, dict) and p.get("type") == "text"),
-               default=None)  # fmt: skip
+    last = max((i for i, p in enumerate(parts) if _is_text(p)), default=None)
     if last is None:
         parts.append({"type": "text", "text": text})
     else:
@@ -135,8 +179,12 @@ def with_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]
     return out
 
 
-class GuardedAndroidLabAgent:
+class GuardedAndroidLabAgent(GuardedAgent):
     """An AndroidLab agent behind the critic: same ``act(messages) -> str``, thread-safe.
+
+    Attribute reads and writes pass through to the wrapped agent like every wrapper's. Use it
+    as a context manager (or call ``close()``) to end the open episodes; they are also closed
+    at interpreter exit.
 
     Args:
         agent: The AndroidLab agent (``act``, ``prompt_to_message``, ``system_prompt``).
@@ -166,26 +214,43 @@ class GuardedAndroidLabAgent:
         self._episodes: dict[int, _Episode] = {}
         self.logs: list[dict[str, Any]] = []
         """One entry per task episode: ``{"task", "thread", "log"}`` (``log``: the guard's)."""
+        # The harness never calls close(); the last episode of each thread ends at exit. A
+        # weak reference: registering must not keep a dropped wrapper alive.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
-    def __getattr__(self, name: str) -> Any:
-        # The harness calls ``prompt_to_message`` and reads ``name`` on the agent.
-        if name == "agent":
-            raise AttributeError(name)
-        return getattr(self.agent, name)
+    @property
+    def guard(self) -> CriticGuard | None:  # type: ignore[override]
+        """The calling thread's episode guard (``None`` before its first step)."""
+        with self._lock:
+            ep = self._episodes.get(threading.get_ident())
+        return ep.guard if ep is not None else None
+
+    def __enter__(self) -> GuardedAndroidLabAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        """End the calling thread's episode and reset the wrapped agent (if it resets)."""
+        self.end_task()
+        return self.agent.reset(*args, **kwargs) if hasattr(self.agent, "reset") else None
 
     # -- episodes per worker thread -----------------------------------------------------
 
     def _episode(self, prompt: _Prompt) -> _Episode:
         tid = threading.get_ident()
         first_step = not prompt.operations.strip()
+        ended = None
         with self._lock:
             ep = self._episodes.get(tid)
             if ep is not None and (ep.task != prompt.task or first_step and ep.guard.step_idx):
-                ep.guard.close()  # the thread moved on to another task
-                ep = None
+                ended, ep = ep, None  # the thread moved on to another task
             if ep is None:
                 ep = self._new_episode(prompt, tid)
                 self._episodes[tid] = ep
+        if ended is not None:
+            ended.guard.close()  # network I/O: outside the lock the other threads share
         return ep
 
     def _new_episode(self, prompt: _Prompt, tid: int) -> _Episode:
@@ -226,6 +291,11 @@ class GuardedAndroidLabAgent:
     def _to_action(self, rsp: Any, screen: tuple[int, int], frame: tuple[int, int]) -> dict:
         block = first_block(rsp, "action") if isinstance(rsp, str) else None
         text = block.strip() if block and block.strip() else rsp
+        if isinstance(text, str) and not runs_on_androidlab(text):
+            log.info("AndroidLab's executor cannot run this action: judged as written")
+            payload: dict[str, Any] = {"raw": text, "format": "scalecua", VERBATIM: True}
+            intent = scalecua_intent(rsp)
+            return {**payload, "intent": intent} if intent else payload
         return action_payload(
             text,
             "scalecua",
@@ -269,6 +339,15 @@ class GuardedAndroidLabAgent:
         return decision.proposal
 
 
+def _close_at_exit(ref: weakref.ref) -> None:
+    wrapper = ref()
+    if wrapper is not None:
+        try:
+            wrapper.close()
+        except Exception as exc:  # noqa: BLE001 - the gateway may be gone at exit
+            log.debug("closing AndroidLab episodes at exit failed: %s", exc)
+
+
 def describe(rsp: Any) -> str:
     """The response's ``<operation>`` (the harness' history wording), else its action."""
     op = scalecua_intent(rsp)
@@ -276,3 +355,40 @@ def describe(rsp: Any) -> str:
         return op
     block = first_block(rsp, "action") if isinstance(rsp, str) else None
     return (block or str(rsp)).strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# What AndroidLab's executor runs
+
+_NUM = r"\s*[-+]?(?:\d+(?:\.\d*)?|\.\d+)\s*"
+_PAIR = rf"[\(\[]{_NUM},{_NUM}[\)\]]\s*"
+_TEXT = r"""(?P<q>["'])[^"\n]+?(?P=q)"""  # re-quoted with double quotes in the command
+_RUNNABLE = tuple(
+    re.compile(p)
+    for p in (
+        rf"click\(\s*x={_NUM},\s*y={_NUM}\)",
+        rf"long_press\(\s*x={_NUM},\s*y={_NUM},\s*duration={_NUM}\)",
+        rf"swipe\(\s*from_coord=\s*{_PAIR},\s*to_coord=\s*{_PAIR}(?:,\s*[^=,]+=[^,)]*)*\)",
+        rf"swipe\(\s*direction={_TEXT}\s*,\s*amount={_NUM}\)",
+        rf"write\(\s*message={_TEXT}\)",
+        rf"open_app\(\s*app_name={_TEXT}\)",
+        rf"wait\(\s*seconds={_NUM}\)",
+        rf"response\(\s*answer={_TEXT}\)",
+        r"""terminate\(\s*status=(["'])[^\n]+?\1\s*(?:,\s*info=(["'])[^"\n]+?\2)?\s*\)""",
+        r"(?:navigate_home|navigate_back|enter|call_user)\(\)",
+    )
+)
+
+
+def runs_on_androidlab(action: str) -> bool:
+    """Whether AndroidLab's harness turns this ``<action>`` text into a command that runs.
+
+    The harness matches the whole (stripped) text against one anchored pattern per call and
+    pastes the matched values into a ``do(...)`` command. So: exactly one call; every argument
+    its pattern names, in that order, and no other (``click(x=.., y=.., clicks=1)`` would paste
+    ``1064, clicks=1`` in as the y value); numbers where the command needs numbers; text
+    arguments on one line without a double quote (the command re-quotes them with double
+    quotes). Anything else becomes "Unrecognized call" and ends the task.
+    """
+    text = action.strip()
+    return any(p.fullmatch(text) for p in _RUNNABLE)

@@ -13,14 +13,30 @@ feedback appended to the goal, up to K times. A goal-status report (``complete``
 step's data and reviewed the same way, as a terminate action.
 
 While buffered, ``execute_action`` returns ``None``: AndroidWorld's own ``execute_action``
-returns nothing, and the agents ignore the value (ScaleCUA's agent wraps each call in a
-``try`` that only logs a failure; an actuation error of an accepted command now surfaces when
-the batch runs, after the agent's step, and is not caught by the wrapper).
+returns nothing, and the agents ignore the value.
+
+Replay keeps the agent's timing. The agents pause between their commands and before they read
+the screen again (ScaleCUA's agent sleeps after each command; M3A sleeps
+``wait_after_action_seconds`` and then ``transition_pause`` before its "after" screenshot).
+Those pauses pass while the commands are still buffered, so the time from each buffered
+command to the next one (and from the last one to the next ``get_state``, or to the end of the
+step) is recorded and waited again after that command when the accepted batch runs: a type
+lands after the tap has focused the field, and the screen the agent summarises has settled.
+
+An actuation error during replay is logged, counted (``guard.events["command_error"]``) and
+the remaining commands still run: every upstream agent wraps ``execute_action`` in a ``try``
+that logs the failure and carries on, so the unwrapped agent would have swallowed it too (the
+wrapper cannot tell whether a call was inside such a ``try``; it assumes so). What an agent
+would have written about the error in its memory (M3A's "some error happened" summary) is lost:
+the error happens after the agent's step has moved on.
 
 Index actions (M3A/T3A: ``{"action_type": "click", "index": N}``) are resolved for the critic
 from the UI elements of the state the agent read this step: actuation taps the centre of
 ``ui_elements[N].bbox_pixels``, so the critic judges that point and the marker sits on the
-element. The agent's own action is what runs. An index without such an element stays raw text.
+element. A ``scroll`` with an index swipes inside the element's box (from its centre to the
+edge the view moves towards; index 0 means the whole screen, as in actuation) and is judged as
+that swipe. The agent's own action is what runs. An index without such an element stays raw
+text.
 """
 
 from __future__ import annotations
@@ -28,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -90,11 +107,38 @@ class StepCommands:
         actions: The agent's own actions, in order (what runs on the device).
         judged: What the critic reads of each: index actions resolved to the element's centre.
         calls: The ``(args, kwargs)`` each ``execute_action`` call was made with.
+        pauses: Seconds the agent let pass after each command (until its next command, its
+            next screen read, or the end of its step); waited again after it on replay.
     """
 
     actions: tuple[Any, ...]
     judged: tuple[Any, ...]
     calls: tuple[tuple[tuple[Any, ...], dict[str, Any]], ...] = ()
+    pauses: tuple[float, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ElementScroll:
+    """A ``scroll`` with an index as actuation performs it: a swipe inside the element's box
+    (device pixels), judged as that swipe."""
+
+    action: dict[str, Any]
+    start: tuple[int, int]
+    end: tuple[int, int]
+
+    def scalecua(self) -> str:
+        """The swipe in ScaleCUA's call syntax (device pixels)."""
+        (x0, y0), (x1, y1) = self.start, self.end
+        return f"swipe(from_coord=[{x0}, {y0}], to_coord=[{x1}, {y1}])"
+
+
+@dataclasses.dataclass
+class _Run:
+    """One run of the agent's step: what it proposed, what it returned, its memory after."""
+
+    proposal: Any
+    result: Any
+    memory: dict[str, Any]
 
 
 class _EnvProxy:
@@ -104,10 +148,12 @@ class _EnvProxy:
     def __init__(self, env: Any, wrapper: GuardedAndroidWorldAgent) -> None:
         self._env = env
         self._wrapper = wrapper
-        self.pending: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.pending: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any], float]] = []
         self.state: Any = None
         """The last state the agent read in this run (its UI elements resolve index actions)."""
         self.review: Review | None = None
+        self.batch: StepCommands | None = None
+        """This run's proposal, once reviewed."""
         self.executed = False
         self.closed = False
 
@@ -132,8 +178,8 @@ class _EnvProxy:
             return None
         judged = action_dict(action)
         if isinstance(judged, dict) and judged.get("index") is not None:
-            judged = resolve_index(judged, self._observed())
-        self.pending.append((action, judged, args, kwargs))
+            judged = resolve_index(judged, self._observed(), self._wrapper.screen)
+        self.pending.append((action, judged, args, kwargs, time.monotonic()))
         return None
 
     def _observed(self) -> Any:
@@ -148,12 +194,17 @@ class _EnvProxy:
         if not self.pending or self.closed or self.executed:
             return
         guard = self._wrapper.guard
+        # Called as the agent reads the screen or ends its step: the time since its last
+        # command is the pause it meant to leave before that.
+        stamps = [p[4] for p in self.pending] + [time.monotonic()]
         batch = StepCommands(
             tuple(p[0] for p in self.pending),
             tuple(p[1] for p in self.pending),
             tuple((p[2], p[3]) for p in self.pending),
+            tuple(max(0.0, b - a) for a, b in zip(stamps, stamps[1:], strict=False)),
         )
         self.pending = []
+        self.batch = batch
         review = guard.review(batch)
         self.review = review
         if not review.accept:
@@ -161,18 +212,32 @@ class _EnvProxy:
             return
         guard.commit(review)
         self.executed = True
-        run = review.proposal if isinstance(review.proposal, StepCommands) else batch
-        for action, (args, kwargs) in zip(run.actions, run.calls, strict=True):
-            self._env.execute_action(action, *args, **kwargs)
+        if isinstance(review.proposal, StepCommands):
+            # ``execute_first`` may pick an earlier run's batch; a status report runs nothing.
+            self.replay(review.proposal)
+
+    def replay(self, run: StepCommands) -> None:
+        """Run ``run``'s commands in order on the real environment, with the agent's pauses."""
+        pauses = run.pauses or (0.0,) * len(run.actions)
+        for action, (args, kwargs), pause in zip(run.actions, run.calls, pauses, strict=True):
+            try:
+                self._env.execute_action(action, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the agents' own try logs it and goes on
+                self._wrapper.guard.events["command_error"] += 1
+                log.warning("an accepted command failed on the device (%s); continuing", exc)
+            if pause > 0:
+                time.sleep(pause)
 
 
-def resolve_index(action: Any, state: Any) -> Any:
-    """An index action with ``x``/``y`` at its element's centre, for the critic.
+def resolve_index(action: Any, state: Any, screen: tuple[int, int] | None = None) -> Any:
+    """An index action as actuation performs it, for the critic.
 
-    AndroidWorld's actuation of ``click``, ``long_press``, ``input_text`` (tap, then type) and
-    ``scroll`` with ``index`` acts on ``state.ui_elements[index].bbox_pixels``, taps at its
-    centre. Anything else (no index, explicit ``x``/``y``, an index out of range, an element
-    without a box) comes back unchanged and is judged as the agent wrote it.
+    AndroidWorld's actuation of ``click``, ``long_press`` and ``input_text`` (tap, then type)
+    with ``index`` taps the centre of ``state.ui_elements[index].bbox_pixels``: those come back
+    with ``x``/``y`` there. A ``scroll`` with ``index`` swipes inside that box (see
+    ``element_scroll``) and comes back as an ``ElementScroll``. Anything else (no index,
+    explicit ``x``/``y``, an index out of range, an element without a box) comes back
+    unchanged and is judged as the agent wrote it.
     """
     if not isinstance(action, dict) or action.get("x") is not None:
         return action
@@ -181,6 +246,9 @@ def resolve_index(action: Any, state: Any) -> Any:
         index = int(index)
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         return action
+    if action.get("action_type") == "scroll":
+        scroll = element_scroll(action, index, state, screen)
+        return action if scroll is None else scroll
     elements = getattr(state, "ui_elements", None)
     if not isinstance(elements, (list, tuple)) or index >= len(elements):
         return action
@@ -190,6 +258,38 @@ def resolve_index(action: Any, state: Any) -> Any:
     resolved = {k: v for k, v in action.items() if k != "index" and v is not None}
     resolved["x"], resolved["y"] = centre
     return resolved
+
+
+def element_scroll(
+    action: dict[str, Any], index: int, state: Any, screen: tuple[int, int] | None
+) -> ElementScroll | None:
+    """The swipe actuation makes for ``scroll`` at ``index``, or ``None`` when unknown.
+
+    Actuation tests ``if action.index:``, so index 0 scrolls the whole screen; another index
+    scrolls inside its element's box clipped to the screen. The finger starts at the box's
+    centre and moves to the edge the content comes from (``down``: the top edge).
+    """
+    direction = action.get("direction")
+    if direction not in ("up", "down", "left", "right") or screen is None:
+        return None
+    w, h = screen
+    if index == 0:
+        x0, y0, x1, y1 = 0, 0, w, h
+    else:
+        elements = getattr(state, "ui_elements", None)
+        if not isinstance(elements, (list, tuple)) or index >= len(elements):
+            return None
+        box = getattr(elements[index], "bbox_pixels", None)
+        if bbox_centre(box) is None:
+            return None
+        x0, y0 = max(float(box.x_min), 0), max(float(box.y_min), 0)
+        x1, y1 = min(float(box.x_max), w), min(float(box.y_max), h)
+    # Actuation floors the centre and truncates every point to whole pixels.
+    cx, cy = int((x0 + x1) // 2), int((y0 + y1) // 2)
+    ends = {"down": (cx, y0), "up": (cx, y1), "right": (x0, cy), "left": (x1, cy)}
+    end = (int(ends[direction][0]), int(ends[direction][1]))
+    clean = {k: v for k, v in action.items() if v is not None}
+    return ElementScroll(clean, (cx, cy), end)
 
 
 def bbox_centre(box: Any) -> tuple[int, int] | None:
@@ -252,7 +352,7 @@ class GuardedAndroidWorldAgent(GuardedAgent):
         actions as raw JSON (one object, or a list for several).
         """
         judged = proposal.judged if isinstance(proposal, StepCommands) else (proposal,)
-        payloads = [self._payload(action_dict(a)) for a in judged]
+        payloads = [self._payload(a) for a in judged]
         if len(payloads) == 1:
             return payloads[0]
         if all(p["format"] == "qwen" for p in payloads):
@@ -261,15 +361,26 @@ class GuardedAndroidWorldAgent(GuardedAgent):
                 "format": "qwen",
                 "coord_space": "norm1000",
             }
-        raw = json.dumps([action_dict(a) for a in judged], ensure_ascii=False, default=str)
+        raw = json.dumps([_as_written(a) for a in judged], ensure_ascii=False, default=str)
         return {"raw": raw, "format": "androidworld"}
 
     def _payload(self, action: Any) -> dict[str, Any]:
+        screen = self.screen or (1080, 2400)
+        if isinstance(action, ElementScroll):
+            # AndroidWorld's JSON has no swipe between two points: ScaleCUA's call has, in
+            # device pixels (actuation's own coordinates).
+            got = action_payload(
+                action.scalecua(), "scalecua", platform="android", screen=screen,
+                coord_space="screen_px",
+            )  # fmt: skip
+            if got["format"] == "qwen":
+                return got
+            action = action.action
         return action_payload(
-            action,
+            action_dict(action),
             "androidworld",
             platform="android",
-            screen=self.screen or (1080, 2400),
+            screen=screen,
             coord_space=self.coord_space,
         )
 
@@ -308,6 +419,7 @@ class GuardedAndroidWorldAgent(GuardedAgent):
         self.memory.sync(guard)
         start = self.memory.step(guard.step_idx)
         result = None
+        runs: list[_Run] = []
         proxy = _EnvProxy(env, self)  # one per run of the agent's step
         # The guard's rulings end the loop within N reroute proposals followed (on_failure:
         # continue) by K + 1 normal ones; the bound only guards against an agent that never
@@ -329,16 +441,21 @@ class GuardedAndroidWorldAgent(GuardedAgent):
             finally:
                 self.agent.env = env
             proxy.settle()  # the commands issued since the agent last read the screen
+            run = _Run(proxy.batch, result, self.memory.take())
+            runs.append(run)
             review = proxy.review
             if review is None and not proxy.executed:
                 # M3A/T3A report the goal status without calling execute_action: that report
                 # is the step's action, judged as terminate.
                 status = status_action(result, self.agent)
                 if status is not None:
+                    run.proposal = status
                     review = guard.review(status)
                     if review.accept:
                         guard.commit(review)
-                        return result
+                        if isinstance(review.proposal, StepCommands):
+                            proxy.replay(review.proposal)  # execute_first: an earlier batch
+                        return self._chosen(review, runs)
             if review is None or proxy.executed:
                 break
             if review.stop:
@@ -348,7 +465,28 @@ class GuardedAndroidWorldAgent(GuardedAgent):
             # Nothing ran on the device (the agent reported the goal status, or kept proposing
             # rejected actions): the next observe says so.
             guard.commit(Review(True, None, dict(NO_ACTION), None, "no_action"))
-        return result
+            return result
+        return self._chosen(proxy.review, runs)
+
+    def _chosen(self, review: Review | None, runs: list[_Run]) -> Any:
+        """The result of the run whose proposal was executed, with that run's memory.
+
+        ``execute_first`` executes an earlier run's proposal after later runs changed the
+        agent's memory: the memory and the result handed back are that run's, so they describe
+        what ran on the device.
+        """
+        chosen = next(
+            (r for r in runs if review is not None and r.proposal is review.proposal), None
+        )
+        if chosen is None or chosen is runs[-1]:
+            return runs[-1].result if runs else None
+        self.memory.put(chosen.memory)
+        return chosen.result
+
+
+def _as_written(action: Any) -> Any:
+    """A judged command as the agent wrote it (an ``ElementScroll``: its scroll)."""
+    return action.action if isinstance(action, ElementScroll) else action_dict(action)
 
 
 def status_action(result: Any, agent: Any) -> dict[str, Any] | None:

@@ -9,6 +9,8 @@ A rejected proposal leaves no trace in ``previous_operations_list`` (the agent's
 
     from serve.adapters import GuardedWebArenaLiteAgent
     agent = GuardedWebArenaLiteAgent(OpenCUANativeAgent(...), CriticClient(url))
+    # OpenCUAAgenticWorkflow: GuardedWebArenaLiteAgent(workflow, client,
+    #                                                  feedback_hook=planner_feedback)
     agent.reset()
     info, code = agent.predict(instruction=query, observation=env.get_obs())
 """
@@ -35,9 +37,29 @@ from serve.adapters._presets import WEBARENA_LITE, RunnerPreset
 from serve.client import CriticClient
 from serve.guard import CriticGuard, Decision, GuardConfig, PolicyContext
 
-WEBARENA_MEMORY_ATTRS = (*MEMORY_ATTRS, "previous_operations_list")
+WEBARENA_MEMORY_ATTRS = (
+    *MEMORY_ATTRS,
+    "previous_operations_list",
+    "planner.messages",
+    "step_count",
+)
 """The native agent keeps its step history in ``previous_operations_list`` (and rewrites
-``messages`` each step)."""
+``messages`` each step); ``OpenCUAAgenticWorkflow`` keeps its conversation in
+``planner.messages`` and counts steps in ``step_count`` (at 0 it writes the instruction into
+its system prompt)."""
+
+
+def planner_feedback(agent: Any, text: str) -> None:
+    """``feedback_hook`` for ``OpenCUAAgenticWorkflow``: the guard's text as a user turn.
+
+    The workflow reads ``instruction`` only at its first step (into its planner's system
+    prompt), so feedback appended to the instruction would never reach it later; it goes into
+    the planner's conversation instead, before the turn the agent adds for the step. The
+    wrapper's memory snapshots include ``planner.messages``, so the turn a rejected proposal
+    was given is removed again before the next proposal.
+    """
+    agent.planner.messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+
 
 STOP_CODE = ({"name": "terminate", "parameters": {"status": "failure", "info": ""}},)
 """The harness' own stop: a ``terminate`` call (the loop reads ``code[0]["parameters"]``, so
