@@ -20,6 +20,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,11 +64,42 @@ def decode_base64(data: str) -> bytes:
         raise ApiError(400, "bad_image", f"screenshot is not valid base64: {e}") from None
 
 
+_DIGEST_CHUNK = 1 << 20
+"""Bytes of packed pixels hashed at a time (whole rows; at least one row)."""
+
+
 def pixel_ref(image: Image.Image) -> str:
-    """The reference of an RGB image: SHA-256 over its size and pixels."""
+    """The reference of an RGB image: SHA-256 over its size and pixels.
+
+    The digest is ``sha256(b"{w}x{h}:" + image.tobytes())``, but the packed rows are hashed as
+    Pillow's raw encoder produces them: ``tobytes`` would first join the same chunks into one
+    6 MB copy of a 1920x1080 screen (0.4 of the 4.6 ms the digest took that way).
+    """
     h = hashlib.sha256(f"{image.width}x{image.height}:".encode())
-    h.update(image.tobytes())
+    for chunk in _packed_rows(image, _DIGEST_CHUNK):
+        h.update(chunk)
     return REF_PREFIX + h.hexdigest()
+
+
+def _packed_rows(image: Image.Image, chunk: int) -> Iterator[bytes]:
+    """``image.tobytes()`` in pieces of whole rows, about ``chunk`` bytes each, in order."""
+    image.load()
+    if image.width == 0 or image.height == 0:
+        return
+    # What ``Image.tobytes`` runs, minus its final join; the raw encoder packs at least one
+    # whole row per call, whatever the buffer size.
+    encoder = Image._getencoder(image.mode, "raw", image.mode)
+    try:
+        encoder.setimage(image.im, (0, 0, *image.size))
+        while True:
+            _, status, data = encoder.encode(max(chunk, image.width * 4))
+            yield data
+            if status:
+                break
+    finally:
+        encoder.cleanup()
+    if status < 0:
+        raise RuntimeError(f"raw encoder error {status} while hashing pixels")
 
 
 class ImageStore:

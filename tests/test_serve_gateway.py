@@ -265,6 +265,30 @@ def test_images_by_reference(tmp_path):
         assert r.status_code == 200 and r.json()["image_ref"] == ref
 
 
+@pytest.mark.parametrize(("width", "height"), [(1, 1), (7, 3), (333, 77), (1920, 1080)])
+def test_pixel_ref_is_sha256_of_size_and_packed_rows(width, height):
+    import hashlib
+
+    import numpy as np
+    from PIL import Image
+
+    from serve.images import _packed_rows, pixel_ref
+
+    pixels = np.random.default_rng(width).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    # The documented reference: one SHA-256 over "WxH:" and the RGB bytes, row after row.
+    expected = hashlib.sha256(f"{width}x{height}:".encode() + pixels.tobytes()).hexdigest()
+    assert pixel_ref(image) == "sha256:" + expected
+    # Chunks far smaller than a row still come out as whole rows, none lost or repeated.
+    for chunk in (1, 100, 4096):
+        pieces = list(_packed_rows(image, chunk))
+        assert b"".join(pieces) == pixels.tobytes()
+        assert all(len(p) % (3 * width) == 0 for p in pieces)
+    # Another pixel changes the reference (the digest reads every row, the last one too).
+    pixels[-1, -1, 2] ^= 1
+    assert pixel_ref(Image.fromarray(pixels)) != "sha256:" + expected
+
+
 # ---------------------------------------------------------------------------------------------
 # Fail-open
 
