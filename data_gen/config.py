@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from data_gen.annotator import PREFETCH
-from data_gen.audit import FAMILIES, GATE_NAMES
+from data_gen.audit import DEFAULT_GATED, FAMILIES, GATE_NAMES
+from data_gen.runs.config import RunsConfig
 from hivig.backends.images import check_transport
 from hivig.config import BackendConfig, ConfigError, FrameConfig, SamplingConfig
 from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key
@@ -245,13 +246,14 @@ class ExportConfig:
     audit_max_auc: float = 0.7
     """Shortcut audit: the highest acceptable AUC of a text-only probe (proposed step, history
     text) separating Good from Bad in a gated family; above it the export fails loudly."""
-    audit_gated: list[str] = field(default_factory=lambda: ["text_blind"])
+    audit_gated: list[str] = field(default_factory=lambda: list(DEFAULT_GATED))
     """What the audit gates: dimension families (``pointing``, ``visual_other``,
     ``cognitive``; see ``data_gen.audit.FAMILIES``), ``text_blind`` (every dimension whose
     error is not in the step's text by nature: Grounding/Spatial Error, Action-Operation
     Misalignment, Constraint Neglect; ``data_gen.audit.TEXT_BLIND``) or dimension keys. A
-    gated family is scored as a whole and per member dimension; the others are reported
-    only."""
+    family is scored pooled, a dimension key alone. The default (``data_gen.audit
+    .DEFAULT_GATED``) gates the text-blind family, and alone Grounding/Spatial Error and
+    Constraint Neglect; every other probe is reported only."""
     audit_min_samples: int = 20
     """Families with fewer Bad samples are reported as too small to score."""
     max_tokens: int = 16384
@@ -322,6 +324,8 @@ class DataGenConfig:
     """Rationale stage and intent masking."""
     export: ExportConfig = field(default_factory=ExportConfig)
     """Export stage."""
+    runs: RunsConfig = field(default_factory=RunsConfig)
+    """The agent's own ingested runs (the flywheel); empty ``runs.corpus``: none."""
 
     def __post_init__(self) -> None:
         if self.max_trajectories < 0:

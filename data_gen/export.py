@@ -9,6 +9,8 @@
     out/dataset/report.html                      the report with sample cards (images: the
                                                  ShareGPT frames, else report_images/)
     out/dataset/exclusions.jsonl                 every dropped item with reason and raw answers
+    out/dataset/provenance.jsonl                 per record: source (run / scalecua), benchmark,
+                                                 task id, hard_case tag
 
 The export reads every shard's final stage output, sorts samples by id and writes the folder in a
 temporary location that is renamed into place, so its bytes depend neither on the shard count nor
@@ -317,6 +319,8 @@ def export_dataset(
         cfg.perturb.min_dimension_ratio,
         cfg.perturb.max_dimension_ratio,
     )
+    result["sources"] = source_counts(specs)
+    atomic_write_text(tmp / "provenance.jsonl", dumps_jsonl(provenance_rows(specs)))
     atomic_write_text(tmp / "stats.json", _json(result))
     atomic_write_text(
         tmp / "report.html", render_report(result, _cards(specs, cfg, corpus, tmp, exported))
@@ -342,6 +346,33 @@ def export_dataset(
             "perturb.unreachable_dimension=warn to accept it"
         )
     return result
+
+
+def provenance_rows(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per exported record, by id: where it came from (``source: run`` with benchmark
+    and task id, or ``scalecua``) and its ``hard_case`` tag, if any."""
+    return [
+        {
+            "id": s["id"],
+            "split": s["split"],
+            "kind": s["kind"],
+            "verdict": s["labels"].get("verdict"),
+            **(s.get("origin") or {"source": "scalecua", "hard_case": None}),
+        }
+        for s in specs
+    ]
+
+
+def source_counts(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Exported records per source, kind and verdict, and the tagged hard cases."""
+    out: dict[str, dict[str, int]] = {}
+    for row in provenance_rows(specs):
+        key = f"{row['kind']}:{row['verdict'] or '-'}"
+        by = out.setdefault(row["source"], {})
+        by[key] = by.get(key, 0) + 1
+        if row.get("hard_case"):
+            by[f"hard_case:{row['hard_case']}"] = by.get(f"hard_case:{row['hard_case']}", 0) + 1
+    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
 
 
 def out_of_bounds(

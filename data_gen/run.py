@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from data_gen import flywheel
 from data_gen.annotator import TRANSIENT_REASONS, Annotator, offline_answer
 from data_gen.config import DataGenConfig
 from data_gen.executor import (
@@ -59,6 +60,7 @@ from data_gen.steps.work import (
     LoopThread,
     Work,
     critique_candidate,
+    sample_id,
     split_for,
     step_view,
 )
@@ -140,56 +142,131 @@ def load_work(cfg: DataGenConfig) -> tuple[list[Work], list[dict[str, Any]]]:
     """All usable trajectories as work items in id order, and the quarantined input lines.
 
     Unreadable lines, trajectories with an unusable step and duplicate ids are quarantined with
-    a reason (``out/input_quarantine.jsonl``), never silently skipped.
+    a reason (``out/input_quarantine.jsonl``), never silently skipped. Trajectories that an
+    episode sidecar names are the agent's runs (``data_gen.flywheel``), routed by their
+    evaluated outcome; ``load_work_and_runs`` also returns their accounting.
     """
-    trajs: dict[str, Trajectory] = {}
-    quarantine: list[dict[str, Any]] = []
-    for line, item in scan_trajectories(trajectories_path(cfg)):
+    works, quarantine, _ = load_work_and_runs(cfg)
+    return works, quarantine
+
+
+def _scan(
+    path: Path,
+    trajs: dict[str, Trajectory],
+    quarantine: list[dict[str, Any]],
+    lines: dict[str, int],
+    prefix: str = "",
+) -> None:
+    for line, item in scan_trajectories(path):
         if isinstance(item, TrajectoryError):
             quarantine.append({"line": line, "reason": item.reason, "message": item.message})
             continue
-        problem = (
-            _unusable(item)
-            or (("duplicate_id", "id already used") if item.id in trajs else None)
-            or _unwanted(cfg, item)
+        problem = _unusable(item) or (
+            ("duplicate_id", "id already used") if item.id in trajs else None
         )
         if problem is not None:
             quarantine.append(
                 {"line": line, "id": item.id, "reason": problem[0], "message": problem[1]}
             )
             continue
-        trajs[item.id] = item
-    ordered = [trajs[k] for k in sorted(trajs)]
+        trajs[item.id] = flywheel.rebase(item, prefix)
+        lines[item.id] = line
+
+
+def load_work_and_runs(
+    cfg: DataGenConfig,
+) -> tuple[list[Work], list[dict[str, Any]], flywheel.RunLedger]:
+    """``load_work`` plus the run ledger (``out/runs.json``)."""
+    trajs: dict[str, Trajectory] = {}
+    quarantine: list[dict[str, Any]] = []
+    lines: dict[str, int] = {}
+    _scan(trajectories_path(cfg), trajs, quarantine, lines)
+    ledger = flywheel.RunLedger()
+    sidecars: dict[str, dict[str, Any]] = {}
+    if cfg.runs.enabled:
+        extra = runs_trajectories_path(cfg)
+        if extra is not None:
+            prefix = os.path.relpath(Path(cfg.runs.corpus).resolve(), Path(cfg.corpus).resolve())
+            _scan(extra, trajs, quarantine, lines, Path(prefix).as_posix())
+        sidecars = flywheel.load_sidecars(flywheel.sidecar_folder(cfg.runs), ledger)
+    chosen: list[tuple[Trajectory, dict[str, Any], list[dict[str, Any]]]] = []
+    for tid in sorted(trajs):
+        traj = trajs[tid]
+        side = sidecars.get(tid)
+        if side is None:
+            problem = _unwanted(cfg, traj)
+            if problem is None:
+                chosen.append((traj, {}, [{"index": k} for k in range(len(traj.steps))]))
+            else:
+                quarantine.append(
+                    {"line": lines[tid], "id": tid, "reason": problem[0], "message": problem[1]}
+                )
+            continue
+        routed = flywheel.route_run(traj, side, cfg.runs.hard_cases)
+        if isinstance(routed[0], str):
+            reason, message = routed  # type: ignore[misc]
+            ledger.trajectories[reason] += 1
+            ledger.steps[f"dropped_{reason}"] += len(traj.steps)
+            quarantine.append({"line": lines[tid], "id": tid, "reason": reason, "message": message})
+            continue
+        chosen.append(routed)  # type: ignore[arg-type]
+    chosen = _mix(cfg, chosen, trajs, ledger, quarantine)
     if cfg.max_trajectories:
-        ordered = ordered[: cfg.max_trajectories]
+        chosen = chosen[: cfg.max_trajectories]
     e = cfg.export
     works = [
-        Work(
-            t,
-            split_for(t.episode_key, cfg.seed, e.val_share, e.test_share),
-            [{"index": k} for k in range(len(t.steps))],
-        )
-        for t in ordered
+        Work(t, split_for(flywheel.split_key(t, o), cfg.seed, e.val_share, e.test_share), u, o)
+        for t, o, u in chosen
     ]
     if quarantine:
         log.warning(
             "quarantined %d input trajectories (see input_quarantine.jsonl)", len(quarantine)
         )
-    return works, quarantine
+    return works, quarantine, ledger
+
+
+def _mix(
+    cfg: DataGenConfig,
+    chosen: list[tuple[Trajectory, dict[str, Any], list[dict[str, Any]]]],
+    trajs: dict[str, Trajectory],
+    ledger: flywheel.RunLedger,
+    quarantine: list[dict[str, Any]],
+) -> list[tuple[Trajectory, dict[str, Any], list[dict[str, Any]]]]:
+    """``chosen`` without the runs beyond ``runs.mix_ratio``; counts the kept runs."""
+    runs = [t.id for t, o, _ in chosen if o]
+    scalecua = len(chosen) - len(runs)
+    surplus = flywheel.mix_surplus_runs(runs, scalecua, cfg.runs.mix_ratio, cfg.seed)
+    kept = []
+    for traj, origin, units in chosen:
+        if traj.id in surplus:
+            ledger.trajectories["mix_ratio"] += 1
+            ledger.steps["dropped_mix_ratio"] += len(trajs[traj.id].steps)
+            ratio = cfg.runs.mix_ratio
+            quarantine.append(
+                {"id": traj.id, "reason": "mix_ratio", "message": f"beyond runs.mix_ratio={ratio}"}
+            )
+            continue
+        if origin:
+            ledger.trajectories[f"kept_{origin['outcome']}"] += 1
+            flywheel.count_steps(ledger, traj, origin, len(trajs[traj.id].steps))
+        kept.append((traj, origin, units))
+    return kept
 
 
 def build_plan(
     cfg: DataGenConfig, works: list[Work], elements: ElementIndex, offline: bool
 ) -> dict[str, StepPlan]:
     """The corpus-wide perturbation and masking plan (identical in every shard)."""
+    # A failed run's only sample is its real Bad, which the plan neither perturbs nor pairs.
     views = [
         step_view(w.trajectory, k, elements)
         for w in works
+        if not w.failed_run
         for k in range(len(w.trajectory.steps))
         if critique_candidate(w.trajectory, k)
     ]
     p = cfg.perturb
-    return plan_corpus(
+    plan = plan_corpus(
         views,
         seed=cfg.seed,
         params=gen_params(cfg),
@@ -204,6 +281,46 @@ def build_plan(
         max_ratio=p.max_dimension_ratio,
         good_bad_ratio=p.good_bad_ratio,
     )
+    return keep_hard_goods(plan, works)
+
+
+def keep_hard_goods(plan: dict[str, StepPlan], works: list[Work]) -> dict[str, StepPlan]:
+    """The plan with the Good of every hard-case step of a successful run kept (the recorded
+    critic called it Bad), whatever the Good:Bad ratio would have left out."""
+    for w in works:
+        for k in (w.origin.get("hard_cases") or {}) if not w.failed_run else ():
+            sid = sample_id(w.id, int(k))
+            step = plan.get(sid)
+            if step is not None and step.critique and step.repeat_of is None and not step.good:
+                plan[sid] = dataclasses.replace(step, good=True)
+    return plan
+
+
+def runs_trajectories_path(cfg: DataGenConfig) -> Path | None:
+    """The run trajectories to add to ``corpus``'s, ingesting ``runs.corpus`` when needed;
+    ``None`` when ``runs.corpus`` is ``corpus`` (its trajectories are the main ones)."""
+    r = cfg.runs
+    if Path(r.corpus).resolve() == Path(cfg.corpus).resolve():
+        return None
+    if r.trajectories:
+        return Path(r.trajectories)
+    inside = Path(r.corpus) / "trajectories.jsonl"
+    if inside.exists():
+        return inside
+    ingested = Path(cfg.out) / "ingest_runs"
+    while not ingest_complete(ingested):
+        with file_lock(Path(cfg.out) / "ingest_runs.lock") as held:
+            if held and not ingest_complete(ingested):
+                log.info("ingesting the runs corpus %s", r.corpus)
+                ingest(
+                    r.corpus,
+                    ingested,
+                    IngestConfig(verify_images=cfg.verify_images),
+                    progress=False,
+                )
+        if not ingest_complete(ingested):
+            time.sleep(LOCK_POLL_S)
+    return ingested / "trajectories.jsonl"
 
 
 def load_elements(
@@ -582,8 +699,10 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
     annotator = build_annotator(cfg)
     # Host, git revision, package versions and SLURM ids of this process, per shard.
     write_run_description(Path(cfg.out) / "runs" / shard.name, cfg)
-    works, quarantine = load_work(cfg)
+    works, quarantine, ledger = load_work_and_runs(cfg)
     atomic_write_text(Path(cfg.out) / "input_quarantine.jsonl", dumps_jsonl(quarantine))
+    if cfg.runs.enabled:
+        atomic_write_text(Path(cfg.out) / "runs.json", json.dumps(ledger.to_json(), indent=1))
     if not works:
         annotator.close()
         raise ConfigError(
@@ -658,14 +777,17 @@ def estimate_requests(cfg: DataGenConfig) -> dict[str, int]:
             for k in range(len(w.trajectory.steps))
             if any(a.to_arguments().get("coordinate") for a in w.trajectory.steps[k].actions)
         )
+    # A failed run asks for no transition or history, only its real Bad's judge and rationale.
+    real = sum(1 for w in works if w.failed_run)
+    steps = sum(len(w.trajectory.steps) - 1 for w in works if not w.failed_run)
     out = {
         "grounding": grounding,
         # A last step has no after-screenshot, so no transition request.
-        "transitions": sum(len(w.trajectory.steps) - 1 for w in works),
-        "history": sum(len(w.trajectory.steps) - 1 for w in works),
+        "transitions": steps,
+        "history": steps,
         "perturb": sum(1 for p in bads if p.dimension in ANNOTATOR_DIMENSIONS),
-        "judge": len(bads) if cfg.judge.enabled else 0,
-        "rationale": sum(1 for p in planned if p.good) + len(bads),
+        "judge": len(bads) + real if cfg.judge.enabled else 0,
+        "rationale": sum(1 for p in planned if p.good) + len(bads) + real,
     }
     out["total"] = sum(out.values())
     out["total_with_all_retries"] = out["total"] * cfg.annotator.max_attempts

@@ -53,7 +53,8 @@ logger = get_logger(__name__)
 Kind = Literal["history", "critique"]
 KINDS: tuple[str, ...] = ("history", "critique")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-GENERATORS: tuple[str, ...] = ("programmatic", "annotator")
+GENERATORS: tuple[str, ...] = ("programmatic", "annotator", "run")
+SOURCES: tuple[str, ...] = ("scalecua", "run")
 SHARD_GLOB = "part-*.parquet"
 IMAGE_TOKEN = "<image>"
 """LlamaFactory's image placeholder in ShareGPT text."""
@@ -81,14 +82,15 @@ class Labels:
         verdict: ``Good``/``Bad`` for critique samples, ``None`` for history samples.
         error_dimension: Exact dimension name for Bad samples, else ``None``.
         intent_masked: The proposed/executed step was shown without its ``Action:`` line.
-        generator: Family that produced a Bad step (``programmatic``/``annotator``); required
-            for Bad critique samples and ``None`` for Good and history samples.
+        generator: Family that produced a Bad step (``programmatic``/``annotator``, or ``run``:
+            an agent's own executed step at the root cause of its failed run); required for Bad
+            critique samples and ``None`` for Good and history samples.
     """
 
     verdict: Literal["Good", "Bad"] | None = None
     error_dimension: str | None = None
     intent_masked: bool = False
-    generator: Literal["programmatic", "annotator"] | None = None
+    generator: Literal["programmatic", "annotator", "run"] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,11 +101,21 @@ class Provenance:
         annotator_model: Model name of the annotator endpoint (``None`` for programmatic output).
         annotator_kind: ``endpoint``, ``offline`` (deterministic ground-truth annotator), ...
         request_hashes: Content hashes of the annotator requests behind this sample, in order.
+        source: ``scalecua`` (a published or synthetic trajectory) or ``run`` (an agent's own
+            run, read by ``data_gen ingest-runs``).
+        benchmark: The run's benchmark (``osworld``, ``androidlab``, ...; runs only).
+        task_id: The run's task id (runs only; splits never separate a task's runs).
+        hard_case: The recorded critic's mistake this sample corrects (runs only):
+            ``critic_good_on_root_cause`` or ``critic_bad_on_success``.
     """
 
     annotator_model: str | None = None
     annotator_kind: str | None = None
     request_hashes: tuple[str, ...] = ()
+    source: str = "scalecua"
+    benchmark: str | None = None
+    task_id: str | None = None
+    hard_case: str | None = None
 
 
 @dataclass(frozen=True)
@@ -297,6 +309,10 @@ SCHEMA = pa.schema(
                     ("annotator_model", pa.string()),
                     ("annotator_kind", pa.string()),
                     ("request_hashes", pa.list_(pa.string())),
+                    ("source", pa.string()),
+                    ("benchmark", pa.string()),
+                    ("task_id", pa.string()),
+                    ("hard_case", pa.string()),
                 ]
             ),
         ),
@@ -352,6 +368,10 @@ def _to_row(r: SFTRecord) -> dict[str, Any]:
             "annotator_model": r.provenance.annotator_model,
             "annotator_kind": r.provenance.annotator_kind,
             "request_hashes": list(r.provenance.request_hashes),
+            "source": r.provenance.source,
+            "benchmark": r.provenance.benchmark,
+            "task_id": r.provenance.task_id,
+            "hard_case": r.provenance.hard_case,
         },
     }
 
@@ -388,6 +408,11 @@ def _from_row(row: dict[str, Any]) -> SFTRecord:
             annotator_model=prov["annotator_model"],
             annotator_kind=prov["annotator_kind"],
             request_hashes=tuple(prov["request_hashes"]),
+            # Shards written before runs had provenance have no such fields.
+            source=prov.get("source") or "scalecua",
+            benchmark=prov.get("benchmark"),
+            task_id=prov.get("task_id"),
+            hard_case=prov.get("hard_case"),
         ),
     )
 

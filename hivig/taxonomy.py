@@ -37,8 +37,10 @@ class Dimension:
         name: Exact name as the critic writes it after ``Error Dimension:``.
         key: Stable snake_case identifier for configs, reports and file names.
         group: ``visual_spatial`` (perception/grounding) or ``cognitive`` (reasoning/execution).
-        definition: The definition shown to annotators and to the critic, with the exclusion
-            clauses that separate it from its neighbours.
+        definition: The definition shown to annotators (perturbation, judge, rationales), with
+            the exclusion clauses that separate it from its neighbours.
+        brief: The one-sentence definition the critic's system prompt lists (every training
+            sample and every served request carries it, so it stays short).
         consequence: What executing such an action does; Bad rationales must predict this.
         requires_intent: The error is only observable when the verbal intent is shown.
         maskable: Samples of this dimension may have their intent masked.
@@ -50,6 +52,7 @@ class Dimension:
     key: str
     group: Group
     definition: str
+    brief: str
     consequence: str
     requires_intent: bool
     maskable: bool
@@ -68,6 +71,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "decides it, not a fixed offset: a point inside the element's box is no grounding "
             "error, and a point far from any plausible target is Visual Hallucination rather "
             "than a near miss."
+        ),
+        brief=(
+            "The intent is right but the coordinates are imprecise: the action lands just "
+            "outside the intended element, in dead space or on a neighbouring element."
         ),
         consequence=(
             "Nothing happens because the point hits dead space, or the adjacent element fires "
@@ -89,6 +96,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "gives the focus neglects nothing, and acting while the interface is still loading "
             "is Timing and Latency Neglect."
         ),
+        brief=(
+            "A required earlier state change is skipped: typing before the field has focus, or "
+            "acting behind an overlay or dialog that has to be dismissed first."
+        ),
         consequence=(
             "The input fails silently, lands on the blocking overlay, or acts on a state that is "
             "not ready yet."
@@ -109,6 +120,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "sibling of the right kind that breaks an attribute the goal states is Constraint "
             "Neglect instead."
         ),
+        brief=(
+            "A real element is hit precisely but its meaning is misread: a label, icon or UI "
+            "convention is confused (for example Sign Up taken for Log In, or a deceptive ad)."
+        ),
         consequence=(
             "The wrong action succeeds and the interface moves away from what the goal needs."
         ),
@@ -127,6 +142,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "reported with answer, or redundant actions follow a goal that is already met. "
             "Ending right after the goal is reached, or after the requested answer was given, "
             "is correct."
+        ),
+        brief=(
+            "Completion is misjudged: the task is terminated before it is done, terminated "
+            "where the requested information had to be reported with answer, or redundant "
+            "actions follow a goal that is already met."
         ),
         consequence=(
             "The episode stops with the task unfinished, or an extra action disturbs a state that "
@@ -148,6 +168,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "where 1.5x was asked). An attribute the goal does not state is not Constraint "
             "Neglect, and a different command or control altogether is Semantic Error."
         ),
+        brief=(
+            "An attribute or position stated explicitly in the goal is ignored; the chosen "
+            "target is visible and plausible but violates that stated constraint."
+        ),
         consequence=(
             "The interface reaches a state that looks partly right but breaks the requested "
             "attribute or position."
@@ -167,6 +191,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "action name or enum value outside the action space, or arguments merged into one. "
             "A well-formed call with wrong values belongs to another dimension."
         ),
+        brief=(
+            "The intent is right but the tool call is invalid: broken JSON, a missing required "
+            "argument, an invalid enum value or merged arguments."
+        ),
         consequence="The call is rejected by the action parser and the interface does not change.",
         requires_intent=False,
         maskable=True,
@@ -182,6 +210,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "already shows clearly. The target is visible before the step and the search moves "
             "the view away from it; scrolling towards content that really is off screen is not "
             "Observation Neglect."
+        ),
+        brief=(
+            "The agent searches, scrolls or opens menus for something that is already visible "
+            "on the current screen."
         ),
         consequence=(
             "The view changes for no reason and may push the already visible element out of sight."
@@ -201,6 +233,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "at once, such as typing the full text or a bulk delete. Only the method is "
             "inefficient; a step in the wrong direction is another dimension."
         ),
+        brief=(
+            "Slow micro-steps such as repeated arrow or backspace presses are used where a "
+            "standard, faster method exists, such as direct text entry or a bulk delete."
+        ),
         consequence="Only a tiny local change happens where one global change was available.",
         requires_intent=False,
         maskable=True,
@@ -216,6 +252,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "wrong: the direction or sign is reversed, the start and end points are swapped, or "
             "the magnitude is far too small to move anything noticeably. A vector against a "
             "direction the intent states in words is Action-Operation Misalignment."
+        ),
+        brief=(
+            "The interaction type is right (scroll, hscroll, swipe or drag) but its vector is "
+            "wrong: the direction or sign is reversed, the start and end points are swapped, or "
+            "the magnitude is far too small to matter."
         ),
         consequence="The content moves the opposite way or by an imperceptible amount.",
         requires_intent=False,
@@ -234,6 +275,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "named element is absent from this screenshot; a near miss of an element that is "
             "visible is Grounding/Spatial Error."
         ),
+        brief=(
+            "The action targets an element that is not on the current screen: a ghost from an "
+            "earlier state or a position guessed from layout habits instead of what is visible."
+        ),
         consequence="The point hits nothing that matches and the action fails silently.",
         requires_intent=False,
         maskable=False,
@@ -250,6 +295,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "busy state is on the current screen; acting on an element that is not shown at all "
             "is Visual Hallucination."
         ),
+        brief=(
+            "The agent acts while the interface is busy or changing: spinners, progress bars, "
+            "opening animations or buttons that are still disabled."
+        ),
         consequence="The input is ignored or dropped because the interface is not ready for it.",
         requires_intent=False,
         maskable=True,
@@ -265,6 +314,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
             "or action while the call does another (its coordinates point at a different "
             "element, or its action type or direction differs from the words). The intent may "
             "be sensible; the contradiction between words and call is the error."
+        ),
+        brief=(
+            "The stated intent and the emitted tool call disagree: the intent names one element "
+            "while the coordinates point at another."
         ),
         consequence=(
             "An unexpected transition happens that matches neither the intent nor the goal."

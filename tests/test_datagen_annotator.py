@@ -199,7 +199,7 @@ def test_scripted_endpoint_retries_drops_and_cache(corpus, tmp_path):
     assert st["rationale"].get("dropped_judge_vetoed", 0) > 0
     for stage, counts in st.items():
         dropped = sum(v for k, v in counts.items() if k.startswith("dropped_"))
-        assert counts["in"] == counts["kept"] + dropped, stage
+        assert counts["in"] == counts.get("kept", 0) + dropped, stage
     exclusions = [
         json.loads(x)
         for x in (tmp_path / "a" / "dataset" / "exclusions.jsonl").read_text().splitlines()

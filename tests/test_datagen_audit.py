@@ -71,9 +71,14 @@ def test_a_textual_shortcut_is_found_and_fails_the_gate():
     audit = shortcut_audit(_records(leak=True), AuditSettings(max_auc=0.7))
     row = audit["families"]["text_blind"]["step"]
     assert row["auc"] > 0.95 and any("zzleak" in f for f in row["top_bad"])
-    # Grounding/Spatial Error is text-blind by nature: its family is gated (both probes read
-    # the step); the pointing family and the dimension's own row report the same leak.
-    assert audit["failed"] == ["text_blind/step", "text_blind/history"]
+    # Grounding/Spatial Error is text-blind by nature: its family and its own row are gated
+    # (both probes read the step); the pointing family reports the same leak.
+    assert audit["failed"] == [
+        "text_blind/step",
+        "text_blind/history",
+        "grounding_spatial_error/step",
+        "grounding_spatial_error/history",
+    ]
     assert audit["families"]["pointing"]["step"]["auc"] > 0.95
     assert audit["dimensions"]["grounding_spatial_error"]["step"]["auc"] > 0.95
     with pytest.raises(ShortcutAuditError, match="text_blind/step"):

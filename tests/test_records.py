@@ -320,3 +320,40 @@ def test_export_frames_equal_training_frames_where_smart_resize_is_not_idempoten
     for _ in range(2):  # the second time from the cached clean frame
         got = source.frame(ref)
         assert got.size == want.size and got.tobytes() == want.tobytes()
+
+
+def test_run_provenance_round_trips_and_older_shards_still_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hivig.records import SCHEMA, _to_row
+
+    base = _dataset()[0]
+    run = dataclasses.replace(
+        base,
+        id="run-0",
+        provenance=Provenance(
+            None, "offline", (), "run", "androidlab", "clock_3", "critic_good_on_root_cause"
+        ),
+    )
+    write_records([base, run], tmp_path / "new")
+    got = read_records(tmp_path / "new")
+    assert got == [base, run] and got[0].provenance.source == "scalecua"
+    # A shard written before the run fields existed reads as ScaleCUA data.
+    fields = [
+        f
+        for f in SCHEMA.field("provenance").type
+        if f.name in ("annotator_model", "annotator_kind", "request_hashes")
+    ]
+    old_schema = pa.schema(
+        [f if f.name != "provenance" else pa.field("provenance", pa.struct(fields)) for f in SCHEMA]
+    )
+    row = _to_row(base)
+    row["provenance"] = {
+        k: row["provenance"][k] for k in ("annotator_model", "annotator_kind", "request_hashes")
+    }
+    (tmp_path / "old").mkdir()
+    pq.write_table(
+        pa.Table.from_pylist([row], schema=old_schema), tmp_path / "old/part-00000.parquet"
+    )
+    assert read_records(tmp_path / "old") == [base]

@@ -27,7 +27,9 @@ def digest(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("sample")
-    return make_sample(root, SampleConfig(trajectories=40, seed=5, **SMALL), progress=False)
+    # 50: ten episodes per platform reach every scenario of the four-scenario rotations (web,
+    # android) at least twice, so the rarer branches (a found product, a failed search) occur.
+    return make_sample(root, SampleConfig(trajectories=50, seed=5, **SMALL), progress=False)
 
 
 def records(root: Path):
@@ -218,7 +220,16 @@ def test_desktop_platforms_differ_in_chrome_and_theme():
     assert "Close" in labels["windows"] and "Close" not in labels["mac"]  # traffic lights on mac
 
 
-WAITING = {"web_report", "web_search", "open_file", "drag_file", "find_contact"}
+WAITING = {
+    "web_report",
+    "web_search",
+    "web_ticket",
+    "open_file",
+    "drag_file",
+    "export_pdf",
+    "find_contact",
+    "install_app",
+}
 
 
 def test_wait_steps_show_a_busy_screen_then_content(corpus):
@@ -270,3 +281,26 @@ def test_long_press_and_right_click_open_their_menus(corpus):
             assert any(e["label"] in ("Delete", "Move to Trash") for e in after)
             seen.add(name)
     assert seen == {"long_press", "rightClick"}
+
+
+def test_focus_click_then_typing_on_every_platform(corpus):
+    # Procedural Prerequisite Neglect needs a click on a text field whose typing is the next,
+    # separate step (skipping the click is the error); every platform has one.
+    sidecar = {
+        (ln := json.loads(x))["screenshot"]: ln
+        for x in (corpus.root / "elements.jsonl").read_text().splitlines()
+    }
+    seen = set()
+    for ep in corpus.episodes:
+        for k, action in enumerate(ep.raw_actions[:-1]):
+            nxt = ep.raw_actions[k + 1]
+            if action.startswith("click(") and nxt.startswith("write(") and "click(" not in nxt:
+                target = sidecar[ep.screenshots[k]]["targets"][0]
+                roles = {
+                    e["role"]
+                    for e in sidecar[ep.screenshots[k]]["elements"]
+                    if e["label"] == target
+                }
+                assert roles == {"textbox"}, (ep.scenario, target)
+                seen.add(ep.platform)
+    assert seen == {"windows", "mac", "ubuntu", "web", "android"}

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from data_gen.perturb.calls import Call
 from data_gen.perturb.elements import Element
 
-GeneratorFamily = Literal["programmatic", "annotator"]
+GeneratorFamily = Literal["programmatic", "annotator", "run"]
 
 
 @dataclass(frozen=True)

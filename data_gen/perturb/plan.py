@@ -53,9 +53,10 @@ class StepPlan:
         repeat_of: The step is the same step (same screenshot, intent and calls) as this
             earlier one of another instruction variant; it gets no critique samples, Good or
             Bad, so de-duplication keeps pairs whole.
-        candidates: For an annotator-family dimension, every annotator-family dimension
-            feasible at the step, by the target distribution's deficit (``dimension`` first):
-            the annotator picks the most plausible error among them.
+        candidates: For an annotator-family dimension, every dimension feasible at the step
+            (either family), by the target distribution's deficit (``dimension`` first): the
+            annotator picks the most plausible error among them. Empty for programmatic
+            dimensions, which are constructed exactly.
     """
 
     critique: bool
@@ -223,7 +224,15 @@ def plan_corpus(
         dim = assigned.get(sid)
         candidates: tuple[str, ...] = ()
         if dim in ANNOTATOR_DIMENSIONS:
-            others = [d for d in options.get(sid, []) if d in ANNOTATOR_DIMENSIONS and d != dim]
+            # Every dimension feasible here, programmatic ones included (the authors' annotator
+            # is shown several and picks the most plausible): the model's pick is checked
+            # against that dimension's property like any other Bad.
+            others = [
+                d
+                for d in options.get(sid, [])
+                # A masked step hides the intent: only dimensions that survive masking.
+                if d != dim and (sid not in masked or maskable.get(d, False))
+            ]
             # By deficit against the final counts: the least served dimension first.
             others.sort(key=lambda d: counts[d] / total - shares.get(d, 0.0))
             candidates = (dim, *others)

@@ -321,6 +321,10 @@ def _moved(view: StepView, index: int, point: tuple[int, int]) -> list[Call]:
     return calls
 
 
+MISALIGNMENT_NEIGHBOURS = 4
+"""Action-Operation Misalignment points at one of this many elements nearest the expert's."""
+
+
 def misalignment(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
     """Keep the intent, put the coordinates on another element (needs a visible intent)."""
     hit = primary_point(view.calls)
@@ -339,7 +343,12 @@ def misalignment(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
     ]
     if not others:
         return None
-    el = rng.choice(others)
+    # One of the elements nearest the expert's point: a slip to a neighbour is the plausible
+    # mismatch, and points drawn over the whole screen would land on the window and browser
+    # chrome (present on every screen, rarely the expert's target) so often that their
+    # coordinates alone would mark the Bad samples.
+    others.sort(key=lambda e: (_gap(e.box, (x, y)), e.box, e.label))
+    el = rng.choice(others[:MISALIGNMENT_NEIGHBOURS])
     note = f"the intent is kept but the call targets '{el.label}' ({el.role})"
     point = _inside_point(view.elements, el, rng)
     return _bad(view, MISALIGNMENT, "other_element", _moved(view, index, point), view.intent, note)
@@ -421,7 +430,13 @@ def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep |
     real = target_at(view.elements, *hit[1]["coordinate"])
     if real is None:
         return None
-    options = _premature_ghosts(view, real) + _stale_ghosts(view, real, rng)
+    options = [
+        o
+        for o in _premature_ghosts(view, real) + _stale_ghosts(view, real, rng)
+        # Words that also name an element of this screen ("the File name field" with the File
+        # menu open) would not be about an absent element alone.
+        if not any(e.is_target and e.label and mentions(e.label, o[1]) for e in view.elements)
+    ]
     if not options:
         return None
     method, intent, calls, label = options[rng.randrange(len(options))]

@@ -240,8 +240,10 @@ def observation_neglect(view: StepView, rng: random.Random) -> Draft | None:
     else:
         calls = [{"action": "scroll", "pixels": -rng.choice(SEARCH_SCROLL_PIXELS)}]
         intent = _SEARCH_INTENTS["web" if view.platform == "web" else "desktop"][0]
-        if view.platform != "web" and el.role != "file":
-            intent = "Scroll down the list"  # the corpus' phrase speaks of files
+        if el.role != ("link" if view.platform == "web" else "file"):
+            # The corpus' phrases speak of results (web) and files (desktop); any other list
+            # is "the list".
+            intent = "Scroll down the list"
         if view.platform != "web":
             # Desktop experts move the pointer over the list before the wheel turns (the wheel
             # scrolls what is under the pointer); a bare scroll only in Bad samples is a label.

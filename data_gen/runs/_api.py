@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.runs._discover import BENCHMARKS, FORMATS, discover
-from data_gen.runs._write import Corpus, add_run, write_corpus
+from data_gen.runs._write import Corpus, add_run, write_corpus, write_diagnoses
+from data_gen.runs.diagnoses import attach_diagnoses
 
 OUTCOMES = ("success", "failure", "unknown")
 """Episode outcomes ``--outcomes`` selects from."""
@@ -23,6 +24,7 @@ def ingest_runs(
     out: str | Path,
     outcomes: Sequence[str] = OUTCOMES,
     examples: str | Path | None = None,
+    diagnoses: str | Path | None = None,
 ) -> dict[str, Any]:
     """Read every run of ``fmt`` under ``root`` and write the corpus to ``out``.
 
@@ -34,6 +36,9 @@ def ingest_runs(
             ``outcome_not_selected``.
         examples: OSWorld/WAA ``evaluation_examples/examples`` folder (``{domain}/{id}.json``
             with the ``instruction``), for result folders that do not record their task.
+        diagnoses: A folder of ``diagnosis.json`` files (``python -m serve.diagnose --out``);
+            each root cause is recorded into its episode's sidecar (``data_gen.runs.diagnoses``
+            says how they are matched).
 
     Returns:
         The stats written to ``out/stats.json``.
@@ -50,6 +55,8 @@ def ingest_runs(
         raise IngestRunsError(f"--root {root} does not exist; pass the runner's results folder")
     if examples is not None and not Path(examples).is_dir():
         raise IngestRunsError(f"--examples {examples} is not a folder; pass examples/")
+    if diagnoses is not None and not Path(diagnoses).is_dir():
+        raise IngestRunsError(f"--diagnoses {diagnoses} is not a folder; pass diagnose's --out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise IngestRunsError(f"--out {out} exists and is not an empty folder; pass a new one")
     if out.resolve().is_relative_to(root.resolve()):
@@ -62,4 +69,7 @@ def ingest_runs(
     for run in discover(fmt, root, Path(examples) if examples is not None else None):
         base = root if root.is_dir() else root.parent
         add_run(run, base, BENCHMARKS[fmt], corpus, set(outcomes))
-    return write_corpus(corpus)
+    stats = write_corpus(corpus)
+    if diagnoses is None:
+        return stats
+    return write_diagnoses(corpus, attach_diagnoses(corpus.sidecars, Path(diagnoses)), stats)

@@ -38,6 +38,11 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="osworld/waa: the benchmark's evaluation_examples/examples folder (instructions)",
     )
+    p.add_argument(
+        "--diagnoses",
+        default=None,
+        help="a folder of diagnosis.json files (serve.diagnose --out): root causes -> sidecars",
+    )
     return p
 
 
@@ -51,7 +56,9 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        stats = ingest_runs(args.format, args.root, args.out, args.outcomes, args.examples)
+        stats = ingest_runs(
+            args.format, args.root, args.out, args.outcomes, args.examples, args.diagnoses
+        )
     except IngestRunsError as exc:
         print(f"ingest-runs: {exc}", file=sys.stderr)
         return 2
@@ -65,6 +72,12 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"ingest-runs: {stats['terminate_disagrees_with_outcome']} episode(s) end in a "
             "terminate status the evaluator contradicts; the sidecars hold the evaluated outcome"
+        )
+    if "diagnoses" in stats:
+        d = stats["diagnoses"]
+        print(
+            f"ingest-runs: {d['files']} diagnoses = {d['matched']} recorded + "
+            f"{sum(d['dropped'].values())} dropped {d['dropped'] or ''}".rstrip()
         )
     return 0
 

@@ -304,3 +304,18 @@ def write_corpus(corpus: Corpus) -> dict[str, Any]:
     }
     write_atomic(out / "stats.json", json.dumps(stats, indent=2) + "\n")
     return stats
+
+
+def write_diagnoses(
+    corpus: Corpus, diagnoses: dict[str, Any], stats: dict[str, Any]
+) -> dict[str, Any]:
+    """Rewrite the sidecars that gained a diagnosis, its quarantine, and the stats with it."""
+    out = corpus.out
+    for name, sidecar in corpus.sidecars.items():
+        if "diagnosis" in sidecar:
+            write_atomic(out / "episodes" / name, json.dumps(sidecar, indent=2) + "\n")
+    rows = [json.dumps(q, ensure_ascii=False) for q in diagnoses.pop("quarantine")]
+    write_atomic(out / "diagnoses_quarantine.jsonl", "".join(r + "\n" for r in rows))
+    stats = {**stats, "diagnoses": diagnoses}
+    write_atomic(out / "stats.json", json.dumps(stats, indent=2) + "\n")
+    return stats

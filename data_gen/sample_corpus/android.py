@@ -1,4 +1,5 @@
-"""Android scenarios: an alarm in the Clock app, a contact found by swiping a list."""
+"""Android scenarios: an alarm in the Clock app, a contact found by swiping a list, an app
+installed from the store."""
 
 from __future__ import annotations
 
@@ -27,13 +28,19 @@ def _home(scr: Screen, box: Box) -> None:
 
 
 def set_alarm(ctx: Ctx) -> Episode:
-    """Clock app: open it, add an alarm, type a label, save."""
+    """Clock app: open it, add an alarm, tap the label field, type a label, save."""
     (w, h), rng = ctx.size, ctx.rng
     hour, minute = rng.choice((6, 7, 8)), rng.choice((0, 15, 30, 45))
     label = rng.choice(("Gym", "Meds", "Standup", "School run", "Call mum"))
     when = f"{hour}:{minute:02d} AM"
 
-    def frame(k: int, view: str, text: str = "", alarms: tuple[str, ...] = ("6:00 AM", "9:30 AM")):
+    def frame(
+        k: int,
+        view: str,
+        text: str = "",
+        alarms: tuple[str, ...] = ("6:00 AM", "9:30 AM"),
+        focused: bool = False,
+    ):
         scr, box = phone(w, h, ctx.clock(k))
         u = scr.u
         if view == "home":
@@ -46,7 +53,7 @@ def set_alarm(ctx: Ctx) -> Episode:
                 (box[0] + u(24), box[1] + u(200), box[2] - u(24), box[1] + u(256)),
                 "Label",
                 text,
-                focused=bool(text),
+                focused=focused or bool(text),
             )
             scr.button(
                 (box[2] - u(240), box[1] + u(300), box[2] - u(140), box[1] + u(350)), "Cancel"
@@ -68,8 +75,9 @@ def set_alarm(ctx: Ctx) -> Episode:
     s0 = frame(0, "home")
     s1 = frame(1, "list")
     s2 = frame(2, "new")
-    s3 = frame(3, "new", label)
-    s4 = frame(4, "list", alarms=("6:00 AM", "9:30 AM", f"{when}  {label}"))
+    s2b = frame(3, "new", focused=True)
+    s3 = frame(4, "new", label)
+    s4 = frame(5, "list", alarms=("6:00 AM", "9:30 AM", f"{when}  {label}"))
     ep = Episode(
         "set_alarm",
         "android",
@@ -96,8 +104,13 @@ def set_alarm(ctx: Ctx) -> Episode:
         step(
             s2,
             f"The new alarm is set to {when}; the label is still empty.",
-            f"Tap the Label field and type {label}",
+            "Tap the Label field",
             at(ctx, s2, "click", "Label"),
+        ),
+        step(
+            s2b,
+            "The Label field has the caret.",
+            f"Type {label} as the alarm label",
             f"write(message={label!r})",
         ),
         step(s3, "The label is filled in.", "Tap Save", at(ctx, s3, "click", "Save")),
@@ -282,6 +295,136 @@ def delete_alarm(ctx: Ctx) -> Episode:
             s2,
             f"The {target} alarm is gone from the list.",
             "The alarm is deleted, the task is complete",
+            terminate(True, rng),
+        ),
+    ]
+    return ep
+
+
+STORE_APPS = (
+    "Notely",
+    "FitTrack",
+    "BudgetBee",
+    "PhotoVault",
+    "TransitNow",
+    "RecipeBox",
+    "SleepWell",
+    "LinguaPal",
+)
+
+
+def install_app(ctx: Ctx) -> Episode:
+    """Store: tap the search field, type the app's name, pick it from the results, install,
+    wait for the progress bar, open it.
+
+    While installing, the ``Open`` button is drawn greyed out where it becomes enabled after
+    the wait; the results list is short, so the app page's button sits on blank screen there.
+    """
+    (w, h), rng = ctx.size, ctx.rng
+    apps = rng.sample(STORE_APPS, 4)
+    target = rng.choice(apps)
+
+    def frame(k: int, view: str, query: str = "", focus: bool = False) -> Screen:
+        scr, box = phone(w, h, ctx.clock(k))
+        u = scr.u
+        if view == "welcome":
+            scr.text_centered((box[0], box[1] + u(200), box[2], box[1] + u(260)), target, 30)
+            scr.text_centered(
+                (box[0], box[1] + u(280), box[2], box[1] + u(320)), "Welcome! Let's get started", 16
+            )
+            return scr
+        if view in ("home", "results"):
+            scr.field(
+                (box[0] + u(24), box[1] + u(20), box[2] - u(24), box[1] + u(76)),
+                "Search apps",
+                query,
+                focus,
+            )
+        if view == "home":
+            scr.text((box[0] + u(24), box[1] + u(120)), "Top charts", 20)
+            return scr
+        if view == "results":
+            scr.rows(
+                (box[0] + u(16), box[1] + u(100), box[2] - u(16), box[1] + u(100) + u(96) * 4),
+                apps,
+                0,
+                96,
+                role="listitem",
+            )
+            return scr
+        scr.text((box[0] + u(24), box[1] + u(60)), target, 28)
+        scr.text((box[0] + u(24), box[1] + u(110)), "4.5 stars  ·  1M+ downloads", 15, "#49454f")
+        button = (box[0] + u(24), box[1] + u(600), box[2] - u(24), box[1] + u(660))
+        if view == "page":
+            scr.button(button, "Install", primary=True)
+        elif view == "installing":
+            scr.progress_bar(
+                (box[0] + u(24), box[1] + u(540), box[2] - u(24), box[1] + u(556)),
+                0.5,
+                "Installing",
+            )
+            scr.disabled_button(button, "Open")
+        else:
+            scr.button(button, "Open", primary=True)
+        return scr
+
+    s0, s1 = frame(0, "home"), frame(1, "home", focus=True)
+    s2 = frame(2, "results", target)
+    s3, s4, s5, s6 = (
+        frame(k, v) for k, v in ((3, "page"), (4, "installing"), (5, "ready"), (6, "welcome"))
+    )
+    ep = Episode(
+        "install_app",
+        "android",
+        "Store",
+        [
+            f"Install {target} from the store and open it.",
+            f"Get the {target} app and launch it once it is installed.",
+            f"Download {target} from the store, then open the app.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            "The store's search field is empty and has no caret.",
+            "Tap the Search apps field",
+            at(ctx, s0, "click", "Search apps"),
+        ),
+        step(
+            s1,
+            "The search field has the caret.",
+            f"Type {target} and press Enter to search",
+            f"write(message={target!r})",
+            "press(keys='enter')",
+        ),
+        step(
+            s2,
+            f"The results list {target} among similar apps.",
+            f"Tap {target} in the results",
+            at(ctx, s2, "click", target),
+        ),
+        step(
+            s3,
+            f"The page of {target} has an Install button.",
+            "Tap Install",
+            at(ctx, s3, "click", "Install"),
+        ),
+        step(
+            s4,
+            "The app is installing: the progress bar is half full and Open is greyed out.",
+            "Wait 3 seconds for the installation to finish",
+            "wait(seconds=3)",
+        ),
+        step(
+            s5,
+            "The installation finished; Open is enabled.",
+            "Tap Open",
+            at(ctx, s5, "click", "Open"),
+        ),
+        step(
+            s6,
+            f"{target} is open on its welcome screen.",
+            "The app is installed and open, the task is complete",
             terminate(True, rng),
         ),
     ]

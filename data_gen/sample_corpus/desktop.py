@@ -45,7 +45,14 @@ def save_as(ctx: Ctx) -> Episode:
     name = f"{rng.choice(WORDS)}_{rng.randint(2, 30)}.txt"
     lines = rng.sample(SENTENCES, 5)
 
-    def frame(k: int, title: str, status: str, menu: bool = False, dialog: str | None = None):
+    def frame(
+        k: int,
+        title: str,
+        status: str,
+        menu: bool = False,
+        dialog: str | None = None,
+        focused: bool = False,
+    ):
         scr, content = desktop(p, w, h, ctx.clock(k), f"{title} - {app}")
         content = status_bar(scr, content, status)
         _document(scr, content, lines)
@@ -64,7 +71,9 @@ def save_as(ctx: Ctx) -> Episode:
             )
             y = body[1] + scr.u(126)
             scr.text((body[0], y + scr.u(14)), "File name:", 13)
-            scr.field((body[0] + scr.u(90), y, body[2], y + scr.u(28)), "File name", dialog, True)
+            scr.field(
+                (body[0] + scr.u(90), y, body[2], y + scr.u(28)), "File name", dialog, focused
+            )
             scr.button(
                 (body[2] - scr.u(200), body[3] - scr.u(34), body[2] - scr.u(110), body[3]),
                 "Save",
@@ -76,7 +85,10 @@ def save_as(ctx: Ctx) -> Episode:
     s0 = frame(0, "Untitled", "Ln 1, Col 1")
     s1 = frame(1, "Untitled", "Ln 1, Col 1", menu=True)
     s2 = frame(2, "Untitled", "Ln 1, Col 1", dialog="")
-    s3 = frame(3, name, f"Saved {name}")
+    # The dialog opens with the folder list active: the name field takes typing only once
+    # clicked (a separate focus step, as in the web search).
+    s3 = frame(3, "Untitled", "Ln 1, Col 1", dialog="", focused=True)
+    s4 = frame(4, name, f"Saved {name}")
     ep = Episode(
         "save_as",
         p,
@@ -103,13 +115,19 @@ def save_as(ctx: Ctx) -> Episode:
         ),
         step(
             s2,
-            "The Save As dialog is open with the file name field focused and empty.",
+            "The Save As dialog is open; the File name field is empty and has no caret yet.",
+            "Click the File name field",
+            at(ctx, s2, "click", "File name"),
+        ),
+        step(
+            s3,
+            "The File name field is focused and empty.",
             f"Type {name} into the file name field and press Enter to save",
             f"write(message={name!r})",
             "press(keys='enter')",
         ),
         step(
-            s3,
+            s4,
             f"The title bar now reads {name}, so the document was saved.",
             "The document is saved, the task is complete",
             terminate(True, rng),
@@ -408,6 +426,144 @@ def delete_file(ctx: Ctx) -> Episode:
             s2,
             f"{target} is no longer in the list.",
             "The file is deleted, the task is complete",
+            terminate(True, rng),
+        ),
+    ]
+    return ep
+
+
+def export_pdf(ctx: Ctx) -> Episode:
+    """Editor: File → Export as PDF… → pick a folder, click the name field, type, export, wait
+    for the progress dialog, open the PDF.
+
+    The export dialog's ``Open PDF`` button is drawn greyed out while the progress bar runs and
+    enabled at the same place once it is done, so acting during the wait is visibly premature.
+    """
+    p, (w, h), rng = ctx.platform, ctx.size, ctx.rng
+    app = _app_name(p, "editor")
+    stem = f"{rng.choice(WORDS)}_{rng.randint(2, 60)}"
+    folders = ["Desktop", "Documents", "Downloads", "Projects"]
+    folder = rng.choice(folders)
+    # Three lines only: the File menu's lower entries then open over blank page, not text.
+    lines = rng.sample(SENTENCES, 3)
+
+    def frame(k: int, view: str, picked: str | None = None, name: str = "", focus: bool = False):
+        title = f"{stem}.pdf - PDF Viewer" if view == "viewer" else f"notes.txt - {app}"
+        if view == "viewer":
+            scr, content = desktop(p, w, h, ctx.clock(k), title, menus=())
+            page = (content[0] + scr.u(200), content[1] + scr.u(20))
+            scr.rect((*page, content[2] - scr.u(200), content[3] - scr.u(20)), "#f4f4f4")
+            for i, line in enumerate(lines):
+                scr.text((content[0] + scr.u(240), content[1] + scr.u(70 + 28 * i)), line, 14)
+            return scr
+        scr, content = desktop(p, w, h, ctx.clock(k), title)
+        content = status_bar(scr, content, "Ln 1, Col 1")
+        _document(scr, content, lines)
+        if view == "menu":
+            f = scr.find("File").box
+            items = ["New", "Open...", "Save", "Print...", "Export as PDF...", "Exit"]
+            scr.dropdown(f[0], f[3], items)
+            return scr
+        if view == "home":
+            return scr
+        body = scr.dialog(520, 300, "Export as PDF")
+        if view in ("busy", "done"):
+            msg = "Exporting pages..." if view == "busy" else f"Exported {stem}.pdf to {folder}"
+            scr.text((body[0], body[1] + scr.u(30)), msg, 13)
+            if view == "busy":
+                bar = (body[0], body[1] + scr.u(60), body[2], body[1] + scr.u(80))
+                scr.progress_bar(bar, 0.4, "Export progress")
+            button = (body[2] - scr.u(230), body[3] - scr.u(34), body[2] - scr.u(110), body[3])
+            if view == "busy":
+                scr.disabled_button(button, "Open PDF")
+            else:
+                scr.button(button, "Open PDF", primary=True)
+            close = "Cancel" if view == "busy" else "Close"
+            scr.button((body[2] - scr.u(96), body[3] - scr.u(34), body[2], body[3]), close)
+            return scr
+        scr.rows(
+            (body[0], body[1], body[2], body[1] + scr.u(140)),
+            folders,
+            0,
+            34,
+            role="listitem",
+            selected=picked,
+        )
+        y = body[1] + scr.u(160)
+        scr.text((body[0], y + scr.u(14)), "File name:", 13)
+        scr.field((body[0] + scr.u(90), y, body[2], y + scr.u(28)), "File name", name, focus)
+        scr.button(
+            (body[2] - scr.u(200), body[3] - scr.u(34), body[2] - scr.u(110), body[3]),
+            "Export",
+            primary=True,
+        )
+        scr.button((body[2] - scr.u(96), body[3] - scr.u(34), body[2], body[3]), "Cancel")
+        return scr
+
+    s0, s1 = frame(0, "home"), frame(1, "menu")
+    s2 = frame(2, "dialog")
+    s3 = frame(3, "dialog", folder)
+    s4 = frame(4, "dialog", folder, focus=True)
+    s5 = frame(5, "dialog", folder, f"{stem}.pdf", focus=True)
+    s6, s7, s8 = frame(6, "busy"), frame(7, "done"), frame(8, "viewer")
+    ep = Episode(
+        "export_pdf",
+        p,
+        app,
+        [
+            f"Export the note as {stem}.pdf into the {folder} folder and open the PDF.",
+            f"Save a PDF copy of this document named {stem}.pdf in {folder}, then open it.",
+            f"In {app}, export a PDF called {stem}.pdf to {folder} and show it.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            f"{app} shows the note; exporting starts from the File menu.",
+            "Open the File menu in the menu bar",
+            at(ctx, s0, "click", "File"),
+        ),
+        step(
+            s1,
+            "The File menu is open and lists Export as PDF....",
+            "Click Export as PDF...",
+            at(ctx, s1, "click", "Export as PDF..."),
+        ),
+        step(
+            s2,
+            f"The export dialog lists the folders; {folder} is where the PDF goes.",
+            f"Click the {folder} folder",
+            at(ctx, s2, "click", folder),
+        ),
+        step(
+            s3,
+            f"{folder} is selected; the File name field is empty and has no caret.",
+            "Click the File name field",
+            at(ctx, s3, "click", "File name"),
+        ),
+        step(
+            s4,
+            "The File name field has the caret.",
+            f"Type {stem}.pdf as the file name",
+            f"write(message='{stem}.pdf')",
+        ),
+        step(s5, "The name is filled in.", "Click Export", at(ctx, s5, "click", "Export")),
+        step(
+            s6,
+            "The export is running: the progress bar is partly filled and Open PDF is greyed out.",
+            "Wait 3 seconds for the export to finish",
+            "wait(seconds=3)",
+        ),
+        step(
+            s7,
+            "The export is done and the Open PDF button is enabled.",
+            "Click Open PDF",
+            at(ctx, s7, "click", "Open PDF"),
+        ),
+        step(
+            s8,
+            f"The PDF viewer shows {stem}.pdf.",
+            "The PDF is exported and open, the task is complete",
             terminate(True, rng),
         ),
     ]

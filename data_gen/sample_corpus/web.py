@@ -1,5 +1,5 @@
 """Web scenarios: a shop search (results spinner, finger-direction swipe), a contact form, a
-slow report."""
+slow report, a support ticket with an upload."""
 
 from __future__ import annotations
 
@@ -233,12 +233,12 @@ def web_report(ctx: Ctx) -> Episode:
 
 
 def web_form(ctx: Ctx) -> Episode:
-    """Contact form: click + type into two fields (multi-call steps), tick a box, submit."""
+    """Contact form: click each of two fields, type into it, tick a box, submit."""
     (w, h), rng = ctx.size, ctx.rng
     name = rng.choice(PEOPLE)
     email = name.split()[0].lower() + "@example.org"
 
-    def frame(k: int, n: str, e: str, agreed: bool, sent: bool = False):
+    def frame(k: int, n: str, e: str, agreed: bool, sent: bool = False, focus: str = ""):
         scr, page = browser(w, h, ctx.clock(k), "http://helpdesk.test/contact", "Contact us")
         u = scr.u
         x0, y = page[0] + u(80), page[1] + u(40)
@@ -250,16 +250,19 @@ def web_form(ctx: Ctx) -> Episode:
         for i, (label, value) in enumerate((("Full name", n), ("Email address", e))):
             top = y + u(50) + i * u(70)
             scr.text((x0, top), label, 13)
-            scr.field((x0, top + u(14), x0 + u(420), top + u(46)), label, value)
+            scr.field((x0, top + u(14), x0 + u(420), top + u(46)), label, value, label == focus)
         scr.checkbox(x0, y + u(200), "I agree to the privacy policy", agreed)
         scr.button((x0, y + u(240), x0 + u(120), y + u(276)), "Submit", True)
         return scr
 
+    # Each field is clicked, then typed into: the click is the step the typing depends on.
     s0 = frame(0, "", "", False)
-    s1 = frame(1, name, "", False)
-    s2 = frame(2, name, email, False)
-    s3 = frame(3, name, email, True)
-    s4 = frame(4, name, email, True, sent=True)
+    s1 = frame(1, "", "", False, focus="Full name")
+    s2 = frame(2, name, "", False)
+    s3 = frame(3, name, "", False, focus="Email address")
+    s4 = frame(4, name, email, False)
+    s5 = frame(5, name, email, True)
+    s6 = frame(6, name, email, True, sent=True)
     ep = Episode(
         "web_form",
         "web",
@@ -272,29 +275,159 @@ def web_form(ctx: Ctx) -> Episode:
     ep.steps = [
         step(
             s0,
-            "The contact form is empty.",
-            f"Enter {name} in the Full name field",
+            "The contact form is empty; the Full name field comes first.",
+            "Click the Full name field",
             at(ctx, s0, "click", "Full name"),
-            f"write(message={name!r})",
         ),
         step(
             s1,
-            "The name is filled in; the email field is next.",
-            f"Enter {email} in the Email address field",
-            at(ctx, s1, "click", "Email address"),
-            f"write(message={email!r})",
+            "The Full name field has the caret.",
+            f"Type {name} into the Full name field",
+            f"write(message={name!r})",
         ),
         step(
             s2,
-            "Both fields are filled; the privacy checkbox must be ticked before submitting.",
-            "Tick the privacy policy checkbox",
-            at(ctx, s2, "click", "I agree to the privacy policy"),
+            "The name is filled in; the email field is next.",
+            "Click the Email address field",
+            at(ctx, s2, "click", "Email address"),
         ),
-        step(s3, "The checkbox is ticked.", "Click Submit", at(ctx, s3, "click", "Submit")),
+        step(
+            s3,
+            "The Email address field has the caret.",
+            f"Type {email} into the Email address field",
+            f"write(message={email!r})",
+        ),
         step(
             s4,
+            "Both fields are filled; the privacy checkbox must be ticked before submitting.",
+            "Tick the privacy policy checkbox",
+            at(ctx, s4, "click", "I agree to the privacy policy"),
+        ),
+        step(s5, "The checkbox is ticked.", "Click Submit", at(ctx, s5, "click", "Submit")),
+        step(
+            s6,
             "The confirmation message is shown.",
             "The form was sent, the task is complete",
+            terminate(True, rng),
+        ),
+    ]
+    return ep
+
+
+CATEGORIES = ("Billing", "Shipping", "Returns", "Account", "Technical")
+SUBJECTS = (
+    "Order arrived damaged",
+    "Refund not received",
+    "Cannot log in",
+    "Wrong item delivered",
+    "Invoice address change",
+)
+
+
+def web_ticket(ctx: Ctx) -> Episode:
+    """Support ticket: click the subject field, type, pick a category (which reveals the
+    attachment button), attach a screenshot, wait for the upload, submit.
+
+    During the upload the Submit button is drawn greyed out where it is enabled afterwards.
+    """
+    (w, h), rng = ctx.size, ctx.rng
+    subject = rng.choice(SUBJECTS)
+    category = rng.choice(CATEGORIES)
+
+    def frame(k: int, view: str, text: str = "", focus: bool = False, cat: str | None = None):
+        scr, page = browser(w, h, ctx.clock(k), "http://helpdesk.test/tickets/new", "New ticket")
+        u = scr.u
+        x0, y = page[0] + u(80), page[1] + u(40)
+        if view == "sent":
+            scr.text((x0, y), f"Ticket created: {subject}", 22)
+            scr.button((x0, y + u(40), x0 + u(180), y + u(76)), "View tickets")
+            return scr
+        scr.text((x0, y), "New support ticket", 24)
+        scr.text((x0, y + u(50)), "Subject", 13)
+        scr.field((x0, y + u(64), x0 + u(520), y + u(96)), "Subject", text, focus)
+        scr.text((x0, y + u(120)), "Category", 13)
+        scr.rows(
+            (x0, y + u(134), x0 + u(300), y + u(134) + u(36) * len(CATEGORIES)),
+            list(CATEGORIES),
+            0,
+            36,
+            role="listitem",
+            selected=cat,
+        )
+        submit = (x0, y + u(460), x0 + u(120), y + u(496))
+        if cat is not None:
+            # The attachment section shows only once a category is chosen.
+            scr.text((x0 + u(420), y + u(150)), f"{cat}: add a screenshot if it helps", 13)
+            attach = (x0 + u(420), y + u(180), x0 + u(620), y + u(216))
+            if view == "form":
+                scr.button(attach, "Attach screenshot")
+            else:
+                scr.text((x0 + u(420), y + u(198)), "screenshot.png", 13)
+            if view == "uploading":
+                bar = (x0 + u(420), y + u(230), x0 + u(720), y + u(246))
+                scr.progress_bar(bar, 0.3, "Upload progress")
+                scr.disabled_button(submit, "Submit")
+                return scr
+        scr.button(submit, "Submit", True)
+        return scr
+
+    s0, s1 = frame(0, "form"), frame(1, "form", focus=True)
+    s2 = frame(2, "form", subject)
+    s3 = frame(3, "form", subject, cat=category)
+    s4 = frame(4, "uploading", subject, cat=category)
+    s5 = frame(5, "attached", subject, cat=category)
+    s6 = frame(6, "sent")
+    ep = Episode(
+        "web_ticket",
+        "web",
+        "Helpdesk",
+        [
+            f"Open a {category} support ticket titled '{subject}' with a screenshot attached.",
+            f"File a helpdesk ticket in {category}: subject '{subject}', attach the screenshot.",
+            f"Report '{subject}' to the helpdesk under {category} and attach a screenshot.",
+        ],
+    )
+    ep.steps = [
+        step(
+            s0,
+            "The ticket form is empty; the Subject field has no caret.",
+            "Click the Subject field",
+            at(ctx, s0, "click", "Subject"),
+        ),
+        step(
+            s1,
+            "The Subject field has the caret.",
+            f"Type {subject} as the subject",
+            f"write(message={subject!r})",
+        ),
+        step(
+            s2,
+            f"The subject is filled in; the category list shows {category}.",
+            f"Click the {category} category",
+            at(ctx, s2, "click", category),
+        ),
+        step(
+            s3,
+            f"{category} is selected and an Attach screenshot button appeared.",
+            "Click Attach screenshot",
+            at(ctx, s3, "click", "Attach screenshot"),
+        ),
+        step(
+            s4,
+            "The screenshot is uploading: the bar is partly filled and Submit is greyed out.",
+            "Wait 2 seconds for the upload to finish",
+            "wait(seconds=2)",
+        ),
+        step(
+            s5,
+            "The upload finished and Submit is enabled.",
+            "Click Submit",
+            at(ctx, s5, "click", "Submit"),
+        ),
+        step(
+            s6,
+            "The confirmation shows the ticket was created.",
+            "The ticket is filed, the task is complete",
             terminate(True, rng),
         ),
     ]

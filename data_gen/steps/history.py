@@ -80,7 +80,8 @@ class HistoryStep:
 
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Run every trajectory's chain; chains run concurrently."""
-        self.ctx.run_all([self._chain(w, stats) for w in items])
+        # A failed run's summaries would describe a failing agent's steps as the way forward.
+        self.ctx.run_all([self._chain(w, stats) for w in items if not w.failed_run])
         return items
 
     async def _chain(self, work: Work, stats: StageStats) -> None:

@@ -5,14 +5,20 @@ in an order drawn from the sample's seed (and the dimension list in a per-sample
 position bias). It must prefer the expert and name the injected dimension; otherwise the Bad
 sample is dropped with the reason. When it prefers the Bad step, the expert step is doubtful too
 and its Good sample is vetoed (dropped in the rationale stage, counted there).
+
+A real Bad (a failed run's diagnosed root-cause step, ``data_gen.flywheel``) goes the same way,
+with diagnose's correction as the other candidate: it is kept only when the judge prefers the
+correction and names the diagnosed dimension.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats, sample_seed, unit_float
+from data_gen.flywheel import REAL_METHOD
 from data_gen.perturb import BadStep
 from data_gen.steps.work import (
     Context,
@@ -22,8 +28,11 @@ from data_gen.steps.work import (
     step_text,
 )
 from hivig.contracts import ContractError, JudgeOutput, parse_judge
-from hivig.prompts import build_judge_messages, format_raw_step
+from hivig.prompts import build_judge_messages, format_intent_step, format_raw_step
 from hivig.taxonomy import DIMENSIONS
+
+NO_CORRECTION = "Take a different step that makes progress toward the goal."
+"""The alternative shown against a real Bad whose diagnosis proposed no correction."""
 
 
 def validate_judge(text: str, reasoning: str | None) -> JudgeOutput | Rejected:
@@ -65,7 +74,7 @@ class JudgeStep:
             stats.kept()
             return
         expert_slot = "A" if unit_float(ctx.seed, sid, "judge_order") < 0.5 else "B"
-        expert = step_text(traj, k)
+        expert = self._alternative(traj, k, bad)
         other = format_raw_step(bad.intent, bad.text)
         a, b = (expert, other) if expert_slot == "A" else (other, expert)
         order = list(DIMENSIONS)
@@ -98,6 +107,15 @@ class JudgeStep:
             stats.drop(sid, reason, f"judge: {verdict}", result.raw)
             return
         stats.kept()
+
+    @staticmethod
+    def _alternative(traj: Any, k: int, bad: BadStep) -> str:
+        """The candidate the Bad step is judged against: the expert's executed step, or for a
+        real Bad (the agent's own root-cause step) the correction its diagnosis proposes."""
+        if bad.method != REAL_METHOD:
+            return step_text(traj, k)
+        # A correction is words, not a call: shown as the ``Action:`` line alone.
+        return format_intent_step(bad.extra.get("correction") or NO_CORRECTION)
 
     def _reject_reason(self, out: JudgeOutput, expert_slot: str, bad: BadStep) -> str | None:
         if out.better_candidate != expert_slot:

@@ -2,8 +2,9 @@
 
 Unit: a planned Bad sample (steps with a transition whose plan names a dimension). Programmatic
 dimensions are constructed exactly by their generator; annotator dimensions are requested from the
-annotator with the planned dimension as the only candidate (the plan, not the model, decides the
-distribution) and validated: the dimension must match, the calls must parse in the platform's
+annotator with every dimension feasible at the step as candidates, the planned one first (the plan
+orders them by the distribution's deficit), and validated: the dimension must be one offered and
+true by its property check, the calls must parse in the platform's
 action space (except for Action Formulation Error, whose point is a broken call), and the Bad
 step must differ from the expert's.
 """

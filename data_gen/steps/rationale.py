@@ -16,6 +16,7 @@ from typing import Any
 
 from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats
+from data_gen.flywheel import REAL_METHOD
 from data_gen.perturb import BadStep
 from data_gen.perturb.calls import parse_calls
 from data_gen.steps.transitions import target_oracle
@@ -191,10 +192,15 @@ class RationaleStep:
         jobs = []
         for work in items:
             for k, unit in enumerate(work.units):
-                if unit.get("transition") is None:
+                if work.failed_run:
+                    # Only the real Bad at the root cause; its steps before are history only.
+                    if unit.get("bad") is None:
+                        continue
+                elif unit.get("transition") is None:
                     continue
                 unit["critique"] = []
-                jobs.append(self._good(work, k, stats))
+                if not work.failed_run:
+                    jobs.append(self._good(work, k, stats))
                 judge = unit.get("judge")
                 if unit.get("bad") is not None and judge is not None and judge.get("accepted"):
                     jobs.append(self._bad(work, k, stats))
@@ -258,22 +264,24 @@ class RationaleStep:
         unit = work.units[k]
         sid = sample_id(traj.id, k)
         stats.seen()
-        plan = ctx.plan[sid]
+        plan = ctx.plan.get(sid)  # a real Bad has no plan entry: never masked
         bad = BadStep.from_json(unit["bad"])
         dim = lookup_dimension(bad.dimension)
         assert dim is not None
         # The plan never masks an intent-dependent dimension; checked again here on purpose.
-        masked = plan.bad_masked and dim.maskable
+        masked = plan is not None and plan.bad_masked and dim.maskable
         text = format_raw_step(bad.intent, bad.text, masked)
         shot = image(traj, traj.steps[k].screenshot, step_marks(traj, k, bad.text))
-        tr = unit["transition"]
         args = (traj.task, traj.platform, past_trajectory(traj, k), shot, text)
+        if bad.method == REAL_METHOD:
+            # The executed step is the Bad one: no correct step ran, so the hidden reference is
+            # diagnose's correction and there is no correct transition to describe.
+            reference, mechanism, effect = bad.extra.get("correction") or "", None, None
+        else:
+            tr = unit["transition"]
+            reference, mechanism, effect = traj.steps[k].intent, tr["mechanism"], tr["effect"]
         messages = build_rationale_bad_messages(
-            *args,
-            dim,
-            traj.steps[k].intent or "",
-            tr["mechanism"] or "None",
-            tr["effect"] or "None",
+            *args, dim, reference or "", mechanism or "None", effect or "None"
         )
         parsed = parse_calls(bad.text)
         oracle = {

@@ -120,7 +120,13 @@ class TransitionsStep:
 
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Annotate all steps of the shard concurrently."""
-        jobs = [self._one(w, k, stats) for w in items for k in range(len(w.trajectory.steps))]
+        # A failed run's steps are only the history of its real Bad, which needs no transition.
+        jobs = [
+            self._one(w, k, stats)
+            for w in items
+            if not w.failed_run
+            for k in range(len(w.trajectory.steps))
+        ]
         self.ctx.run_all(jobs)
         return items
 

@@ -60,6 +60,14 @@ class Work:
     trajectory: Trajectory
     split: str
     units: list[dict[str, Any]] = field(default_factory=list)
+    origin: dict[str, Any] = field(default_factory=dict)
+    """Where the trajectory came from (``data_gen.flywheel``): empty for ScaleCUA data; for an
+    agent's run ``source: run``, benchmark, task id, evaluated outcome and hard-case steps."""
+
+    @property
+    def failed_run(self) -> bool:
+        """A failed run: only its diagnosed root cause becomes a (real Bad) sample."""
+        return self.origin.get("outcome") == "failure"
 
     @property
     def id(self) -> str:
@@ -68,11 +76,13 @@ class Work:
 
 
 def _work_to_json(w: Work) -> dict[str, Any]:
-    return {"trajectory": w.trajectory.to_json(), "split": w.split, "units": w.units}
+    out = {"trajectory": w.trajectory.to_json(), "split": w.split, "units": w.units}
+    return {**out, "origin": w.origin} if w.origin else out
 
 
 def _work_from_json(obj: dict[str, Any]) -> Work:
-    return Work(Trajectory.from_json(obj["trajectory"]), obj["split"], obj["units"])
+    traj = Trajectory.from_json(obj["trajectory"])
+    return Work(traj, obj["split"], obj["units"], obj.get("origin") or {})
 
 
 WORK_CODEC: Codec[Work] = Codec(_work_to_json, _work_from_json)
@@ -362,6 +372,7 @@ def sample_spec(
     return {
         "id": id,
         "kind": kind,
+        "origin": sample_origin(work, step_index, kind, labels),
         "platform": traj.platform,
         "prompt_version": prompt_version,
         "trajectory_id": traj.id,
@@ -375,6 +386,23 @@ def sample_spec(
     }
 
 
+def sample_origin(work: Work, step_index: int, kind: str, labels: dict[str, Any]) -> dict[str, Any]:
+    """A sample's provenance: ``source`` (``run``/``scalecua``), and for runs the benchmark,
+    task id, episode and evaluated outcome, plus ``hard_case`` (the recorded critic's mistake)
+    on the critique sample whose verdict contradicts what the critic said at that step."""
+    o = work.origin
+    if not o:
+        return {"source": "scalecua", "hard_case": None}
+    hard = (o.get("hard_cases") or {}).get(str(step_index))
+    tag = (
+        hard["tag"]
+        if hard and kind == "critique" and labels.get("verdict") == hard["verdict"]
+        else None
+    )
+    keys = ("source", "benchmark", "task_id", "episode", "outcome", "agent_model")
+    return {**{k: o.get(k) for k in keys}, "hard_case": tag}
+
+
 def spec_to_record(spec: dict[str, Any]) -> SFTRecord:
     """Build the ``SFTRecord`` of a sample spec.
 
@@ -382,6 +410,7 @@ def spec_to_record(spec: dict[str, Any]) -> SFTRecord:
         RecordError: The spec is inconsistent (caught and counted by export).
     """
     prov = spec["provenance"]
+    origin = spec.get("origin") or {}
     return record_from_messages(
         messages_from_json(spec["messages"]),
         spec["target"],
@@ -398,5 +427,9 @@ def spec_to_record(spec: dict[str, Any]) -> SFTRecord:
             annotator_model=prov.get("annotator_model"),
             annotator_kind=prov.get("annotator_kind"),
             request_hashes=tuple(prov.get("request_hashes", ())),
+            source=origin.get("source") or "scalecua",
+            benchmark=origin.get("benchmark"),
+            task_id=None if origin.get("task_id") is None else str(origin["task_id"]),
+            hard_case=origin.get("hard_case"),
         ),
     )

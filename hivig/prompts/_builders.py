@@ -80,6 +80,21 @@ def format_raw_step(intent: str | None, raw_tool_calls: str, mask_intent: bool =
     return f"Action: {' '.join(intent.split())}\n{raw_tool_calls}"
 
 
+def format_intent_step(intent: str) -> str:
+    """A proposed step stated in words only (the ``Action:`` line without tool calls).
+
+    For the judge's other candidate against a real Bad: the correction a root-cause diagnosis
+    proposes is a sentence, not a call.
+
+    Args:
+        intent: The step in words.
+
+    Returns:
+        ``Action: <intent>`` with its whitespace collapsed.
+    """
+    return f"Action: {' '.join(intent.split())}"
+
+
 def format_trajectory(steps: Sequence[str]) -> str:
     """Number past step texts (``Step 1:`` ...) and separate them by blank lines.
 
@@ -107,16 +122,18 @@ def action_space_text(platform: str) -> str:
     return json.dumps(action_space(space_for_platform(platform)), ensure_ascii=False)
 
 
-def taxonomy_text(dimensions: Sequence[Dimension] = DIMENSIONS) -> str:
+def taxonomy_text(dimensions: Sequence[Dimension] = DIMENSIONS, *, brief: bool = False) -> str:
     """One ``- Name: definition`` line per dimension, in the given order.
 
     Args:
         dimensions: The dimensions to list; the training-prompt order by default.
+        brief: The critic's one-sentence definitions (``Dimension.brief``) instead of the
+            annotators' full ones with their exclusion clauses.
 
     Returns:
         The lines joined by newlines (no trailing newline).
     """
-    return "\n".join(f"- {d.name}: {d.definition}" for d in dimensions)
+    return "\n".join(f"- {d.name}: {d.brief if brief else d.definition}" for d in dimensions)
 
 
 def _build(
@@ -206,7 +223,8 @@ def build_critique_messages(
         version,
         platform,
         template,
-        taxonomy=taxonomy_text(),
+        # The critic's prompt lists the brief definitions: it is in every sample and request.
+        taxonomy=taxonomy_text(brief=True),
         task=task,
         history=history,
         screenshot=screenshot,
