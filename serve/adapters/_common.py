@@ -11,6 +11,7 @@ import re
 import struct
 import zlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from hivig.actions import (
@@ -407,6 +408,52 @@ class EpisodeMemory(AgentMemory):
             snap = self.take()
             self.snaps[idx] = snap
         return snap
+
+
+@dataclass
+class StepProposals:
+    """What one guarded harness step asked of the agent: its outputs in order, the agent's
+    memory after each, and the step's starting memory (as the last proposal left it)."""
+
+    outputs: list[Any]
+    after: list[dict[str, Any]]
+    start: dict[str, Any]
+
+
+def decide_step(
+    wrapper: Any, guard: CriticGuard, instruction: str, call: Callable[[str], Any]
+) -> tuple[Any, StepProposals]:
+    """Propose, critique and decide one step of a ``predict``-style harness.
+
+    ``call(text)`` asks the wrapped agent once with the instruction to use (the harness' own
+    call: positional, keywords, extra arguments). Before each proposal the agent's memory is put
+    back to the step's start, so a rejected proposal leaves no trace; an R3 reroute proposes
+    from an empty memory, and a reroute that failed within the step puts back the memory from
+    before the loop. ``wrapper`` has ``agent``, ``memory`` (an ``EpisodeMemory``),
+    ``prompt_hook`` and ``feedback_hook``; the screen is already observed.
+
+    Returns:
+        The guard's ``Decision`` and the step's ``StepProposals``.
+    """
+    memory = wrapper.memory
+    memory.sync(guard)
+    idx = guard.step_idx
+    step = StepProposals([], [], memory.step(idx))
+
+    def policy(ctx: PolicyContext) -> Any:
+        step.start = memory.rebase(guard, idx, step.start)
+        if ctx.mode == "reroute":
+            memory.fresh()  # R3 reset: task and screen only
+        text = prompt_for(
+            wrapper.agent, instruction, ctx, wrapper.prompt_hook, wrapper.feedback_hook
+        )
+        out = call(text)
+        step.outputs.append(out)
+        step.after.append(memory.take())
+        return out
+
+    guard.policy = policy
+    return guard.decide(), step
 
 
 class GuardedAgent:

@@ -27,13 +27,13 @@ from serve.adapters._common import (
     GuardedAgent,
     PromptHook,
     action_payload,
+    decide_step,
     default_prompt,
     png_size,
-    prompt_for,
     scalecua_intent,
 )
 from serve.client import CriticClient
-from serve.guard import CriticGuard, Decision, GuardConfig, PolicyContext
+from serve.guard import CriticGuard, Decision, GuardConfig
 
 SCALECUA_FACTOR = 28
 SCALECUA_MIN_PIXELS = 3_136
@@ -173,30 +173,15 @@ class _PredictWrapper(GuardedAgent):
         screenshot = _screenshot(obs)
         guard = self._guard(instruction, screenshot)
         guard.observe(screenshot)
-        self.memory.sync(guard)
-        idx = guard.step_idx
-        step_start = self.memory.step(idx)
-        outputs: list[Any] = []
-        after: list[dict[str, Any]] = []
 
-        def policy(ctx: PolicyContext) -> Any:
-            nonlocal step_start
-            # A rejected proposal leaves no trace; a reroute that failed within this step puts
-            # back the memory from before the loop.
-            step_start = self.memory.rebase(guard, idx, step_start)
-            if ctx.mode == "reroute":
-                self.memory.fresh()  # Reset: task and screen only
-            text = prompt_for(self.agent, instruction, ctx, self.prompt_hook, self.feedback_hook)
+        def call(text: str) -> Any:
             out = self.agent.predict(text, obs, *args, **kwargs)
-            outputs.append(out)
             if _is_pair(out):
                 self.last_output = out
-            after.append(self.memory.take())
             return out
 
-        guard.policy = policy
-        decision = guard.decide()
-        return self._result(decision, outputs, after)
+        decision, step = decide_step(self, guard, instruction, call)
+        return self._result(decision, step.outputs, step.after)
 
     def stop_value(self) -> tuple[Any, ...]:
         """What ``predict`` returns when the guard stops the episode (explicit settings only).

@@ -29,13 +29,13 @@ from serve.adapters._common import (
     GuardedAgent,
     PromptHook,
     action_payload,
+    decide_step,
     default_prompt,
     png_size,
-    prompt_for,
 )
 from serve.adapters._presets import WEBARENA_LITE, RunnerPreset
 from serve.client import CriticClient
-from serve.guard import CriticGuard, Decision, GuardConfig, PolicyContext
+from serve.guard import CriticGuard, Decision, GuardConfig
 
 WEBARENA_MEMORY_ATTRS = (
     *MEMORY_ATTRS,
@@ -197,29 +197,13 @@ class GuardedWebArenaLiteAgent(GuardedAgent):
         screenshot = observation.get("screenshot") if isinstance(observation, dict) else None
         guard = self._guard(instruction, screenshot)
         guard.observe(screenshot)
-        self.memory.sync(guard)
-        idx = guard.step_idx
-        step_start = self.memory.step(idx)
-        outputs: list[Any] = []
-        after: list[dict[str, Any]] = []
 
-        def policy(ctx: PolicyContext) -> Any:
-            nonlocal step_start
-            # A rejected proposal leaves no trace; a reroute that failed within this step puts
-            # back the memory from before the loop.
-            step_start = self.memory.rebase(guard, idx, step_start)
-            if ctx.mode == "reroute":
-                self.memory.fresh()  # R3 reset: task and screen only
-            text = prompt_for(self.agent, instruction, ctx, self.prompt_hook, self.feedback_hook)
+        def call(text: str) -> Any:
             # Keyword arguments, as the harness calls agents.
-            out = self.agent.predict(instruction=text, observation=observation, **kwargs)
-            outputs.append(out)
-            after.append(self.memory.take())
-            return out
+            return self.agent.predict(instruction=text, observation=observation, **kwargs)
 
-        guard.policy = policy
-        decision = guard.decide()
-        return self._result(decision, outputs, after, step_start)
+        decision, step = decide_step(self, guard, instruction, call)
+        return self._result(decision, step.outputs, step.after, step.start)
 
     def _result(
         self, decision: Decision, outputs: list[Any], after: list[dict], start: dict[str, Any]
