@@ -28,6 +28,13 @@ from train.config import TrainConfig
 from train.data import Sample, TokenCounts, load_samples, mix_kinds, token_counts
 from train.encode import RecordEncoder
 from train.flops import FlopShape, shape_from_config
+from train.init_from import (
+    InitCheckpoint,
+    check_architecture,
+    load_adapter,
+    load_state,
+    resolve_init,
+)
 
 log = get_logger(__name__)
 
@@ -110,24 +117,41 @@ def build_model(
     dtype = _DTYPES[m.dtype]
     if backend is None:
         path, backend = resolve_inputs(cfg)
+    init = resolve_init(cfg)
     if m.tiny:
         # The tiny random model and its offline (real Qwen) tokenizer are test fixtures: only an
         # explicit model.tiny=true reaches them.
-        from hivig.tiny import tiny_model, tiny_processor
+        from hivig.tiny import tiny_config, tiny_model, tiny_processor
 
         processor = tiny_processor(min_pixels=frame.min_pixels, max_pixels=frame.max_pixels)
-        model = tiny_model(processor, seed=m.tiny_seed).to(dtype)
-        qwen_vl.set_attention(model, backend)
+        if init is not None and init.kind == "full":
+            check_architecture(init, tiny_config(processor).to_dict())
+            model = _load_full(init, dtype, backend)
+        else:
+            model = tiny_model(processor, seed=m.tiny_seed).to(dtype)
+            qwen_vl.set_attention(model, backend)
     else:
         processor = qwen_vl.build_processor(
             path, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels
         )
-        model = qwen_vl.load_model(path, dtype=dtype, attn_implementation=backend)
+        if init is not None and init.kind == "full":
+            check_architecture(init, _json(path / "config.json"))
+            # Loaded by from_pretrained itself, so ZeRO-3 partitions it while loading as it
+            # would the base.
+            model = _load_full(init, dtype, backend)
+        else:
+            model = qwen_vl.load_model(path, dtype=dtype, attn_implementation=backend)
     # Packed rows need the cache off (a cache object disables the packed-position path).
     qwen_vl.set_use_cache(model, False)
+    if init is not None and init.kind == "adapter" and not cfg.lora.enabled:
+        model = load_adapter(model, init, lora=False)
     if cfg.lora.enabled:
         model = _apply_lora(cfg, model)
-    else:
+    if init is not None and init.kind == "adapter" and cfg.lora.enabled:
+        model = load_adapter(model, init, lora=True)
+    if init is not None and init.kind == "state":
+        load_state(model, init)
+    if not cfg.lora.enabled:
         qwen_vl.apply_freezing(
             model,
             train_vit=m.train_vit,
@@ -139,6 +163,27 @@ def build_model(
         layers = enable_activation_checkpointing(model, m.checkpoint_layers)
         log.info("activation checkpointing on %d LLM layers", len(layers))
     return model, processor
+
+
+def _json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"`model.path`: unreadable {path} ({e})") from e
+
+
+def _load_full(init: InitCheckpoint, dtype: torch.dtype, backend: str) -> torch.nn.Module:
+    """A full checkpoint's model (weights and all), in training mode like a freshly built one."""
+    from hivig.models import qwen_vl
+
+    try:
+        model = qwen_vl.load_model(init.path, dtype=dtype, attn_implementation=backend)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"`model.init_from`: {init.path} does not load ({e})") from e
+    # from_pretrained returns eval mode; the base path trains with dropout where configured.
+    return model.train()
 
 
 def _apply_lora(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Module:

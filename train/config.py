@@ -63,6 +63,11 @@ class ModelConfig:
     checkpoint (CPU tests and the demo); ``path`` must then be empty."""
     tiny_seed: int = 0
     """Weight seed of the tiny random model (``tiny`` only)."""
+    init_from: str = ""
+    """Start this (new) run from an earlier run's weights: ``RUN/final`` (full weights or a LoRA
+    adapter) or ``RUN/checkpoints/step_N`` (``state.pt``). The architecture still comes from
+    ``path``/``tiny``; optimizer, schedule, step count and data plan start fresh. Not a resume
+    (``loop.resume`` continues the same run); empty = the base weights."""
     dtype: str = "bfloat16"
     """Parameter dtype: float32, bfloat16 or float16. fp32 is for exact CPU tests."""
     attn_implementation: str = "auto"

@@ -64,6 +64,7 @@ from train.data import (
 from train.encode import RecordEncoder
 from train.evaluate import evaluate_loss, verdict_accuracy
 from train.flops import FlopShape, device_peak_tflops
+from train.init_from import resolve_init
 from train.loss import CriticLoss, normalise
 from train.metrics import MetricLogger, build_metric_logger, step_metrics
 from train.schedule import build_scheduler
@@ -124,6 +125,7 @@ def setup(cfg: TrainConfig) -> Components:
     # Before the Accelerator and any weights: a wrong model id, a missing attention package or
     # a resume into a changed config fails here with one line.
     path, backend = build.resolve_inputs(cfg)
+    resolve_init(cfg)  # a wrong model.init_from fails here too, not after the weights load
     candidates = list(ckpt.resume_candidates(cfg.loop.resume, cfg.out))
     if candidates:
         ckpt.check_resume_config(

@@ -21,6 +21,10 @@ from train.critic_eval.truth import TRANSITIONS, transition_class
 GOOD = "Good"
 UNPARSED = "Unparsed"
 """Prediction column of the confusion matrices for answers that failed (parse or backend)."""
+RUN_SOURCE = "run"
+"""``provenance.source`` of samples from an agent's own runs (the rest: ``scalecua``)."""
+UNKNOWN_BENCHMARK = "unknown"
+"""``per_benchmark`` key of run samples whose benchmark was not recorded."""
 DIMENSION_NAMES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS)
 VERDICT_LABELS: tuple[str, ...] = (GOOD, *DIMENSION_NAMES)
 """Rows of the critique confusion matrix: Good, then each Bad dimension."""
@@ -55,6 +59,10 @@ def score_sample(record: SFTRecord, answer: Answer, transition: str | None) -> d
         "platform": record.platform,
         "intent_masked": record.labels.intent_masked,
         "split": record.split,
+        # Where the sample came from: the flywheel's real-run steps score apart from ScaleCUA's.
+        "source": record.provenance.source,
+        "benchmark": record.provenance.benchmark,
+        "hard_case": record.provenance.hard_case,
     }
     failure = answer.error
     parsed: Any = None
@@ -201,10 +209,20 @@ def _critique_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _slices(
     rows: Sequence[dict[str, Any]], group: Callable[[Sequence[dict[str, Any]]], dict[str, Any]]
 ) -> dict[str, Any]:
-    """``group`` per platform and by intent masking, and the failure counts."""
+    """``group`` per platform, source, run benchmark, hard cases and intent masking; failures."""
     platforms = sorted({r["platform"] for r in rows})
+    sources = sorted({r["source"] for r in rows})
+    runs = [r for r in rows if r["source"] == RUN_SOURCE]
+    benchmarks = sorted({r["benchmark"] or UNKNOWN_BENCHMARK for r in runs})
     return {
         "per_platform": {p: group([r for r in rows if r["platform"] == p]) for p in platforms},
+        "per_source": {s: group([r for r in rows if r["source"] == s]) for s in sources},
+        "per_benchmark": {
+            b: group([r for r in runs if (r["benchmark"] or UNKNOWN_BENCHMARK) == b])
+            for b in benchmarks
+        },
+        # The recorded critic's own mistakes: the samples a retrained critic most needs to fix.
+        "hard_cases": group([r for r in rows if r["hard_case"]]),
         "intent": {
             "masked": group([r for r in rows if r["intent_masked"]]),
             "unmasked": group([r for r in rows if not r["intent_masked"]]),

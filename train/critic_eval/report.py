@@ -98,6 +98,23 @@ def _cell(group: dict[str, Any] | None, first: str, second: str | None = None) -
     return f"{text} (n={group['n']})"
 
 
+def _source_rows(
+    ms: Sequence[dict[str, Any]], part: str, first: str, second: str | None = None
+) -> list[list[str]]:
+    """One row per ``provenance.source``, per run benchmark, and the hard cases."""
+    groups: list[tuple[str, str, str]] = [
+        (s, "per_source", s) for s in sorted({s for m in ms for s in m[part]["per_source"]})
+    ]
+    benchmarks = sorted({b for m in ms for b in m[part]["per_benchmark"]})
+    groups += [(f"run: {b}", "per_benchmark", b) for b in benchmarks]
+    rows = [
+        [label, *(_cell(m[part][kind].get(key), first, second) for m in ms)]
+        for label, kind, key in groups
+    ]
+    rows.append(["hard cases", *(_cell(m[part]["hard_cases"], first, second) for m in ms)])
+    return rows
+
+
 def render_report(results: Sequence[BackendResult], header: dict[str, Any]) -> str:
     """The markdown report: one column per backend, the same rows for each."""
     names = [r.name for r in results]
@@ -129,8 +146,15 @@ def render_report(results: Sequence[BackendResult], header: dict[str, Any]) -> s
         for p in platforms
     ]
     out += _table(["platform", *names], plat)
+    out += ["", "### By source: verdict accuracy / error-dimension accuracy", ""]
+    out += _table(
+        ["samples", *names],
+        _source_rows(ms, "critique", "verdict_accuracy", "dimension_accuracy"),
+    )
     out += ["", "## History", ""]
     out += _table(["metric", *names], _rows(ms, "history", _HISTORY_ROWS))
+    out += ["", "### By source: Last Action Result agreement", ""]
+    out += _table(["samples", *names], _source_rows(ms, "history", "last_result_agreement"))
     out += ["", "### Per platform: Last Action Result agreement", ""]
     platforms = sorted({p for m in ms for p in m["history"]["per_platform"]})
     plat = [
