@@ -392,7 +392,7 @@ def test_trace_verdicts_and_outcome(tmp_path: Path):
     (side,) = sidecars(out)
     assert side["benchmark"] == "gateway_trace" and side["outcome"] == "failure"
     assert side["verdicts"] and {v["verdict"] for v in side["verdicts"]} <= {"good", "bad"}
-    executed = {x["action"]["action_text"] for x in critiques}
+    executed = {a["action_text"] for x in critiques for a in x["actions"]}
     assert all(v["source_ref"].startswith("trace step_idx") for v in side["verdicts"])
     assert len(side["verdicts"]) <= len(critiques) and executed
     # Grid tool calls are written as grid / 1000 and read back to the same grid actions.
@@ -437,3 +437,31 @@ def test_cli_runs_and_reports(tmp_path: Path, capsys):
     )
     out = capsys.readouterr().out
     assert "2 in = 2 kept + 0 dropped" in out
+
+
+def test_a_trace_the_gateway_wrote_yields_its_verdicts(tmp_path: Path):
+    # The real gateway's critique events hold lists (``actions``, ``verdicts``); the synthetic
+    # writer mirrors them, but this trace comes from the gateway itself.
+    from tests.fakes.gateway import (
+        CLICK,
+        ScriptedBackend,
+        b64,
+        gateway_client,
+        observe,
+        screen,
+        start_session,
+    )
+
+    with gateway_client(tmp_path, ScriptedBackend(verdict="bad")) as c:
+        sid = start_session(c)
+        for k in range(3):
+            assert observe(c, sid, k, prev=CLICK if k else None).status_code == 200
+            body = {"step_idx": k, "action": CLICK, "screenshot": b64(screen(seed=k))}
+            assert c.post(f"/v1/sessions/{sid}/critique", json=body).status_code == 200
+        assert c.delete(f"/v1/sessions/{sid}").status_code in (200, 204)
+    from hivig.run_folders import read_trace
+
+    run = read_trace(tmp_path / "state" / "traces" / f"{sid}.jsonl")
+    judged = [v for step in run.steps for v in step.verdicts]
+    assert len(run.steps) == 2 and len(judged) == 2  # the two executed clicks, each judged
+    assert {v["verdict"] for v in judged} == {"bad"}

@@ -60,6 +60,8 @@ from hivig.run_folders.androidworld import (
 from hivig.run_folders.osworld import parse_osworld_action, read_osworld, strip_thought_strings
 from hivig.run_folders.trace import (
     TraceEvents,
+    critique_pairs,
+    final_action,
     matching_verdicts,
     read_trace,
     trace_action,
@@ -72,6 +74,8 @@ from hivig.run_folders.waa import read_windowsagentarena
 from hivig.run_folders.webarena import read_webarena
 
 __all__ = [
+    "critique_pairs",
+    "final_action",
     "ANDROIDLAB_PIXELS",
     "ANDROIDWORLD_PIXELS",
     "DEFAULT_SCREEN",

@@ -154,15 +154,47 @@ def trace_events(path: Path) -> TraceEvents:
     return ev
 
 
+def critique_pairs(crit: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
+    """The ``(action, verdict)`` pairs of one critique event, in candidate order.
+
+    The gateway writes lists (``actions``, ``verdicts``: one per candidate, a single action
+    being a list of one); a hand-written or older trace may hold one ``action`` and one
+    ``verdict``. Both are read.
+    """
+    actions, verdicts = crit.get("actions"), crit.get("verdicts")
+    if isinstance(actions, list):
+        verdicts = verdicts if isinstance(verdicts, list) else []
+        return [
+            (a, verdicts[i] if i < len(verdicts) else None)
+            for i, a in enumerate(actions)
+            if isinstance(a, dict)
+        ]
+    action = crit.get("action")
+    return [(action, crit.get("verdict"))] if isinstance(action, dict) else []
+
+
+def final_action(crit: dict[str, Any]) -> tuple[dict[str, Any] | None, Any]:
+    """The action and verdict a run's last critique ended on.
+
+    The terminate among its candidates when there is one, else its first action.
+    """
+    pairs = critique_pairs(crit)
+    for action, verdict in pairs:
+        parsed = trace_action(action)[2]
+        if parsed and isinstance(parsed[-1], Terminate):
+            return action, verdict
+    return pairs[0] if pairs else (None, None)
+
+
 def matching_verdicts(critiques: list[dict[str, Any]], raw: str) -> list[dict[str, Any]]:
     """The verdicts on action text ``raw`` among one step's critiques, in file order."""
     out = []
     for crit in critiques:
-        action = crit.get("action")
-        if isinstance(action, dict) and (action.get("action_text") or action.get("raw")) == raw:
-            verdict = trace_verdict(crit.get("verdict"))
-            if verdict is not None:
-                out.append(verdict)
+        for action, verdict_obj in critique_pairs(crit):
+            if (action.get("action_text") or action.get("raw")) == raw:
+                verdict = trace_verdict(verdict_obj)
+                if verdict is not None:
+                    out.append(verdict)
     return out
 
 
@@ -212,7 +244,7 @@ def read_trace(path: Path) -> FolderRun:
         )
     final = ev.critiques.get(last, []) if last >= 0 else []
     if final:
-        raw, intent, actions, error = trace_action(final[-1].get("action"))
+        raw, intent, actions, error = trace_action(final_action(final[-1])[0])
         if actions and isinstance(actions[-1], Terminate):
             shot = trace_image(images, final[-1].get("image_ref"))
             steps.append(

@@ -25,7 +25,9 @@ from hivig.run_folders import (
     DEFAULT_SCREEN,
     OSWORLD_PLATFORM,
     FolderRun,
+    critique_pairs,
     detect_layout,
+    final_action,
     parse_osworld_action,
     read_folder,
     read_osworld,
@@ -250,7 +252,8 @@ def load_trace(path: Path) -> Run:
     final = critiques.get(last, []) if last >= 0 else []
     if final:
         crit = final[-1]
-        raw, intent, actions, error = trace_action(crit.get("action"))
+        action, verdict_obj = final_action(crit)
+        raw, intent, actions, error = trace_action(action)
         terminal = bool(actions) and isinstance(actions[-1], Terminate)
         steps.append(
             RunStep(
@@ -262,7 +265,7 @@ def load_trace(path: Path) -> Run:
                 intent=intent,
                 before=trace_image(images, crit.get("image_ref"))
                 or trace_image(images, observes[last].get("image_ref")),
-                verdict=_verdict(crit.get("verdict")),
+                verdict=_verdict(verdict_obj),
                 executed=terminal,
             )
         )
@@ -297,9 +300,9 @@ def _verdict(obj: object) -> Verdict | None:
 def _matching_verdict(critiques: list[dict[str, Any]], raw: str) -> Verdict | None:
     """The verdict on the executed action: the last critique of the same action text."""
     for crit in reversed(critiques):
-        action = crit.get("action")
-        if isinstance(action, dict) and (action.get("action_text") or action.get("raw")) == raw:
-            return _verdict(crit.get("verdict"))
+        for action, verdict in reversed(critique_pairs(crit)):
+            if (action.get("action_text") or action.get("raw")) == raw:
+                return _verdict(verdict)
     return None
 
 

@@ -695,18 +695,21 @@ def _critique(
         "step_idx": k,
         "time": "2026-01-01T10:00:00Z",
         "image_ref": ref,
-        "action": _action_obj(code, intent),
-        "marks": [],
+        # The gateway's shape: one entry per candidate (a single action is a list of one).
+        "actions": [_action_obj(code, intent)],
+        "marks": [[]],
         "prompt": [],
-        "raw_output": None,
-        "verdict": {
-            "status": "ok",
-            "verdict": verdict,
-            "source": "model",
-            "reason": None,
-            "error_dimension": dim,
-            "explanation": explanation,
-            "confidence": round(rng.uniform(0.55, 0.99), 2),
-        },
+        "raw_outputs": [None],
+        "verdicts": [
+            {
+                "status": "ok",
+                "verdict": verdict,
+                "source": "model",
+                "reason": None,
+                "error_dimension": dim,
+                "explanation": explanation,
+                "confidence": round(rng.uniform(0.55, 0.99), 2),
+            }
+        ],
         "timing_ms": {"total": 1},
     }
