@@ -65,17 +65,25 @@ DEMO ?= demo_out
 SERVE_CONFIG ?= configs/serve/local.yaml
 SERVE_ARGS ?=
 demo: venv
-	@echo "== 1/4 synthetic ScaleCUA-format corpus (desktop, web, android)"
+	@echo "== 1/5 synthetic ScaleCUA-format corpus (desktop, web, android)"
 	$(PY) -m data_gen make-sample --out $(DEMO)/corpus --trajectories 60 --seed 0
-	@echo "== 2/4 data_gen with the offline annotator (no model; outputs derived from ground truth)"
+	@echo "== 2/5 data_gen with the offline annotator (no model; outputs derived from ground truth)"
 	$(PY) -m data_gen run --config configs/data_gen/demo.yaml corpus=$(DEMO)/corpus out=$(DEMO)/data
-	@echo "== 3/4 a few SFT steps of a tiny random-weight Qwen3-VL on CPU (a loss line per step)"
+	@echo "== 3/5 a few SFT steps of a tiny random-weight Qwen3-VL on CPU (a loss line per step)"
 	$(PY) -m train --config configs/train/tiny_cpu.yaml data=$(DEMO)/data out=$(DEMO)/train \
 		dataset.max_samples=16 optim.global_batch_samples=4 loop.max_steps=3
-	@echo "== 4/4 the gateway on that checkpoint, a guarded agent episode, its diagnosis, the pages"
+	@echo "== 4/5 the gateway on that checkpoint, a guarded agent episode, its diagnosis, the pages"
 	$(PY) -m serve.demo --data $(DEMO)/data --train $(DEMO)/train --out $(DEMO) \
 		--serve-config $(SERVE_CONFIG) $(if $(CRITIC),--critic $(CRITIC)) $(SERVE_ARGS)
-	@echo "demo done: open $(DEMO)/index.html (data report, training curve, episode, diagnosis)"
+	@echo "== 5/5 the flywheel: the episode's trace -> ingest-runs -> data_gen -> samples on the index"
+	rm -rf $(DEMO)/flywheel/runs $(DEMO)/flywheel/data
+	$(PY) -m data_gen ingest-runs --format trace --root $(DEMO)/flywheel/state \
+		--out $(DEMO)/flywheel/runs
+	$(PY) -m data_gen run --config configs/data_gen/demo_flywheel.yaml \
+		corpus=$(DEMO)/flywheel/runs runs.corpus=$(DEMO)/flywheel/runs out=$(DEMO)/flywheel/data
+	$(PY) -m serve.demo flywheel --runs $(DEMO)/flywheel/runs --data $(DEMO)/flywheel/data \
+		--out $(DEMO)
+	@echo "demo done: open $(DEMO)/index.html (data report, training curve, episode, diagnosis, flywheel)"
 	@echo "training metrics: $(DEMO)/train/metrics.jsonl"
 	@echo "note: the tiny model has random weights, so anything it says carries no meaning"
 

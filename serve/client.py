@@ -984,15 +984,21 @@ class _SessionState:
             self.history = _history(echo["summary"], self.history)
         return "rebuilt"
 
-    def close_flow(self) -> Flow:
+    def close_flow(self, outcome: str | None = None) -> Flow:
         if self.closed or self.session_id is None:
             self.closed = True
             return False
         self.closed = True
+        query = f"?outcome={outcome}" if outcome else ""
         reply = yield _Call(
-            "DELETE", f"/v1/sessions/{self.session_id}", None, self.cfg.session_deadline_s
+            "DELETE", f"/v1/sessions/{self.session_id}{query}", None, self.cfg.session_deadline_s
         )
         return reply.ok
+
+
+def _check_outcome(outcome: str | None) -> None:
+    if outcome not in (None, "success", "failure"):
+        raise ValueError(f"outcome must be success, failure or None, got {outcome!r}")
 
 
 def _reseed_fallback(state: _SessionState) -> ReseedStatus:
@@ -1290,9 +1296,15 @@ class Session:
         st = self._state
         return self._client._drive(st.reseed_flow(echo), lambda: _reseed_fallback(st))
 
-    def close(self) -> bool:
-        """Close the gateway session; True when the gateway confirmed."""
-        return bool(self._client._drive(self._state.close_flow(), lambda: False))
+    def close(self, outcome: str | None = None) -> bool:
+        """Close the gateway session; True when the gateway confirmed.
+
+        Args:
+            outcome: ``success`` or ``failure``: the task's evaluated outcome, recorded in the
+                session's trace for ``data_gen ingest-runs`` (leave it out when unknown).
+        """
+        _check_outcome(outcome)
+        return bool(self._client._drive(self._state.close_flow(outcome), lambda: False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1482,6 +1494,7 @@ class AsyncSession:
         st = self._state
         return await self._client._drive(st.reseed_flow(echo), lambda: _reseed_fallback(st))
 
-    async def close(self) -> bool:
+    async def close(self, outcome: str | None = None) -> bool:
         """See ``Session.close``."""
-        return bool(await self._client._drive(self._state.close_flow(), lambda: False))
+        _check_outcome(outcome)
+        return bool(await self._client._drive(self._state.close_flow(outcome), lambda: False))

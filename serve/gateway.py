@@ -275,15 +275,16 @@ class Gateway:
             **self.versions(),
         }
 
-    async def close_session(self, sid: str) -> dict[str, Any]:
-        """``DELETE /v1/sessions/{sid}``."""
+    async def close_session(self, sid: str, outcome: str | None = None) -> dict[str, Any]:
+        """``DELETE /v1/sessions/{sid}``; ``outcome`` is the runner's evaluated task outcome."""
         async with self._session(sid):
             state = self._open_session(sid)
             state.closed = True
             self.store.save(state)
             self.store.forget(sid)
             answer = {"session_id": sid, "closed": True, **self.versions()}
-            self._trace(answer, sid, "close")
+            reported = {"outcome": outcome, "by": "runner"} if outcome else {}
+            self._trace(answer, sid, "close", **reported)
         self._count_open()
         return answer
 

@@ -400,10 +400,15 @@ class CriticGuard:
         self.recoveries: list[dict[str, Any]] = []
         self.r3_events: list[dict[str, Any]] = []
 
-    def close(self) -> None:
-        """End the episode's gateway session."""
+    def close(self, outcome: str | None = None) -> None:
+        """End the episode's gateway session.
+
+        Args:
+            outcome: ``success`` / ``failure`` when the runner's evaluator has scored the task:
+                recorded in the session's trace (what ``data_gen ingest-runs`` reads).
+        """
         if self.session is not None:
-            self.session.close()
+            self.session.close(outcome) if outcome else self.session.close()
             self.session = None
 
     @property

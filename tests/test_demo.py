@@ -1,17 +1,23 @@
-"""``make demo`` end to end at a small size: every page the index links exists and is non-empty.
+"""``make demo`` end to end at a small size: every page the index links exists and is non-empty,
+and the flywheel section shows samples made from the demo's own episode.
 
 The same commands as the Makefile's ``demo`` target (a smaller corpus and one training step),
-each as its own process, then the links of ``index.html`` and ``episode.html`` are followed.
+each as its own process, then the links of ``index.html`` and ``episode.html`` are followed and
+the index is opened in headless Chromium (when installed) to check its images load.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from serve.demo.flywheel import write_run_folder
+from serve.webenv import find_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,3 +95,68 @@ def test_demo_pages_and_everything_they_link(tmp_path):
     text = episode.read_text()
     assert "R3 trigger" in text  # the no-effect repeat was caught
     assert "carries no meaning" in index.read_text()
+    # 5/5: the episode's trace back through ingest-runs and data_gen, shown on the index.
+    fw = demo / "flywheel"
+    _run("-m", "data_gen", "ingest-runs", "--format", "trace", "--root", str(fw / "state"),
+         "--out", str(fw / "runs"))  # fmt: skip
+    _run("-m", "data_gen", "run", "--config", "configs/data_gen/demo_flywheel.yaml",
+         f"corpus={fw / 'runs'}", f"runs.corpus={fw / 'runs'}", f"out={fw / 'data'}")  # fmt: skip
+    out = _run("-m", "serve.demo", "flywheel", "--runs", str(fw / "runs"), "--data",
+               str(fw / "data"), "--out", str(demo))  # fmt: skip
+    assert "flywheel section with" in out
+    (side,) = [json.loads(p.read_text()) for p in (fw / "runs" / "episodes").rglob("*.json")]
+    assert side["outcome"] == "success"  # the environment's score, reported on the close event
+    html = index.read_text()
+    assert "5. The flywheel: this episode as training data" in html
+    section = html.split("5. The flywheel", 1)[1]
+    cards = re.findall(r"<img src='(flywheel/cards/[^']+)'[^>]*data-marks='(\d+)'", section)
+    assert cards, "no sample cards in the flywheel section"
+    assert "source <b>run</b>" in section and "benchmark <b>gateway_trace</b>" in section
+    marked = [src for src, n in cards if int(n) > 0]
+    assert marked, "no sample with a marked screenshot"
+    for path in _links(index):
+        assert path.is_file() and path.stat().st_size > 0, path
+    if find_browser() is not None:
+        sizes = _image_sizes(index)
+        assert all(sizes[src] > 0 for src in marked), sizes
+
+
+def _image_sizes(page: Path) -> dict[str, int]:
+    """``src -> naturalWidth`` of every image, as headless Chromium loads the page."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=find_browser(), headless=True)
+        try:
+            tab = browser.new_page()
+            tab.goto(page.resolve().as_uri())
+            tab.wait_for_load_state("load")
+            got = tab.evaluate(
+                "Array.from(document.images).map(i => [i.getAttribute('src'), i.naturalWidth])"
+            )
+        finally:
+            browser.close()
+    return dict(got)
+
+
+def test_run_folder_carries_the_runners_outcome_and_ingest_runs_reads_it(tmp_path):
+    from data_gen.runs import ingest_runs
+    from serve.diagnose.synthetic import make_case, write_trace
+
+    state = tmp_path / "state"
+    trace = write_trace(make_case(3, "wrong_element"), state)
+    before = trace.read_bytes()
+    folder = tmp_path / "run"
+    copy = write_run_folder(trace, state, folder, "success")
+    assert trace.read_bytes() == before  # the gateway's own trace is left as written
+    last = json.loads(copy.read_text().splitlines()[-1])
+    assert last["event"] == "close" and last["outcome"] == "success"
+    refs = {p.name for p in (state / "images").glob("*.png")}
+    assert refs and {p.name for p in (folder / "images").glob("*.png")} <= refs
+    stats = ingest_runs("trace", folder, tmp_path / "runs")
+    assert stats["outcomes"] == {"success": 1} and stats["kept"] >= 2, stats
+    # Without the runner's report the same trace's outcome is unknown (data_gen leaves it out).
+    stats = ingest_runs("trace", state, tmp_path / "runs_plain")
+    assert "success" not in stats["outcomes"], stats
+    with pytest.raises(ValueError, match="outcome"):
+        write_run_folder(trace, state, folder, "unknown")

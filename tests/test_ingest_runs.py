@@ -465,3 +465,38 @@ def test_a_trace_the_gateway_wrote_yields_its_verdicts(tmp_path: Path):
     judged = [v for step in run.steps for v in step.verdicts]
     assert len(run.steps) == 2 and len(judged) == 2  # the two executed clicks, each judged
     assert {v["verdict"] for v in judged} == {"bad"}
+
+
+def test_a_runner_reports_the_outcome_when_it_closes_the_session(tmp_path: Path):
+    from serve.app import create_app
+    from serve.client import CriticClient
+    from serve.server import BackgroundServer
+    from tests.fakes.gateway import CLICK, ScriptedBackend, screen, serve_config
+
+    app = create_app(serve_config(tmp_path / "state"), ScriptedBackend())
+    with BackgroundServer(app) as srv, CriticClient(srv.url) as client:
+        session = client.start("Open the settings", platform="ubuntu", screen=(320, 200))
+        session.observe(0, screen(seed=0))
+        session.critique(0, CLICK)
+        session.observe(1, screen(seed=1), CLICK)
+        with pytest.raises(ValueError, match="outcome"):
+            session.close("maybe")
+        assert session.close("failure")
+        sid = session.session_id
+    lines = (tmp_path / "state" / "traces" / f"{sid}.jsonl").read_text().splitlines()
+    close = json.loads(lines[-1])
+    assert close["event"] == "close" and (close["outcome"], close["by"]) == ("failure", "runner")
+    out = tmp_path / "corpus"
+    ingest_runs("trace", tmp_path / "state", out)
+    (side,) = sidecars(out)
+    assert side["outcome"] == "failure"
+
+
+def test_a_close_with_an_unknown_outcome_is_422(tmp_path: Path):
+    from tests.fakes.gateway import gateway_client, start_session
+
+    with gateway_client(tmp_path) as c:
+        sid = start_session(c)
+        r = c.delete(f"/v1/sessions/{sid}?outcome=maybe")
+        assert r.status_code == 422
+        assert c.delete(f"/v1/sessions/{sid}?outcome=success").status_code == 200

@@ -4,16 +4,21 @@
     python -m serve.demo ... --critic path/to/checkpoint          # a trained critic instead
     python -m serve.demo ... --serve-config configs/serve/vllm.yaml model=hivig-critic \\
         backend.base_url=http://gpu-node:8000/v1                  # a vLLM endpoint
+    python -m serve.demo flywheel --runs demo_out/flywheel/runs --data demo_out/flywheel/data \\
+        --out demo_out                              # after data_gen ran on OUT/flywheel/state
 
 It starts the gateway on the checkpoint (in-process transformers backend, 127.0.0.1), runs the
 scripted episode through ``CriticGuard`` in headless Chromium (``serve.webenv``) or, without a
 browser, on a drawn stand-in, asks the gateway to diagnose the episode's trace, plots the
-training curve and writes ``OUT/index.html`` linking everything.
+training curve and writes ``OUT/index.html`` linking everything. It also leaves the episode as
+a run folder with the environment's outcome (``OUT/flywheel/state``) for ``make demo``'s
+flywheel step (``serve.demo.flywheel``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -77,8 +82,45 @@ def _environment(kind: str):  # noqa: ANN202 - one of two environment classes
     return BrowserEnv(), "the local web application in headless Chromium"
 
 
+def flywheel_main(argv: list[str]) -> int:
+    """``python -m serve.demo flywheel``: add the samples made from the episode to the index."""
+    from hivig.records import RecordError
+    from serve.demo.flywheel import PAGES_JSON, section
+    from serve.demo.pages import index_page
+
+    p = argparse.ArgumentParser(
+        prog="python -m serve.demo flywheel",
+        description="Add the samples data_gen made from the demo's own episode to index.html.",
+    )
+    p.add_argument("--runs", required=True, help="the ingest-runs folder of the episode")
+    p.add_argument("--data", required=True, help="the data_gen run output made from it")
+    p.add_argument("--out", required=True, help="the demo's folder (index.html, pages.json)")
+    args = p.parse_args(argv)
+    runs, data, out = Path(args.runs), Path(args.data), Path(args.out)
+    pages = out / PAGES_JSON
+    for path, what in (
+        (pages, "demo pages (run python -m serve.demo first)"),
+        (runs / "stats.json", "ingest-runs stats (run data_gen ingest-runs first)"),
+        (data / "dataset" / "records", "data_gen records (run data_gen run first)"),
+    ):
+        if not path.exists():
+            return _fail(f"{what} not found: {path}")
+    saved = json.loads(pages.read_text(encoding="utf-8"))
+    try:
+        html, shown = section(runs, data, out, saved.get("executed_steps"))
+    except RecordError as e:
+        return _fail(str(e))
+    links = {k: Path(v) for k, v in saved["links"].items()}
+    index = index_page(out, links, saved["facts"], flywheel=html)
+    print(f"demo: flywheel section with {shown} samples from the episode; open {index}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["flywheel"]:
+        return flywheel_main(argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     data, train, out = Path(args.data), Path(args.train), Path(args.out)
@@ -101,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from serve.app import create_app
     from serve.client import ClientConfig, CriticClient
     from serve.demo.episode import run_episode
+    from serve.demo.flywheel import PAGES_JSON, RUN_FOLDER, write_run_folder
     from serve.demo.pages import episode_page, index_page, training_curve
     from serve.server import BackgroundServer
 
@@ -138,16 +181,27 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(result.r3_events)}; trace {trace}",
         "diagnosis": f"Root-cause step {root}, from the episode's trace ({trace.name}).",
     }
-    index = index_page(
-        out,
-        {
-            "data_report": report,
-            "training_curve": out / "training_curve.png",
-            "episode": episode,
-            "diagnosis": diagnosis,
-        },
-        facts,
+    links = {
+        "data_report": report,
+        "training_curve": out / "training_curve.png",
+        "episode": episode,
+        "diagnosis": diagnosis,
+    }
+    index = index_page(out, links, facts)
+    (out / PAGES_JSON).write_text(
+        json.dumps(
+            {
+                "links": {k: str(v) for k, v in links.items()},
+                "facts": facts,
+                "executed_steps": len(result.rewards),
+            },
+            indent=1,
+        ),
+        encoding="utf-8",
     )
+    outcome = "success" if result.success else "failure"
+    run = write_run_folder(trace, Path(cfg.sessions.state_dir), out / RUN_FOLDER, outcome)
+    print(f"demo: the episode as a run folder ({outcome}, as the environment scored it) -> {run}")
     print(f"demo: pages written; open {index}")
     return 0
 

@@ -27,6 +27,8 @@ word-break:break-word}pre{padding:.6rem}
 .tag{display:inline-block;border-radius:4px;padding:.05rem .45rem;font-size:.85rem;
 margin-right:.3rem}
 .good{background:#dff3e3}.bad{background:#fbe0e0}.abstain{background:#eceef2}.r3{background:#e5e9ff}
+.samples{display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:.8rem}
+.samples .card{margin:0;font-size:.9rem}
 table{border-collapse:collapse}td,th{border:1px solid #d9dde5;padding:.3rem .6rem;text-align:left}
 a{color:#2954c8}
 """
@@ -195,8 +197,21 @@ def episode_page(
 # Index
 
 
-def index_page(out_dir: Path, links: dict[str, Path], facts: dict[str, Any]) -> Path:
-    """``index.html`` linking the data report, training curve, episode and diagnosis."""
+_NO_FLYWHEEL = (
+    "<div class='card'><h2>5. The flywheel</h2><p>Not run yet: <code>make demo</code> passes "
+    "this episode's trace through <code>data_gen ingest-runs</code> and <code>data_gen run"
+    "</code> and shows the samples here.</p></div>"
+)
+
+
+def index_page(
+    out_dir: Path, links: dict[str, Path], facts: dict[str, Any], flywheel: str = ""
+) -> Path:
+    """``index.html`` linking the data report, training curve, episode and diagnosis.
+
+    ``flywheel`` is the samples section ``serve.demo.flywheel`` renders once data_gen has run
+    on the episode; without it the index says how to add it.
+    """
 
     def rel(p: Path) -> str:
         return os.path.relpath(p, out_dir)
@@ -217,6 +232,7 @@ def index_page(out_dir: Path, links: dict[str, Path], facts: dict[str, Any]) -> 
         f"<p><a href='{rel(links['episode'])}'>The episode, step by step</a></p></div>"
         f"<div class='card'><h2>4. Diagnosis</h2><p>{_e(facts.get('diagnosis'))}</p>"
         f"<p><a href='{rel(links['diagnosis'])}'>Diagnosis page</a></p></div>"
+        f"{flywheel or _NO_FLYWHEEL}"
         "<div class='card'><h2>With a real critic</h2><p>Same demo, a trained checkpoint "
         "(one change):</p><pre>make demo CRITIC=path/to/checkpoint</pre><p>or against a vLLM "
         "endpoint serving the merged critic:</p><pre>make demo "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 
@@ -67,6 +67,12 @@ async def get_session(sid: str, request: Request) -> JSONResponse:
 
 
 @router.delete("/{sid}", responses={200: {"model": SessionClosed}})
-async def close_session(sid: str, request: Request) -> JSONResponse:
-    """Close the session (sessions also expire after ``sessions.ttl_s`` idle)."""
-    return JSONResponse(await gateway(request).close_session(sid))
+async def close_session(
+    sid: str, request: Request, outcome: Literal["success", "failure"] | None = None
+) -> JSONResponse:
+    """Close the session (sessions also expire after ``sessions.ttl_s`` idle).
+
+    ``?outcome=success|failure``: the task's evaluated outcome, as the runner's evaluator scored
+    it; recorded on the trace's close event (``data_gen ingest-runs --format trace`` reads it).
+    """
+    return JSONResponse(await gateway(request).close_session(sid, outcome))
