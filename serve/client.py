@@ -988,11 +988,13 @@ class _SessionState:
         if self.closed or self.session_id is None:
             self.closed = True
             return False
-        self.closed = True
         query = f"?outcome={outcome}" if outcome else ""
         reply = yield _Call(
             "DELETE", f"/v1/sessions/{self.session_id}{query}", None, self.cfg.session_deadline_s
         )
+        # Closed once the gateway has it (or no longer knows the session); after a failed
+        # close the caller may close again, so an outcome is not lost to one bad moment.
+        self.closed = reply.ok or reply.status == 404
         return reply.ok
 
 

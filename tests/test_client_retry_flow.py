@@ -426,3 +426,25 @@ def test_sync_and_async_clients_drive_the_same_flow(monkeypatch):
 
     assert asyncio.run(main())
     assert steps == sync_steps == ["_Attempt", "_Pause", "_Attempt", "_Pause", "_Attempt"]
+
+
+def test_a_failed_close_can_be_sent_again_with_its_outcome():
+    # A close carries the runner's outcome for the trace: one that failed (503, transport) must
+    # not mark the session closed, or the outcome is lost for good.
+    from serve.client import _Deadlines, _SessionState
+
+    cfg = ClientConfig()
+    state = _SessionState(cfg, {"task": "t"}, _Deadlines(cfg))
+    state.session_id = "s1"
+    flow = state.close_flow("success")
+    call = next(flow)
+    assert (call.method, call.path) == ("DELETE", "/v1/sessions/s1?outcome=success")
+    with pytest.raises(StopIteration) as done:
+        flow.send(_Reply(503, {"error": {"code": "storage_unavailable"}}))
+    assert done.value.value is False and not state.closed
+    flow = state.close_flow("success")
+    next(flow)
+    with pytest.raises(StopIteration) as done:
+        flow.send(_Reply(200, {"session_id": "s1", "closed": True}))
+    assert done.value.value is True and state.closed
+    assert list(state.close_flow("success")) == []  # closed: nothing is sent again

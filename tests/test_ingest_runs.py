@@ -490,6 +490,10 @@ def test_a_runner_reports_the_outcome_when_it_closes_the_session(tmp_path: Path)
     ingest_runs("trace", tmp_path / "state", out)
     (side,) = sidecars(out)
     assert side["outcome"] == "failure"
+    # diagnose reads the same reported outcome.
+    from serve.diagnose.loaders import load_trace
+
+    assert load_trace(tmp_path / "state" / "traces" / f"{sid}.jsonl").outcome == "failure"
 
 
 def test_a_close_with_an_unknown_outcome_is_422(tmp_path: Path):

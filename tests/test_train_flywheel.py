@@ -170,6 +170,19 @@ def test_folder_that_is_no_checkpoint_exits_2(capsys, monkeypatch, tmp_path):
     assert "holds no checkpoint train wrote" in err and "RUN/final" in err
 
 
+def test_a_config_without_weights_is_no_checkpoint():
+    import tempfile
+
+    from train.init_from import _kind
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text("{}")
+        with pytest.raises(ConfigError, match="holds no checkpoint"):
+            _kind(Path(d))
+        (Path(d) / "model.safetensors.index.json").write_text("{}")
+        assert _kind(Path(d)) == "full"
+
+
 # --------------------------------------------------------------------------------------------
 # evaluate: per-source rows
 

@@ -103,7 +103,9 @@ def _kind(path: Path) -> str:
             "is a DeepSpeed step checkpoint (sharded engine files); start from that run's "
             "RUN/final instead",
         )
-    weights = any(path.glob("model*.safetensors")) or (path / "model.safetensors.index.json")
+    weights = (
+        any(path.glob("model*.safetensors")) or (path / "model.safetensors.index.json").is_file()
+    )
     if (path / "config.json").is_file() and weights:
         return "full"
     raise _fail(

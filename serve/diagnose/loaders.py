@@ -273,7 +273,10 @@ def load_trace(path: Path) -> Run:
     if missing:
         notes.append(f"{missing} step(s) have no readable before-screenshot in {images}")
     outcome = "unknown"
-    if steps and steps[-1].actions and isinstance(steps[-1].actions[-1], Terminate):
+    reported = (events.close or {}).get("outcome")
+    if reported in ("success", "failure"):
+        outcome = reported  # the runner's evaluator, reported when it closed the session
+    elif steps and steps[-1].actions and isinstance(steps[-1].actions[-1], Terminate):
         outcome = "failure" if steps[-1].actions[-1].status == "failure" else "unknown"
     if outcome == "unknown":
         notes.append("a trace does not record the task outcome; the run is assumed to have failed")
