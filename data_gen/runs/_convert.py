@@ -44,11 +44,10 @@ from hivig.actions import (
     normalise_calls,
     parse_scalecua_calls,
 )
+from hivig.actions._normalise import SCROLL_PIXELS_PER_CLICK
 
 GRID = 1000
 """Side of the grid trace actions are written on."""
-PIXELS_PER_CLICK = 100
-"""Qwen ``scroll`` pixels per pyautogui wheel click (the normaliser's rule)."""
 
 _XY = ("x", "y")
 _PAIRS = ("from_coord", "to_coord")
@@ -110,7 +109,7 @@ def _grid_call(action: Action) -> list[tuple[str, dict[str, Any]]] | None:
     if isinstance(action, LeftClickDrag) and action.start is None:
         return [("dragTo", _xy(action.coordinate))]
     if isinstance(action, Scroll) and action.coordinate is None:
-        clicks, rest = divmod(action.pixels, PIXELS_PER_CLICK)
+        clicks, rest = divmod(action.pixels, SCROLL_PIXELS_PER_CLICK)
         return None if rest else [("scroll", {"clicks": clicks})]
     if isinstance(action, Key):
         keys = list(action.keys)

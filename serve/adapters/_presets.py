@@ -6,9 +6,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from hivig.actions import COORD_SPACES, PLATFORMS
+from hivig.run_folders import QWEN25_FACTOR
 
-SCALECUA_FACTOR = 28
-"""Qwen2.5-VL ``smart_resize`` patch factor used by every ScaleCUA evaluation harness."""
+# Qwen2.5-VL ``smart_resize`` patch factor used by every ScaleCUA evaluation harness (one
+# value, shared with the result-folder readers).
+SCALECUA_FACTOR = QWEN25_FACTOR
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hivig.actions import coordinate_values, first_block, parse_scalecua_calls
+from hivig.run_folders import QWEN25_FACTOR
 from serve.adapters._common import (
     DEFAULT_SCREEN,
     MEMORY_ATTRS,
@@ -35,7 +36,7 @@ from serve.adapters._common import (
 from serve.client import CriticClient
 from serve.guard import CriticGuard, Decision, GuardConfig
 
-SCALECUA_FACTOR = 28
+SCALECUA_FACTOR = QWEN25_FACTOR
 SCALECUA_MIN_PIXELS = 3_136
 SCALECUA_MAX_PIXELS = 2_109_744
 """ScaleCUA's released agents resize screenshots with Qwen2.5-VL ``smart_resize`` (factor 28)
