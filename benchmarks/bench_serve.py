@@ -291,6 +291,11 @@ def _drive(
     # independent agents do; burst: all at once, every step in lockstep.
     spread = 2 * delay if start == "staggered" else 0.0
     p = ctx.Process(target=_client_process, args=(url, sessions, steps, size, client, spread, q))
+    # The bare image work sampled while the gateway serves: the same machine under the same
+    # load, a step every half second (a few per cent of one core).
+    stop, bare_q = ctx.Event(), ctx.Queue()
+    sampler = ctx.Process(target=_bare_sampler, args=(size, steps, 0.5, stop, bare_q))
+    sampler.start()
     p.start()
     try:
         cpu0 = gateway_cpu()
@@ -303,11 +308,29 @@ def _drive(
                 if not p.is_alive() or time.monotonic() > deadline:
                     raise RuntimeError("the load generator died or hung") from None
         cpu = gateway_cpu() - cpu0
+        stop.set()
+        bare = bare_q.get(timeout=60)
     finally:
-        if p.is_alive():
-            p.terminate()
-        p.join()
-    return took, errs, cpu, client_cpu
+        stop.set()
+        for proc in (p, sampler):
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+    return took, errs, cpu, client_cpu, bare
+
+
+def _bare_sampler(
+    size: tuple[int, int], steps: int, interval_s: float, stop: Any, out: mp.Queue
+) -> None:
+    """Time one step's bare image work every ``interval_s`` until ``stop``; the times go to
+    ``out`` (this process's CPU only: the work and its numpy threads)."""
+    shots = [screenshot(*size, seed) for seed in range(steps)]
+    times: list[float] = []
+    while not stop.is_set():
+        times.append(_bare_step(shots[len(times) % steps]))
+        stop.wait(interval_s)
+    out.put(times)
 
 
 def _tree_cpu(pid: int) -> float:
@@ -416,7 +439,8 @@ def bench_throughput(
     start: str,
     transport: str = "inproc",
 ) -> dict:
-    fractions, errors, cpu_s, client_cpu_s, server_cpu_s = [], 0, [], [], []
+    _bare_kernel(transport)
+    fractions, errors, cpu_s, client_cpu_s, server_cpu_s, loaded = [], 0, [], [], [], []
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as tmp:
 
@@ -424,12 +448,15 @@ def bench_throughput(
                 return _drive(url, sessions, steps, size, client, start, delay, gateway_cpu)
 
             if transport == "openai":
-                calls, (took, errs, cpu, client_cpu), server = _cli_run(Path(tmp), delay, drive)
+                calls, (took, errs, cpu, client_cpu, bare_s), server = _cli_run(
+                    Path(tmp), delay, drive
+                )
             else:
-                calls, (took, errs, cpu, client_cpu), server = _in_process_run(
+                calls, (took, errs, cpu, client_cpu, bare_s), server = _in_process_run(
                     Path(tmp), delay, drive
                 )
         cpu_s.append(cpu)
+        loaded += bare_s
         client_cpu_s.append(client_cpu)
         server_cpu_s.append(server)
         # The first observe of a session makes no model call (no step was executed yet).
@@ -438,7 +465,8 @@ def bench_throughput(
             raise RuntimeError(f"{calls} model calls, expected {sessions * (2 * steps - 1)}")
         fractions.append(ideal / took)
         errors += errs
-    bare = _bare_image_work(size, steps, transport)
+    bare = _bare_image_work(size, steps)
+    bare_loaded_ms = statistics.median(loaded) * 1000
     gateway_ms = statistics.median(cpu_s) * 1000 / (sessions * steps)
     return {
         "sessions": sessions,
@@ -460,38 +488,43 @@ def bench_throughput(
         "model_server_cpu_ms_per_step": round(
             statistics.median(server_cpu_s) * 1000 / (sessions * steps), 1
         ),
-        # The bare image work of one step on this machine in the same run (decode, canonical
-        # frame, one PNG encode; the kernel the gateway used): what the gateway's CPU is held to.
+        # The bare image work of one step (decode, canonical frame, one PNG encode; the kernel
+        # the gateway used): what the gateway's CPU is held to. Sampled in a process of its own
+        # while the gateway served (the same machine under the same load), and once more on
+        # the quiet machine after the run.
+        "kernel": resize_kernel(),
+        "bare_image_ms_per_step_during_run": round(bare_loaded_ms, 1),
+        "bare_samples_during_run": len(loaded),
         **bare,
+        "gateway_cpu_to_bare_during_run": round(gateway_ms / bare_loaded_ms, 2),
         "gateway_cpu_to_bare": round(gateway_ms / bare["bare_image_ms_per_step"], 2),
         "errors": errors,
     }
 
 
-def _bare_image_work(size: tuple[int, int], steps: int, transport: str) -> dict[str, Any]:
-    # ``python -m serve`` never imports torch, so it resizes with the numpy kernel unless told.
-    kernel = os.environ.get("HIVIG_RESIZE_KERNEL") or ("numpy" if transport == "openai" else "")
-    previous = os.environ.get("HIVIG_RESIZE_KERNEL")
-    if kernel:
-        os.environ["HIVIG_RESIZE_KERNEL"] = kernel
-    try:
-        frame = FrameConfig()
-        used = resize_kernel()
-        shots = [screenshot(*size, seed) for seed in range(steps)]
-        times = []
-        for data in shots * 3:
-            start = time.process_time()
-            frame_img = canonical_frame(
-                data, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels
-            )
-            encode_png(frame_img, FAST_PNG_LEVEL)
-            times.append(time.process_time() - start)
-    finally:
-        if previous is None:
-            os.environ.pop("HIVIG_RESIZE_KERNEL", None)
-        else:
-            os.environ["HIVIG_RESIZE_KERNEL"] = previous
-    return {"bare_image_ms_per_step": round(statistics.median(times) * 1000, 1), "kernel": used}
+def _bare_step(data: bytes) -> float:
+    """CPU seconds of one step's bare image work: decode, canonical frame, one PNG encode."""
+    frame = FrameConfig()
+    start = time.process_time()
+    frame_img = canonical_frame(data, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels)
+    encode_png(frame_img, FAST_PNG_LEVEL)
+    return time.process_time() - start
+
+
+def _bare_kernel(transport: str) -> None:
+    """Resize with the kernel the gateway uses (set before any sampler process starts).
+
+    ``python -m serve`` never imports torch, so it resizes with the numpy kernel unless told.
+    """
+    if transport == "openai" and not os.environ.get("HIVIG_RESIZE_KERNEL"):
+        os.environ["HIVIG_RESIZE_KERNEL"] = "numpy"
+
+
+def _bare_image_work(size: tuple[int, int], steps: int) -> dict[str, Any]:
+    """The bare image work on a quiet machine (after the run), in this process."""
+    shots = [screenshot(*size, seed) for seed in range(steps)]
+    times = [_bare_step(data) for data in shots * 3]
+    return {"bare_image_ms_per_step": round(statistics.median(times) * 1000, 1)}
 
 
 # ---------------------------------------------------------------------------------------------

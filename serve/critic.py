@@ -35,7 +35,7 @@ from hivig.prompts import (
     load_prompt,
     load_prompt_dir,
 )
-from hivig.vision import draw_marks, size_class_for_platform
+from hivig.vision import draw_marks, marked_rows, size_class_for_platform
 from serve.config import ServeConfig
 from serve.errors import ApiError
 from serve.images import ImageStore
@@ -245,9 +245,11 @@ class Critic:
                     # An unmarked frame is passed as the cached object itself (nobody draws on
                     # it): the transport's payload cache then encodes each screen once, not once
                     # per prompt it appears in (the "after" of one step is the next "before").
-                    marked = (
-                        draw_marks(clean, ref.marks, ref.size_class).image if ref.marks else clean
-                    )
+                    marked = clean
+                    if ref.marks:
+                        marked = draw_marks(clean, ref.marks, ref.size_class).image
+                        rows = marked_rows(ref.marks, *marked.size, ref.size_class)
+                        self.images.prime_marked(ref.path, marked, rows)
                     content.append(ImagePart(marked))
                 else:
                     content.append(part)

@@ -1,10 +1,15 @@
 """Screenshots by reference: decoded once, stored once, canonical frames cached.
 
 A screenshot arrives inline (base64 PNG/JPEG) or as an ``image_ref`` from an earlier upload. Its
-reference is the SHA-256 of its decoded RGB pixels and size, so the same screen sent twice, in
-any encoding, is one reference. It is stored as a lossless PNG under ``images/<hex>.png``
-(traces and ``diagnose`` read it there; a restarted gateway finds it again). The clean canonical
-frame of recent screenshots stays in memory, so a critique after its observe only draws markers.
+reference names the frame the critic sees: the SHA-256 of the screenshot's size and of its
+canonical PNG (the canonical frame, encoded once at ``FAST_PNG_LEVEL`` in bands of rows,
+``BandedPng``), so the same screen sent twice, in any encoding, is one reference. That PNG is
+the one the model is sent (it is handed to the transport's payload cache), so naming a screen
+costs a hash over its compressed bytes, not over its megabytes of pixels, and a critique's
+marked copy re-compresses only the bands under its marks. The screenshot itself is stored as a
+lossless PNG under ``images/<hex>.png`` (traces and ``diagnose`` read it there; a restarted
+gateway finds it again). The clean canonical frame of recent screenshots stays in memory, so a
+critique after its observe only draws markers.
 """
 
 from __future__ import annotations
@@ -20,16 +25,17 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
+from hivig.backends.images import ImagePayloadCache, default_image_cache
 from hivig.config import FrameConfig
 from hivig.vision import (
     FAST_PNG_LEVEL,
+    BandedPng,
     FrameCache,
     ImageError,
     canonical_frame,
@@ -64,42 +70,18 @@ def decode_base64(data: str) -> bytes:
         raise ApiError(400, "bad_image", f"screenshot is not valid base64: {e}") from None
 
 
-_DIGEST_CHUNK = 1 << 20
-"""Bytes of packed pixels hashed at a time (whole rows; at least one row)."""
+def frame_ref(size: tuple[int, int], canonical_png: bytes) -> str:
+    """The reference of a screenshot of ``size`` (width, height) whose canonical frame encodes
+    to ``canonical_png`` (``BandedPng.encode(frame, FAST_PNG_LEVEL).png()``).
 
-
-def pixel_ref(image: Image.Image) -> str:
-    """The reference of an RGB image: SHA-256 over its size and pixels.
-
-    The digest is ``sha256(b"{w}x{h}:" + image.tobytes())``, but the packed rows are hashed as
-    Pillow's raw encoder produces them: ``tobytes`` would first join the same chunks into one
-    6 MB copy of a 1920x1080 screen (0.4 of the 4.6 ms the digest took that way).
+    The size is part of it because coordinates are read in the screenshot's own pixels: two
+    screens of different sizes never share a reference, even where their frames are equal.
+    The PNG's bytes depend only on the pixels (for one deflate library), so equal frames give
+    equal references.
     """
-    h = hashlib.sha256(f"{image.width}x{image.height}:".encode())
-    for chunk in _packed_rows(image, _DIGEST_CHUNK):
-        h.update(chunk)
+    h = hashlib.sha256(f"{size[0]}x{size[1]}:".encode())
+    h.update(canonical_png)
     return REF_PREFIX + h.hexdigest()
-
-
-def _packed_rows(image: Image.Image, chunk: int) -> Iterator[bytes]:
-    """``image.tobytes()`` in pieces of whole rows, about ``chunk`` bytes each, in order."""
-    image.load()
-    if image.width == 0 or image.height == 0:
-        return
-    # What ``Image.tobytes`` runs, minus its final join; the raw encoder packs at least one
-    # whole row per call, whatever the buffer size.
-    encoder = Image._getencoder(image.mode, "raw", image.mode)
-    try:
-        encoder.setimage(image.im, (0, 0, *image.size))
-        while True:
-            _, status, data = encoder.encode(max(chunk, image.width * 4))
-            yield data
-            if status:
-                break
-    finally:
-        encoder.cleanup()
-    if status < 0:
-        raise RuntimeError(f"raw encoder error {status} while hashing pixels")
 
 
 class ImageStore:
@@ -118,9 +100,12 @@ class ImageStore:
         cache_size: int = 256,
         large_pixels: int | None = None,
         large_lanes: int = 1,
+        payloads: ImagePayloadCache | None = None,
     ) -> None:
         """Store under ``root`` (created); frames follow ``frame``'s pixel budget; screenshots
-        over ``large_pixels`` are decoded ``large_lanes`` at a time (``put_inline``)."""
+        over ``large_pixels`` are decoded ``large_lanes`` at a time (``put_inline``); the
+        canonical PNG of each new frame is handed to ``payloads`` (the process-wide transport
+        cache by default), so a backend that sends PNGs does not encode it again."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.frame = frame
@@ -130,7 +115,10 @@ class ImageStore:
         self._large_lanes = asyncio.Semaphore(large_lanes)
         self.write_errors = 0
         """Screenshots that could not be written to disk (kept in memory only)."""
+        self._payloads = payloads or default_image_cache()
         self._frames = FrameCache(max_items=cache_size)
+        # The clean frames' PNGs in bands (compressed bytes only), for their marked copies.
+        self._bands: OrderedDict[str, BandedPng] = OrderedDict()
         self._sizes: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -155,14 +143,39 @@ class ImageStore:
         if not data:
             raise ApiError(400, "bad_image", "screenshot is empty")
         image = self._decode(data)
-        ref = pixel_ref(image)
+        frame = self._canonical(image)
+        banded = BandedPng.encode(frame, FAST_PNG_LEVEL)
+        png = banded.png()
+        ref = frame_ref(image.size, png)
         path = self.path_of(ref)
         if not path.exists():
             # PNG input is stored as sent (lossless already): no re-encode on the request path.
             payload = data if data.startswith(_PNG_MAGIC) else encode_png(image, FAST_PNG_LEVEL)
             self._write(path, payload)
-        self._remember(ref, image)
+        self._payloads.prime_png(frame, png, FAST_PNG_LEVEL)
+        self._remember_size(ref, image.size)
+        with self._lock:
+            self._bands[ref] = banded
+            self._bands.move_to_end(ref)
+            while len(self._bands) > self._cache_size:
+                self._bands.popitem(last=False)
+        self._frames.put(ref, frame)
         return StoredImage(ref, image.width, image.height, path)
+
+    def prime_marked(self, ref: str, marked: Image.Image, rows: tuple[int, int]) -> bool:
+        """Hand the transport the PNG of ``marked``, the clean frame of ``ref`` with marks drawn
+        only in ``rows`` (``marked_rows``), from the clean frame's bands: only the bands the
+        marks touch are compressed.
+
+        Returns:
+            Whether it was handed over (not for a frame read back from disk, whose bands are
+            not kept: the transport then encodes the whole marked frame itself).
+        """
+        with self._lock:
+            banded = self._bands.get(ref)
+        if banded is None or marked.size != (banded.width, banded.height):
+            return False
+        return self._payloads.prime_png(marked, banded.patched(marked, *rows), banded.level)
 
     def put_base64(self, data: str) -> StoredImage:
         """``put_bytes`` of a base64 string."""
@@ -176,10 +189,9 @@ class ImageStore:
         thread stays free for ordinary screens.
         """
         loop = asyncio.get_running_loop()
-        raw, pixels = await loop.run_in_executor(self.pool, _decoded_and_area, data)
-        if pixels <= self.large_pixels or pixels > self.max_pixels:
-            # Over the limit is refused at once (400), never after waiting for a lane.
-            return await loop.run_in_executor(self.pool, self.put_bytes, raw)
+        stored, raw, pixels = await loop.run_in_executor(self.pool, self._put_unless_large, data)
+        if stored is not None:
+            return stored
         try:
             await asyncio.wait_for(self._large_lanes.acquire(), wait_s)
         except (asyncio.TimeoutError, TimeoutError):
@@ -193,6 +205,15 @@ class ImageStore:
             return await loop.run_in_executor(self.pool, self.put_bytes, raw)
         finally:
             self._large_lanes.release()
+
+    def _put_unless_large(self, data: str) -> tuple[StoredImage | None, bytes, int]:
+        """``put_base64`` in this thread (one hop for an ordinary screen), or, for a large
+        screenshot, only its bytes and area: it waits for a lane first."""
+        raw, pixels = _decoded_and_area(data)
+        # Over the limit is refused at once (400), never after waiting for a lane.
+        if pixels <= self.large_pixels or pixels > self.max_pixels:
+            return self.put_bytes(raw), raw, pixels
+        return None, raw, pixels
 
     def _write(self, path: Path, payload: bytes) -> None:
         # A screenshot that cannot be written (a read-only or full disk) is still served from
@@ -237,10 +258,6 @@ class ImageStore:
             self._sizes.move_to_end(ref)
             while len(self._sizes) > 16 * self._cache_size:
                 self._sizes.popitem(last=False)
-
-    def _remember(self, ref: str, image: Image.Image) -> None:
-        self._remember_size(ref, image.size)
-        self._frames.put(ref, self._canonical(image))
 
     def close(self) -> None:
         """Stop the image threads."""

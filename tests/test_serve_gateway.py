@@ -266,27 +266,74 @@ def test_images_by_reference(tmp_path):
 
 
 @pytest.mark.parametrize(("width", "height"), [(1, 1), (7, 3), (333, 77), (1920, 1080)])
-def test_pixel_ref_is_sha256_of_size_and_packed_rows(width, height):
+def test_image_ref_is_sha256_of_size_and_canonical_png(tmp_path, width, height):
+    import base64
     import hashlib
+    import io
 
     import numpy as np
     from PIL import Image
 
-    from serve.images import _packed_rows, pixel_ref
+    from hivig.backends import default_image_cache
+    from hivig.config import FrameConfig
+    from hivig.vision import FAST_PNG_LEVEL, BandedPng, canonical_frame
+    from serve.images import ImageStore
 
     pixels = np.random.default_rng(width).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    image = Image.fromarray(pixels)
-    # The documented reference: one SHA-256 over "WxH:" and the RGB bytes, row after row.
-    expected = hashlib.sha256(f"{width}x{height}:".encode() + pixels.tobytes()).hexdigest()
-    assert pixel_ref(image) == "sha256:" + expected
-    # Chunks far smaller than a row still come out as whole rows, none lost or repeated.
-    for chunk in (1, 100, 4096):
-        pieces = list(_packed_rows(image, chunk))
-        assert b"".join(pieces) == pixels.tobytes()
-        assert all(len(p) % (3 * width) == 0 for p in pieces)
-    # Another pixel changes the reference (the digest reads every row, the last one too).
-    pixels[-1, -1, 2] ^= 1
-    assert pixel_ref(Image.fromarray(pixels)) != "sha256:" + expected
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    fc = FrameConfig()
+    store = ImageStore(tmp_path, fc, max_bytes=1 << 26, max_pixels=1 << 24)
+    stored = store.put_bytes(buf.getvalue())
+    frame = canonical_frame(
+        Image.fromarray(pixels),
+        min_pixels=fc.min_pixels,
+        max_pixels=fc.max_pixels,
+        factor=fc.factor,
+    )
+    png = BandedPng.encode(frame, FAST_PNG_LEVEL).png()
+    # The documented reference: one SHA-256 over "WxH:" and the canonical frame's PNG.
+    assert stored.ref == "sha256:" + hashlib.sha256(f"{width}x{height}:".encode() + png).hexdigest()
+    # That PNG is what the transport sends for the cached frame: it is not encoded again.
+    cache = default_image_cache()
+    clean = store.clean_frame(stored.ref)
+    assert cache.has_part(clean)
+    sent = base64.b64decode(cache.data_url(clean).partition(",")[2])
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(sent))), np.asarray(frame))
+    # Another screen is another reference.
+    pixels[height // 2, width // 2] ^= 255
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    assert store.put_bytes(buf.getvalue()).ref != stored.ref
+
+
+def test_every_frame_the_model_is_sent_is_encoded_once_and_exactly(tmp_path):
+    """The transport sends the clean frames' PNGs the store made when naming them, and each
+    marked frame's PNG spliced from the clean bands; each decodes to the frame's pixels."""
+    import io
+    from base64 import b64decode
+
+    import numpy as np
+    from PIL import Image
+
+    from hivig.backends import default_image_cache
+
+    cache = default_image_cache()
+    encodes = cache.stats.encodes
+    backend = ScriptedBackend()
+    with _client(tmp_path, backend) as c:
+        sid = _start(c)
+        for k in range(3):
+            assert _observe(c, sid, k, prev=CLICK if k else None).status_code == 200
+            r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": k, "action": CLICK})
+            assert r.status_code == 200
+        frames = [img for _, messages in backend.calls for m in messages for img in m.images()]
+        assert len(frames) == 3 + 2 * 2  # a marked frame per critique, two per history update
+        for frame in frames:
+            assert cache.has_part(frame)
+            sent = b64decode(cache.data_url(frame).partition(",")[2])
+            assert np.array_equal(np.asarray(Image.open(io.BytesIO(sent))), np.asarray(frame))
+    assert cache.stats.encodes == encodes
 
 
 # ---------------------------------------------------------------------------------------------

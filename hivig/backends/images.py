@@ -185,6 +185,30 @@ class ImagePayloadCache:
                 self._count("hits")
             return part
 
+    def prime_png(self, image: Image.Image, png: bytes, level: int) -> bool:
+        """Adopt ``png``, the caller's ``encode_png(image, level)``, as the image's PNG part.
+
+        For a caller that encodes the frame anyway (the gateway names screens by their PNG), so
+        the transport does not encode it a second time. Nothing is stored when ``level`` is not
+        this cache's level (the bytes would differ from what it sends) or a part is already
+        there.
+
+        Returns:
+            Whether the part was stored.
+
+        Raises:
+            TypeError: ``image`` is not a PIL image.
+        """
+        if level != self.png_level:
+            return False
+        key = _transport_key("png", 0)
+        entry = self._entry(_require_image(image))
+        with entry.lock:
+            if key in entry.parts:
+                return False
+            entry.parts[key] = _image_part_json(png)
+        return True
+
     def data_url(
         self, image: Image.Image, image_format: ImageFormat = "png", jpeg_quality: int = 95
     ) -> str:

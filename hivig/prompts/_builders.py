@@ -11,6 +11,7 @@ layout are written, for data_gen, train and serve.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 
@@ -107,6 +108,7 @@ def format_trajectory(steps: Sequence[str]) -> str:
     return "\n\n".join(f"Step {k}:\n{text}" for k, text in enumerate(steps, start=1))
 
 
+@functools.cache  # one string per platform, asked for by every prompt
 def action_space_text(platform: str) -> str:
     """The platform's tool definition as JSON, shown inside ``<tools>`` in every system prompt.
 

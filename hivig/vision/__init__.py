@@ -45,12 +45,16 @@ from hivig.vision._markers import (
     DrawResult,
     MarkerGeometry,
     draw_marks,
+    marked_rows,
     marker_geometry,
     size_class_for,
     size_class_for_platform,
 )
+from hivig.vision._png import PNG_BAND_ROWS, BandedPng
 
 __all__ = [
+    "BandedPng",
+    "PNG_BAND_ROWS",
     "FrameCache",
     "frame_nbytes",
     "FAST_PNG_LEVEL",
@@ -69,6 +73,7 @@ __all__ = [
     "deflate",
     "dhash_array",
     "draw_marks",
+    "marked_rows",
     "encode_png",
     "exact_fingerprint",
     "grid_box_px",

@@ -187,6 +187,37 @@ def draw_marks_inplace(
     return skipped
 
 
+def marked_rows(
+    marks: tuple[Mark, ...] | list[Mark],
+    width: int,
+    height: int,
+    size_class: SizeClass | None = None,
+) -> tuple[int, int]:
+    """Rows ``[top, bottom)`` outside which ``draw_marks`` leaves an image of this size as it is.
+
+    A bound, never too small: each shape's rows widened by the line width and a pixel (Pillow
+    draws a wide line as a polygon around its centre line). ``(0, 0)`` when nothing is drawn.
+
+    Raises:
+        ValueError: ``size_class`` is not a known class.
+    """
+    g = marker_geometry(width, height, size_class_for(width, height, size_class))
+    spans = []
+    for mark in marks:
+        if isinstance(mark, PointMark) and _in_range(mark.x, mark.y):
+            y = _to_px(mark.y, height)
+            spans.append((y - g.outer, y + g.outer))
+        elif isinstance(mark, ArrowMark) and _in_range(mark.x1, mark.y1, mark.x2, mark.y2):
+            y1, y2 = _to_px(mark.y1, height), _to_px(mark.y2, height)
+            spans.append((min(y1, y2) - g.head, max(y1, y2) + g.head))
+    if not spans:
+        return 0, 0
+    pad = g.width + 1
+    top = max(0, min(lo for lo, _ in spans) - pad)
+    bottom = min(height, max(hi for _, hi in spans) + pad + 1)
+    return (top, bottom) if top < bottom else (0, 0)
+
+
 def draw_marks(
     image: Image.Image,
     marks: tuple[Mark, ...] | list[Mark],

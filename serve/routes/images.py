@@ -20,5 +20,5 @@ router = APIRouter(prefix="/v1/images", tags=["images"], responses=ERRORS)
     openapi_extra=openapi_body(ImageUpload),
 )
 async def upload(request: Request, req: Annotated[ImageUpload, body(ImageUpload)]) -> JSONResponse:
-    """Store a screenshot; its reference is the SHA-256 of the decoded pixels."""
+    """Store a screenshot; its reference names the frame the critic sees (``serve.images``)."""
     return JSONResponse(await gateway(request).upload(req), 201)
