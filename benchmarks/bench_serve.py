@@ -14,7 +14,12 @@
     backend adding 200 ms per call; achieved calls/s as a fraction of 32 x 2 / 0.4 s. The gateway
     is the app in this process with an in-process backend (``--transport inproc``) or
     ``python -m serve`` with its OpenAI client against a loopback OpenAI-compatible server
-    (``--transport openai``: what a vLLM deployment runs, the HTTP calls included).
+    (``--transport openai``: what a vLLM deployment runs, the HTTP calls included). The
+    gateway's CPU per step is set against the bare image work of a step (decode, canonical
+    frame, one PNG encode, with the gateway's resize kernel), sampled in a process of its own
+    every 0.5 s while the gateway serves (the same machine under the same load:
+    ``gateway_cpu_to_bare_during_run``) and again on the quiet machine after the run
+    (``gateway_cpu_to_bare``).
 (c) latency with the tiny random Qwen3-VL (in-process transformers backend, CPU).
 """
 
@@ -62,6 +67,7 @@ class EncodingBackend:
     on a worker thread while any is new) and answers after ``delay_s``."""
 
     model_name = "bench"
+    image_format = "png"  # as OpenAIBackend: the gateway hands it the frames' PNGs
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
@@ -295,9 +301,9 @@ def _drive(
     # load, a step every half second (a few per cent of one core).
     stop, bare_q = ctx.Event(), ctx.Queue()
     sampler = ctx.Process(target=_bare_sampler, args=(size, steps, 0.5, stop, bare_q))
-    sampler.start()
-    p.start()
     try:
+        sampler.start()
+        p.start()
         cpu0 = gateway_cpu()
         deadline = time.monotonic() + 600
         while True:
@@ -312,8 +318,10 @@ def _drive(
         bare = bare_q.get(timeout=60)
     finally:
         stop.set()
-        for proc in (p, sampler):
-            proc.join(timeout=60)
+        for proc, wait_s in ((p, 0), (sampler, 60)):
+            if proc.pid is None:
+                continue  # never started
+            proc.join(timeout=wait_s)
             if proc.is_alive():
                 proc.terminate()
                 proc.join()
@@ -326,10 +334,12 @@ def _bare_sampler(
     """Time one step's bare image work every ``interval_s`` until ``stop``; the times go to
     ``out`` (this process's CPU only: the work and its numpy threads)."""
     shots = [screenshot(*size, seed) for seed in range(steps)]
+    _bare_step(shots[0])  # warm: the first call loads the kernel's plans
     times: list[float] = []
-    while not stop.is_set():
+    while True:  # at least one sample, however short the run
         times.append(_bare_step(shots[len(times) % steps]))
-        stop.wait(interval_s)
+        if stop.wait(interval_s):
+            break
     out.put(times)
 
 
@@ -439,7 +449,32 @@ def bench_throughput(
     start: str,
     transport: str = "inproc",
 ) -> dict:
-    _bare_kernel(transport)
+    # The bare work resizes with the gateway's kernel, here and in the sampler processes (which
+    # inherit the variable); the caller's setting is restored afterwards.
+    previous = os.environ.get("HIVIG_RESIZE_KERNEL")
+    os.environ["HIVIG_RESIZE_KERNEL"] = kernel = _gateway_kernel(transport)
+    try:
+        return _throughput_runs(
+            runs, sessions, steps, size, delay, client, start, transport, kernel
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("HIVIG_RESIZE_KERNEL", None)
+        else:
+            os.environ["HIVIG_RESIZE_KERNEL"] = previous
+
+
+def _throughput_runs(
+    runs: int,
+    sessions: int,
+    steps: int,
+    size: tuple[int, int],
+    delay: float,
+    client: str,
+    start: str,
+    transport: str,
+    kernel: str,
+) -> dict:
     fractions, errors, cpu_s, client_cpu_s, server_cpu_s, loaded = [], 0, [], [], [], []
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as tmp:
@@ -492,7 +527,7 @@ def bench_throughput(
         # the gateway used): what the gateway's CPU is held to. Sampled in a process of its own
         # while the gateway served (the same machine under the same load), and once more on
         # the quiet machine after the run.
-        "kernel": resize_kernel(),
+        "kernel": kernel,
         "bare_image_ms_per_step_during_run": round(bare_loaded_ms, 1),
         "bare_samples_during_run": len(loaded),
         **bare,
@@ -511,13 +546,11 @@ def _bare_step(data: bytes) -> float:
     return time.process_time() - start
 
 
-def _bare_kernel(transport: str) -> None:
-    """Resize with the kernel the gateway uses (set before any sampler process starts).
-
-    ``python -m serve`` never imports torch, so it resizes with the numpy kernel unless told.
-    """
-    if transport == "openai" and not os.environ.get("HIVIG_RESIZE_KERNEL"):
-        os.environ["HIVIG_RESIZE_KERNEL"] = "numpy"
+def _gateway_kernel(transport: str) -> str:
+    """The kernel the gateway resizes with: ``python -m serve`` never imports torch, so it
+    takes the numpy kernel unless told; the in-process app takes this process's."""
+    told = os.environ.get("HIVIG_RESIZE_KERNEL")
+    return told or ("numpy" if transport == "openai" else resize_kernel())
 
 
 def _bare_image_work(size: tuple[int, int], steps: int) -> dict[str, Any]:

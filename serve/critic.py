@@ -358,7 +358,8 @@ class Critic:
 def request_key(model: str, messages: PromptMessages, sampling: Sampling) -> str:
     """Content address of a critic request from image references, marks and text.
 
-    Screens are named by their stored pixel digest, so no frame is hashed again per request.
+    Screens are named by their references (``serve.images``), so no frame is hashed again per
+    request.
     """
     h = hashlib.sha256(
         f"{model}|{sampling.temperature}|{sampling.top_p}|{sampling.max_tokens}".encode()

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from hivig.actions import ActionError, action_from_arguments, pointer_after, space_for_platform
-from hivig.backends import InferenceBackend
+from hivig.backends import InferenceBackend, default_image_cache
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
 from hivig.messages import ArrowMark
 from hivig.prompts import format_trajectory
 from hivig.recovery import StepRecord, choose_recovery
+from hivig.vision import FAST_PNG_LEVEL
 from serve.actions import Frame, ResolvedAction, resolve
 from serve.config import ServeConfig
 from serve.critic import Critic, ModelResult, QueueGate
@@ -95,6 +96,8 @@ class Gateway:
             large_pixels=cfg.limits.large_image_pixels,
             large_lanes=cfg.limits.large_image_lanes,
             cache_size=cfg.sessions.frame_cache,
+            # A backend sending PNGs (the OpenAI transport) gets the frames' PNGs made here.
+            payloads=default_image_cache() if _sends_png(backend) else None,
         )
         self.traces = TraceWriter(state_dir / "traces", self.metrics)
         self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
@@ -972,6 +975,14 @@ async def _lock_file(path: Path) -> int:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _sends_png(backend: InferenceBackend) -> bool:
+    """Whether ``backend`` sends frames as PNGs through the process-wide payload cache."""
+    return (
+        getattr(backend, "image_format", None) == "png"
+        and default_image_cache().png_level == FAST_PNG_LEVEL
+    )
 
 
 def _observe_key(req: Observe) -> str:

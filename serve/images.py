@@ -3,13 +3,17 @@
 A screenshot arrives inline (base64 PNG/JPEG) or as an ``image_ref`` from an earlier upload. Its
 reference names the frame the critic sees: the SHA-256 of the screenshot's size and of its
 canonical PNG (the canonical frame, encoded once at ``FAST_PNG_LEVEL`` in bands of rows,
-``BandedPng``), so the same screen sent twice, in any encoding, is one reference. That PNG is
-the one the model is sent (it is handed to the transport's payload cache), so naming a screen
-costs a hash over its compressed bytes, not over its megabytes of pixels, and a critique's
-marked copy re-compresses only the bands under its marks. The screenshot itself is stored as a
-lossless PNG under ``images/<hex>.png`` (traces and ``diagnose`` read it there; a restarted
-gateway finds it again). The clean canonical frame of recent screenshots stays in memory, so a
-critique after its observe only draws markers.
+``BandedPng``), so the same screen sent twice, in any encoding, is one reference, and two
+screenshots whose canonical frames are equal pixel for pixel (a difference the resize averages
+away) are one screen to the critic and one reference (the file kept is the first one sent).
+Naming a screen costs a hash over its compressed bytes, not over its megabytes of pixels. A
+backend that sends PNGs (the OpenAI transport) is handed that PNG, and a critique's marked copy
+re-compresses only the bands under its marks. The bytes, and so the references, depend on the
+deflate library: every gateway sharing a state folder runs the same image.
+
+The screenshot itself is stored as a lossless PNG under ``images/<hex>.png`` (traces and
+``diagnose`` read it there; a restarted gateway finds it again). The clean canonical frame of
+recent screenshots stays in memory, so a critique after its observe only draws markers.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from hivig.backends.images import ImagePayloadCache, default_image_cache
+from hivig.backends.images import ImagePayloadCache
 from hivig.config import FrameConfig
 from hivig.vision import (
     FAST_PNG_LEVEL,
@@ -103,9 +107,14 @@ class ImageStore:
         payloads: ImagePayloadCache | None = None,
     ) -> None:
         """Store under ``root`` (created); frames follow ``frame``'s pixel budget; screenshots
-        over ``large_pixels`` are decoded ``large_lanes`` at a time (``put_inline``); the
-        canonical PNG of each new frame is handed to ``payloads`` (the process-wide transport
-        cache by default), so a backend that sends PNGs does not encode it again."""
+        over ``large_pixels`` are decoded ``large_lanes`` at a time (``put_inline``).
+
+        ``payloads`` is the payload cache of a backend that sends frames as PNGs at
+        ``FAST_PNG_LEVEL`` (the OpenAI transport's, ``default_image_cache()``): each new
+        frame's PNG and each marked copy's are handed to it, so that backend encodes nothing
+        again. ``None`` (an in-process model, a JPEG transport): nothing is handed over, and no
+        bands are kept.
+        """
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.frame = frame
@@ -115,7 +124,7 @@ class ImageStore:
         self._large_lanes = asyncio.Semaphore(large_lanes)
         self.write_errors = 0
         """Screenshots that could not be written to disk (kept in memory only)."""
-        self._payloads = payloads or default_image_cache()
+        self._payloads = payloads
         self._frames = FrameCache(max_items=cache_size)
         # The clean frames' PNGs in bands (compressed bytes only), for their marked copies.
         self._bands: OrderedDict[str, BandedPng] = OrderedDict()
@@ -152,13 +161,14 @@ class ImageStore:
             # PNG input is stored as sent (lossless already): no re-encode on the request path.
             payload = data if data.startswith(_PNG_MAGIC) else encode_png(image, FAST_PNG_LEVEL)
             self._write(path, payload)
-        self._payloads.prime_png(frame, png, FAST_PNG_LEVEL)
         self._remember_size(ref, image.size)
-        with self._lock:
-            self._bands[ref] = banded
-            self._bands.move_to_end(ref)
-            while len(self._bands) > self._cache_size:
-                self._bands.popitem(last=False)
+        if self._payloads is not None:
+            self._payloads.prime_png(frame, png, FAST_PNG_LEVEL)
+            with self._lock:
+                self._bands[ref] = banded
+                self._bands.move_to_end(ref)
+                while len(self._bands) > self._cache_size:
+                    self._bands.popitem(last=False)
         self._frames.put(ref, frame)
         return StoredImage(ref, image.width, image.height, path)
 
@@ -168,11 +178,16 @@ class ImageStore:
         marks touch are compressed.
 
         Returns:
-            Whether it was handed over (not for a frame read back from disk, whose bands are
-            not kept: the transport then encodes the whole marked frame itself).
+            Whether it was handed over: not without a payload cache, nor for a frame read back
+            from disk, whose bands are not kept (the transport then encodes the whole marked
+            frame itself).
         """
+        if self._payloads is None or self._payloads.png_level != FAST_PNG_LEVEL:
+            return False
         with self._lock:
             banded = self._bands.get(ref)
+            if banded is not None:
+                self._bands.move_to_end(ref)  # as recently used as its frame
         if banded is None or marked.size != (banded.width, banded.height):
             return False
         return self._payloads.prime_png(marked, banded.patched(marked, *rows), banded.level)

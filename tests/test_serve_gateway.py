@@ -283,7 +283,8 @@ def test_image_ref_is_sha256_of_size_and_canonical_png(tmp_path, width, height):
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     fc = FrameConfig()
-    store = ImageStore(tmp_path, fc, max_bytes=1 << 26, max_pixels=1 << 24)
+    cache = default_image_cache()
+    store = ImageStore(tmp_path, fc, max_bytes=1 << 26, max_pixels=1 << 24, payloads=cache)
     stored = store.put_bytes(buf.getvalue())
     frame = canonical_frame(
         Image.fromarray(pixels),
@@ -295,7 +296,6 @@ def test_image_ref_is_sha256_of_size_and_canonical_png(tmp_path, width, height):
     # The documented reference: one SHA-256 over "WxH:" and the canonical frame's PNG.
     assert stored.ref == "sha256:" + hashlib.sha256(f"{width}x{height}:".encode() + png).hexdigest()
     # That PNG is what the transport sends for the cached frame: it is not encoded again.
-    cache = default_image_cache()
     clean = store.clean_frame(stored.ref)
     assert cache.has_part(clean)
     sent = base64.b64decode(cache.data_url(clean).partition(",")[2])
@@ -318,9 +318,12 @@ def test_every_frame_the_model_is_sent_is_encoded_once_and_exactly(tmp_path):
 
     from hivig.backends import default_image_cache
 
+    class PngBackend(ScriptedBackend):
+        image_format = "png"  # as the OpenAI transport: frames travel as PNGs
+
     cache = default_image_cache()
     encodes = cache.stats.encodes
-    backend = ScriptedBackend()
+    backend = PngBackend()
     with _client(tmp_path, backend) as c:
         sid = _start(c)
         for k in range(3):
@@ -334,6 +337,48 @@ def test_every_frame_the_model_is_sent_is_encoded_once_and_exactly(tmp_path):
             sent = b64decode(cache.data_url(frame).partition(",")[2])
             assert np.array_equal(np.asarray(Image.open(io.BytesIO(sent))), np.asarray(frame))
     assert cache.stats.encodes == encodes
+
+
+def test_without_a_png_transport_nothing_is_handed_over_or_kept(tmp_path):
+    """An in-process model reads the frames themselves: no PNG part, no bands in memory."""
+    from hivig.backends import default_image_cache
+
+    backend = ScriptedBackend()  # no ``image_format``: not a PNG transport
+    with _client(tmp_path, backend) as c:
+        sid = _start(c)
+        assert _observe(c, sid, 0).status_code == 200
+        r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
+        assert r.status_code == 200
+        images = c.app.state.gateway.images
+        assert not images._bands
+    frames = [img for _, messages in backend.calls for m in messages for img in m.images()]
+    assert frames and not any(default_image_cache().has_part(f) for f in frames)
+
+
+def test_a_difference_the_resize_averages_away_is_the_same_screen(tmp_path):
+    """The reference names the frame the critic sees (the serving design's canonical bytes)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from hivig.config import FrameConfig
+    from serve.images import ImageStore
+
+    def png(pixels):
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="PNG")
+        return buf.getvalue()
+
+    store = ImageStore(tmp_path, FrameConfig(), max_bytes=1 << 26, max_pixels=1 << 24)
+    pixels = np.full((1080, 1920, 3), 200, np.uint8)
+    first = store.put_bytes(png(pixels))
+    faint = pixels.copy()
+    faint[501, 501, 0] ^= 1  # one level of one channel of one pixel, shrunk 1.43 times
+    assert store.put_bytes(png(faint)).ref == first.ref
+    visible = pixels.copy()
+    visible[500:520, 500:520] = 0  # a 20-pixel square: still there at the frame's size
+    assert store.put_bytes(png(visible)).ref != first.ref
 
 
 # ---------------------------------------------------------------------------------------------

@@ -486,7 +486,8 @@ def chat_request_body(
         TypeError: A message holds something other than text and PIL images.
         ValueError: Unknown image format or JPEG quality out of range.
     """
-    cache = images or default_image_cache()
+    # Not ``or``: an empty cache has length 0 and is falsy.
+    cache = images if images is not None else default_image_cache()
     head: dict[str, Any] = {
         **dict(sampling.extra),
         "model": model,

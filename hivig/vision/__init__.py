@@ -53,12 +53,11 @@ from hivig.vision._markers import (
 from hivig.vision._png import PNG_BAND_ROWS, BandedPng
 
 __all__ = [
-    "BandedPng",
-    "PNG_BAND_ROWS",
     "FrameCache",
     "frame_nbytes",
     "FAST_PNG_LEVEL",
     "ARROW_COLOUR",
+    "BandedPng",
     "MAX_ASPECT_RATIO",
     "POINT_COLOUR",
     "RESAMPLE",
@@ -67,6 +66,7 @@ __all__ = [
     "GridBox",
     "ImageError",
     "MarkerGeometry",
+    "PNG_BAND_ROWS",
     "apply_masks",
     "array_fingerprint",
     "canonical_frame",
