@@ -256,6 +256,24 @@ class Critic:
             out.append(ChatMessage(role=message.role, content=content))
         return out
 
+    def _cached_frames(self, messages: PromptMessages) -> list[ChatMessage] | None:
+        """``materialise`` where it is only lookups (unmarked frames, all in memory, as in a
+        history update), which cost less than the thread hop; ``None`` otherwise."""
+        out = []
+        for message in messages:
+            content: list[Any] = []
+            for part in message.content:
+                if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
+                    if part.image.marks:
+                        return None
+                    frame = self.images.cached_frame(part.image.path)
+                    if frame is None:
+                        return None
+                    part = ImagePart(frame)
+                content.append(part)
+            out.append(ChatMessage(role=message.role, content=content))
+        return out
+
     # -- calls ---------------------------------------------------------------------------------
 
     async def history(self, messages: PromptMessages) -> ModelResult:
@@ -305,8 +323,10 @@ class Critic:
         return self._parse(call, gen, tag, start)
 
     async def _generate(self, messages: PromptMessages, sampling: Sampling) -> Generation:
-        loop = asyncio.get_running_loop()
-        frames = await loop.run_in_executor(self.images.pool, self.materialise, list(messages))
+        frames = self._cached_frames(messages)
+        if frames is None:  # marks to draw or a frame to read back: on an image thread
+            loop = asyncio.get_running_loop()
+            frames = await loop.run_in_executor(self.images.pool, self.materialise, list(messages))
         rhash = request_key(self.cfg.backend.model, messages, sampling)
         return await self.backend.generate(frames, sampling, request_hash=rhash)
 

@@ -311,6 +311,10 @@ class ImageStore:
             raise ApiError(404, "unknown_image_ref", f"no screenshot {ref!r}; send it inline")
         return self.path_of(ref)
 
+    def cached_frame(self, ref: str) -> Image.Image | None:
+        """The clean canonical frame of ``ref`` if it is in memory (nothing is read from disk)."""
+        return self._frames.peek(ref)
+
     def clean_frame(self, ref: str) -> Image.Image:
         """The clean canonical frame of ``ref`` (shared: callers must not draw on it)."""
         return self._frames.get(ref, lambda: self._from_disk(ref))

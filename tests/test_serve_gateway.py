@@ -355,6 +355,27 @@ def test_without_a_png_transport_nothing_is_handed_over_or_kept(tmp_path):
     assert frames and not any(default_image_cache().has_part(f) for f in frames)
 
 
+def test_unmarked_frames_in_memory_are_looked_up_without_a_thread_hop(tmp_path):
+    from hivig.messages import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
+
+    with _client(tmp_path) as c:
+        sid = _start(c)
+        ref = _observe(c, sid, 0).json()["image_ref"]
+        critic = c.app.state.gateway.critic
+
+        def prompt(image_ref):
+            return [ChatMessage("user", [TextPart("look"), ImagePart(image_ref)])]
+
+        frames = critic._cached_frames(prompt(ImageRef(ref)))
+        assert frames == critic.materialise(prompt(ImageRef(ref)))
+        assert frames[0].images()[0] is c.app.state.gateway.images.cached_frame(ref)
+        # Marks to draw, or a frame only on disk: the image threads do it.
+        assert critic._cached_frames(prompt(ImageRef(ref, (PointMark(500, 500),)))) is None
+        c.app.state.gateway.images._frames.clear()
+        assert critic._cached_frames(prompt(ImageRef(ref))) is None
+        assert critic.materialise(prompt(ImageRef(ref)))[0].images()  # read back from disk
+
+
 def test_a_difference_the_resize_averages_away_is_the_same_screen(tmp_path):
     """The reference names the frame the critic sees (the serving design's canonical bytes)."""
     import io

@@ -73,6 +73,14 @@ class FrameCache:
         pending.set_result(frame)
         return frame
 
+    def peek(self, key: Hashable) -> Image.Image | None:
+        """The frame stored under ``key`` (counted as a use), or ``None``: nothing is prepared."""
+        with self._lock:
+            frame = self._frames.get(key)
+            if frame is not None:
+                self._frames.move_to_end(key)
+            return frame
+
     def put(self, key: Hashable, frame: Image.Image) -> None:
         """Store a frame prepared elsewhere (it replaces one stored under ``key``)."""
         with self._lock:
