@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import socket
 import sqlite3
@@ -241,22 +242,27 @@ def run(
         app = create_app(cfg)
         with BackgroundServer(app) as server:
             gateway = app.state.gateway
+            faults = _faults(gateway, backend, state)
+            # Agents act slowly enough to be still at work through the first round of faults,
+            # however fast the gateway answers: a fault window with no traffic tests nothing.
+            pace = max(pace_s, len(faults) * 1.5 * window_s / steps)
             stop = threading.Event()
             clients = [
-                threading.Thread(target=_episode, args=(server.url, tally, steps, seed, pace_s))
+                threading.Thread(target=_episode, args=(server.url, tally, steps, seed, pace))
                 for seed in range(sessions)
             ]
             attacker = threading.Thread(target=_hostile, args=(server.url, tally, stop))
             for t in [*clients, attacker]:
                 t.start()
             tried: list[str] = []
-            faults = _faults(gateway, backend, state)
-            while not tried or any(t.is_alive() for t in clients):  # every fault at least once
-                for name, fault in faults.items():
-                    with fault():
-                        tried.append(name)
-                        time.sleep(window_s)
-                    time.sleep(window_s / 2)
+            # Every fault at least once, and faults for as long as any agent is at work.
+            for name, fault in itertools.cycle(faults.items()):
+                if len(set(tried)) == len(faults) and not any(t.is_alive() for t in clients):
+                    break
+                with fault():
+                    tried.append(name)
+                    time.sleep(window_s)
+                time.sleep(window_s / 2)
             for t in clients:
                 t.join()
             stop.set()
