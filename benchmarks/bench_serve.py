@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import multiprocessing as mp
@@ -37,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -439,6 +441,21 @@ def _wait_ready(url: str, proc: Any, timeout_s: float = 120.0) -> None:
     raise RuntimeError(f"the gateway at {url} did not become ready")
 
 
+@contextlib.contextmanager
+def _kernel_env(kernel: str) -> Iterator[str]:
+    """``HIVIG_RESIZE_KERNEL=kernel`` inside the block (sampler processes inherit it); the
+    caller's setting is restored afterwards."""
+    previous = os.environ.get("HIVIG_RESIZE_KERNEL")
+    os.environ["HIVIG_RESIZE_KERNEL"] = kernel
+    try:
+        yield kernel
+    finally:
+        if previous is None:
+            os.environ.pop("HIVIG_RESIZE_KERNEL", None)
+        else:
+            os.environ["HIVIG_RESIZE_KERNEL"] = previous
+
+
 def bench_throughput(
     runs: int,
     sessions: int,
@@ -449,92 +466,68 @@ def bench_throughput(
     start: str,
     transport: str = "inproc",
 ) -> dict:
-    # The bare work resizes with the gateway's kernel, here and in the sampler processes (which
-    # inherit the variable); the caller's setting is restored afterwards.
-    previous = os.environ.get("HIVIG_RESIZE_KERNEL")
-    os.environ["HIVIG_RESIZE_KERNEL"] = kernel = _gateway_kernel(transport)
-    try:
-        return _throughput_runs(
-            runs, sessions, steps, size, delay, client, start, transport, kernel
-        )
-    finally:
-        if previous is None:
-            os.environ.pop("HIVIG_RESIZE_KERNEL", None)
-        else:
-            os.environ["HIVIG_RESIZE_KERNEL"] = previous
+    # The bare work resizes with the gateway's kernel, here and in the sampler processes.
+    with _kernel_env(_gateway_kernel(transport)) as kernel:
+        fractions, errors, cpu_s, client_cpu_s, server_cpu_s, loaded = [], 0, [], [], [], []
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as tmp:
 
+                def drive(url: str, gateway_cpu: Any) -> tuple:
+                    return _drive(url, sessions, steps, size, client, start, delay, gateway_cpu)
 
-def _throughput_runs(
-    runs: int,
-    sessions: int,
-    steps: int,
-    size: tuple[int, int],
-    delay: float,
-    client: str,
-    start: str,
-    transport: str,
-    kernel: str,
-) -> dict:
-    fractions, errors, cpu_s, client_cpu_s, server_cpu_s, loaded = [], 0, [], [], [], []
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory() as tmp:
-
-            def drive(url: str, gateway_cpu: Any) -> tuple:
-                return _drive(url, sessions, steps, size, client, start, delay, gateway_cpu)
-
-            if transport == "openai":
-                calls, (took, errs, cpu, client_cpu, bare_s), server = _cli_run(
-                    Path(tmp), delay, drive
-                )
-            else:
-                calls, (took, errs, cpu, client_cpu, bare_s), server = _in_process_run(
-                    Path(tmp), delay, drive
-                )
-        cpu_s.append(cpu)
-        loaded += bare_s
-        client_cpu_s.append(client_cpu)
-        server_cpu_s.append(server)
-        # The first observe of a session makes no model call (no step was executed yet).
-        ideal = (2 * steps - 1) * delay
-        if calls != sessions * (2 * steps - 1):
-            raise RuntimeError(f"{calls} model calls, expected {sessions * (2 * steps - 1)}")
-        fractions.append(ideal / took)
-        errors += errs
-    bare = _bare_image_work(size, steps)
-    bare_loaded_ms = statistics.median(loaded) * 1000
-    gateway_ms = statistics.median(cpu_s) * 1000 / (sessions * steps)
-    return {
-        "sessions": sessions,
-        "steps": steps,
-        "size": f"{size[0]}x{size[1]}",
-        "backend_delay_s": delay,
-        "client": client,
-        "start": start,
-        "transport": transport,
-        "fraction_of_ideal_median": round(statistics.median(fractions), 3),
-        "fractions": [round(f, 3) for f in fractions],
-        # Gateway process CPU per agent step (observe + critique), whatever the machine's load.
-        "gateway_cpu_ms_per_step": round(gateway_ms, 1),
-        # The client shares the machine's cores: its CPU is part of what the machine can give.
-        "client_cpu_ms_per_step": round(
-            statistics.median(client_cpu_s) * 1000 / (sessions * steps), 1
-        ),
-        # --transport openai: the loopback model server shares the machine too.
-        "model_server_cpu_ms_per_step": round(
-            statistics.median(server_cpu_s) * 1000 / (sessions * steps), 1
-        ),
-        # The bare image work of one step (decode, canonical frame, one PNG encode; the kernel
-        # the gateway used): what the gateway's CPU is held to. Sampled in a process of its own
-        # while the gateway served (the same machine under the same load), and once more on
-        # the quiet machine after the run.
-        "kernel": kernel,
-        "bare_image_ms_per_step_during_run": round(bare_loaded_ms, 1),
-        "bare_samples_during_run": len(loaded),
-        **bare,
-        "gateway_cpu_to_bare_during_run": round(gateway_ms / bare_loaded_ms, 2),
-        "gateway_cpu_to_bare": round(gateway_ms / bare["bare_image_ms_per_step"], 2),
-        "errors": errors,
-    }
+                if transport == "openai":
+                    calls, (took, errs, cpu, client_cpu, bare_s), server = _cli_run(
+                        Path(tmp), delay, drive
+                    )
+                else:
+                    calls, (took, errs, cpu, client_cpu, bare_s), server = _in_process_run(
+                        Path(tmp), delay, drive
+                    )
+            cpu_s.append(cpu)
+            loaded += bare_s
+            client_cpu_s.append(client_cpu)
+            server_cpu_s.append(server)
+            # The first observe of a session makes no model call (no step was executed yet).
+            ideal = (2 * steps - 1) * delay
+            if calls != sessions * (2 * steps - 1):
+                raise RuntimeError(f"{calls} model calls, expected {sessions * (2 * steps - 1)}")
+            fractions.append(ideal / took)
+            errors += errs
+        bare = _bare_image_work(size, steps)
+        bare_loaded_ms = statistics.median(loaded) * 1000
+        gateway_ms = statistics.median(cpu_s) * 1000 / (sessions * steps)
+        return {
+            "sessions": sessions,
+            "steps": steps,
+            "size": f"{size[0]}x{size[1]}",
+            "backend_delay_s": delay,
+            "client": client,
+            "start": start,
+            "transport": transport,
+            "fraction_of_ideal_median": round(statistics.median(fractions), 3),
+            "fractions": [round(f, 3) for f in fractions],
+            # Gateway process CPU per agent step (observe + critique), whatever the machine's load.
+            "gateway_cpu_ms_per_step": round(gateway_ms, 1),
+            # The client shares the machine's cores: its CPU is part of what the machine can give.
+            "client_cpu_ms_per_step": round(
+                statistics.median(client_cpu_s) * 1000 / (sessions * steps), 1
+            ),
+            # --transport openai: the loopback model server shares the machine too.
+            "model_server_cpu_ms_per_step": round(
+                statistics.median(server_cpu_s) * 1000 / (sessions * steps), 1
+            ),
+            # The bare image work of one step (decode, canonical frame, one PNG encode; the kernel
+            # the gateway used): what the gateway's CPU is held to. Sampled in a process of its own
+            # while the gateway served (the same machine under the same load), and once more on
+            # the quiet machine after the run.
+            "kernel": kernel,
+            "bare_image_ms_per_step_during_run": round(bare_loaded_ms, 1),
+            "bare_samples_during_run": len(loaded),
+            **bare,
+            "gateway_cpu_to_bare_during_run": round(gateway_ms / bare_loaded_ms, 2),
+            "gateway_cpu_to_bare": round(gateway_ms / bare["bare_image_ms_per_step"], 2),
+            "errors": errors,
+        }
 
 
 def _bare_step(data: bytes) -> float:
