@@ -291,8 +291,9 @@ def _drive(
     start: str,
     delay: float,
     gateway_cpu: Any,
-) -> tuple[float, int, float, float]:
-    """Run the load generator against ``url``: mean episode time, errors, gateway and client CPU."""
+) -> tuple[float, int, float, float, list[float]]:
+    """Run the load generator against ``url``: mean episode time, errors, gateway and client
+    CPU, and the bare image work's CPU seconds sampled meanwhile."""
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     # Staggered: session i starts i/sessions of a step (two calls) after the first, as
@@ -320,7 +321,7 @@ def _drive(
         bare = bare_q.get(timeout=60)
     finally:
         stop.set()
-        for proc, wait_s in ((p, 0), (sampler, 60)):
+        for proc, wait_s in ((p, 10), (sampler, 60)):
             if proc.pid is None:
                 continue  # never started
             proc.join(timeout=wait_s)
@@ -542,8 +543,10 @@ def _bare_step(data: bytes) -> float:
 def _gateway_kernel(transport: str) -> str:
     """The kernel the gateway resizes with: ``python -m serve`` never imports torch, so it
     takes the numpy kernel unless told; the in-process app takes this process's."""
-    told = os.environ.get("HIVIG_RESIZE_KERNEL")
-    return told or ("numpy" if transport == "openai" else resize_kernel())
+    told = (os.environ.get("HIVIG_RESIZE_KERNEL") or "auto").strip().lower()
+    if told != "auto":
+        return told
+    return "numpy" if transport == "openai" else resize_kernel()
 
 
 def _bare_image_work(size: tuple[int, int], steps: int) -> dict[str, Any]:

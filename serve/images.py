@@ -178,9 +178,9 @@ class ImageStore:
         marks touch are compressed.
 
         Returns:
-            Whether it was handed over: not without a payload cache, nor for a frame read back
-            from disk, whose bands are not kept (the transport then encodes the whole marked
-            frame itself).
+            Whether it was handed over: not without a payload cache, nor once the bands of
+            ``ref`` are gone from their LRU (the transport then encodes the whole marked frame
+            itself).
         """
         if self._payloads is None or self._payloads.png_level != FAST_PNG_LEVEL:
             return False

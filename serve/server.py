@@ -42,6 +42,7 @@ def http_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
         head_timeout_s = header_timeout_s
         _head_timer: asyncio.TimerHandle | None = None
         _in_head = False  # the parser is between a request's first byte and its last header
+        _in_body = False  # between a request's last header and the end of its body
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -49,24 +50,32 @@ def http_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self._head_pending():
-                self._start_head_timer()
-            else:
+            # Bytes while nothing is served and no body is due: a head has begun (or blank
+            # lines, which the parser skips). A pipelined head that arrives while an earlier
+            # request is served is timed from that request's answer, as with h11: uvicorn reads
+            # no further until then.
+            if self._in_body or self._serving():
                 self._stop_head_timer()
+            else:
+                self._start_head_timer()
 
         def on_message_begin(self) -> None:
             self._in_head = True
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
-            self._in_head = False
+            self._in_head, self._in_body = False, True
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_body = False
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             # A pipelined request may already be partly in; an idle keep-alive connection is
             # uvicorn's own keep-alive timeout's business.
-            if self._in_head:
+            if self._in_head and not self._serving():
                 self._start_head_timer()
             else:
                 self._stop_head_timer()
@@ -75,11 +84,9 @@ def http_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
             self._stop_head_timer()
             super().connection_lost(exc)
 
-        def _head_pending(self) -> bool:
-            # A head has begun and is not complete, or bytes (blank lines, which the parser
-            # skips) arrived while no request is being served.
-            idle = self.cycle is None or self.cycle.response_complete
-            return self._in_head or idle
+        def _serving(self) -> bool:
+            # ``cycle`` is the latest request parsed, and answers complete in order.
+            return self.cycle is not None and not self.cycle.response_complete
 
         def _start_head_timer(self) -> None:
             if self._head_timer is None:  # never restarted by more bytes of the same head

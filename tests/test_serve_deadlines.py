@@ -220,6 +220,85 @@ def test_a_slow_but_complete_head_is_served_and_the_next_head_is_timed_again(hea
         sock.close()
 
 
+async def _slow_app(scope, receive, send):
+    """``/slow`` answers after 1 s; ``/early`` answers at once without reading its body."""
+    import asyncio
+
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    if scope["path"] == "/slow":
+        await asyncio.sleep(1.0)
+    elif scope["path"] != "/early":
+        while (await receive()).get("more_body"):
+            pass
+    status = 413 if scope["path"] == "/early" else 200
+    await send({"type": "http.response.start", "status": status, "headers": []})
+    await send({"type": "http.response.body", "body": scope["path"].encode()})
+
+
+def _answers(sock: socket.socket, seconds: float) -> tuple[bytes, bool]:
+    """What the server sends within ``seconds``, and whether it closed the connection."""
+    data, end = b"", time.monotonic() + seconds
+    while time.monotonic() < end:
+        sock.settimeout(max(0.01, end - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+@pytest.fixture
+def slow_server():
+    with LiveServer(_slow_app, header_timeout_s=0.5) as srv:
+        yield srv
+
+
+def test_pipelined_heads_behind_a_slow_answer_are_not_timed_out(slow_server):
+    """A head that waits behind an answer taking longer than the head timeout is timed from
+    that answer on, not from its own first byte (h11's behaviour, kept on httptools)."""
+    sock = _connect(slow_server.url)
+    try:
+        sock.sendall(
+            b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\nGET /a HTTP/1.1\r\nHost: a\r\n\r\n"
+            b"GET /b HTTP/1.1\r\nHo"
+        )
+        time.sleep(0.1)
+        sock.sendall(b"st: a\r\n\r\n")
+        data, closed = _answers(sock, 2.0)
+        assert data.count(b"HTTP/1.1 200") == 3 and not closed
+        # A pipelined head left unfinished is closed once the answers before it are out.
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\nGET /x HTTP/1.1\r\nHo")
+        data, closed = _answers(sock, 3.0)
+        assert data.count(b"HTTP/1.1 200") == 1 and closed
+    finally:
+        sock.close()
+
+
+def test_a_body_still_arriving_after_an_early_answer_is_not_a_late_head(slow_server):
+    sock = _connect(slow_server.url)
+    try:
+        sock.sendall(b"POST /early HTTP/1.1\r\nHost: a\r\nContent-Length: 20000\r\n\r\n")
+        data, closed = _answers(sock, 0.3)
+        assert b"HTTP/1.1 413" in data and not closed
+        for _ in range(10):  # the rest of the body over 1 s, twice the head timeout
+            sock.sendall(b"x" * 2000)
+            time.sleep(0.1)
+        sock.sendall(b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+        data, closed = _answers(sock, 1.0)
+        assert b"HTTP/1.1 200" in data
+    finally:
+        sock.close()
+
+
 def test_the_header_timeout_is_validated():
     with pytest.raises(ConfigError, match="header_timeout_s"):
         load_config(ServeConfig, None, ["limits.header_timeout_s=0"])
