@@ -15,8 +15,11 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from PIL import Image
 
 from hivig.backends import BackendError, Generation, InferenceBackend, Sampling
 from hivig.contracts import (
@@ -235,44 +238,27 @@ class Critic:
 
     def materialise(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         """Image refs -> canonical frames with their marks (cached clean frames, copied)."""
-        out = []
-        for message in messages:
-            content: list[Any] = []
-            for part in message.content:
-                if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
-                    ref = part.image
-                    clean = self.images.clean_frame(ref.path)
-                    # An unmarked frame is passed as the cached object itself (nobody draws on
-                    # it): the transport's payload cache then encodes each screen once, not once
-                    # per prompt it appears in (the "after" of one step is the next "before").
-                    marked = clean
-                    if ref.marks:
-                        marked = draw_marks(clean, ref.marks, ref.size_class).image
-                        rows = marked_rows(ref.marks, *marked.size, ref.size_class)
-                        self.images.prime_marked(ref.path, marked, rows)
-                    content.append(ImagePart(marked))
-                else:
-                    content.append(part)
-            out.append(ChatMessage(role=message.role, content=content))
-        return out
+        # ``_frame`` always gives a frame (or raises), so a list comes back.
+        return cast(list[ChatMessage], _with_frames(messages, self._frame))
 
     def _cached_frames(self, messages: PromptMessages) -> list[ChatMessage] | None:
         """``materialise`` where it is only lookups (unmarked frames, all in memory, as in a
         history update), which cost less than the thread hop; ``None`` otherwise."""
-        out = []
-        for message in messages:
-            content: list[Any] = []
-            for part in message.content:
-                if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
-                    if part.image.marks:
-                        return None
-                    frame = self.images.cached_frame(part.image.path)
-                    if frame is None:
-                        return None
-                    part = ImagePart(frame)
-                content.append(part)
-            out.append(ChatMessage(role=message.role, content=content))
-        return out
+        return _with_frames(
+            messages, lambda ref: None if ref.marks else self.images.cached_frame(ref.path)
+        )
+
+    def _frame(self, ref: ImageRef) -> Image.Image:
+        clean = self.images.clean_frame(ref.path)
+        if not ref.marks:
+            # Passed as the cached object itself (nobody draws on it): the transport's payload
+            # cache then encodes each screen once, not once per prompt it appears in (the
+            # "after" of one step is the next "before").
+            return clean
+        marked = draw_marks(clean, ref.marks, ref.size_class).image
+        rows = marked_rows(ref.marks, *marked.size, ref.size_class)
+        self.images.prime_marked(ref.path, marked, rows)
+        return marked
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -373,6 +359,25 @@ class Critic:
             result.status, result.reason = "degraded", "truncated"
             self.metrics.degraded.labels(call, "truncated").inc()
         return result
+
+
+def _with_frames(
+    messages: Sequence[ChatMessage], frame_of: Callable[[ImageRef], Image.Image | None]
+) -> list[ChatMessage] | None:
+    """``messages`` with each ``ImageRef`` part replaced by ``frame_of(ref)``; ``None`` as soon
+    as that gives ``None``."""
+    out = []
+    for message in messages:
+        content: list[Any] = []
+        for part in message.content:
+            if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
+                frame = frame_of(part.image)
+                if frame is None:
+                    return None
+                part = ImagePart(frame)
+            content.append(part)
+        out.append(ChatMessage(role=message.role, content=content))
+    return out
 
 
 def request_key(model: str, messages: PromptMessages, sampling: Sampling) -> str:
