@@ -75,7 +75,7 @@ from hivig.screens import (
     volatile_boxes,
 )
 from hivig.vision._fingerprint import GridBox
-from hivig.vision._frame import deflate
+from hivig.vision._png import deflate
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
 from hivig.messages import ArrowMark
 from hivig.prompts import format_trajectory
 from hivig.recovery import StepRecord, choose_recovery
-from hivig.vision import FAST_PNG_LEVEL
 from serve.actions import Frame, ResolvedAction, resolve
 from serve.config import ServeConfig
 from serve.critic import Critic, ModelResult, QueueGate
@@ -978,11 +977,8 @@ async def _lock_file(path: Path) -> int:
 
 
 def _sends_png(backend: InferenceBackend) -> bool:
-    """Whether ``backend`` sends frames as PNGs through the process-wide payload cache."""
-    return (
-        getattr(backend, "image_format", None) == "png"
-        and default_image_cache().png_level == FAST_PNG_LEVEL
-    )
+    """Whether ``backend`` sends frames as PNGs (through the process-wide payload cache)."""
+    return getattr(backend, "image_format", None) == "png"
 
 
 def _observe_key(req: Observe) -> str:

@@ -112,8 +112,8 @@ class ImageStore:
         ``payloads`` is the payload cache of a backend that sends frames as PNGs at
         ``FAST_PNG_LEVEL`` (the OpenAI transport's, ``default_image_cache()``): each new
         frame's PNG and each marked copy's are handed to it, so that backend encodes nothing
-        again. ``None`` (an in-process model, a JPEG transport): nothing is handed over, and no
-        bands are kept.
+        again. ``None`` (an in-process model, a JPEG transport), or a cache at another PNG
+        level: nothing is handed over, and no bands are kept.
         """
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,9 @@ class ImageStore:
         self._large_lanes = asyncio.Semaphore(large_lanes)
         self.write_errors = 0
         """Screenshots that could not be written to disk (kept in memory only)."""
-        self._payloads = payloads
+        # Only a cache that sends PNGs at this level can take the PNGs made here.
+        fits = payloads is not None and payloads.png_level == FAST_PNG_LEVEL
+        self._payloads = payloads if fits else None
         self._frames = FrameCache(max_items=cache_size)
         # The clean frames' PNGs in bands (compressed bytes only), for their marked copies.
         self._bands: OrderedDict[str, BandedPng] = OrderedDict()
@@ -182,7 +184,7 @@ class ImageStore:
             ``ref`` are gone from their LRU (the transport then encodes the whole marked frame
             itself).
         """
-        if self._payloads is None or self._payloads.png_level != FAST_PNG_LEVEL:
+        if self._payloads is None:
             return False
         with self._lock:
             banded = self._bands.get(ref)

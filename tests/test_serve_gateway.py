@@ -339,6 +339,49 @@ def test_every_frame_the_model_is_sent_is_encoded_once_and_exactly(tmp_path):
     assert cache.stats.encodes == encodes
 
 
+def test_a_marked_frame_whose_bands_are_gone_is_encoded_whole_and_exactly(tmp_path):
+    """Bands evicted (or a frame read back from disk): the transport encodes the marked frame
+    itself, once, and it still decodes to the frame's pixels."""
+    import io
+    from base64 import b64decode
+
+    import numpy as np
+    from PIL import Image
+
+    from hivig.backends import default_image_cache
+
+    class PngBackend(ScriptedBackend):
+        image_format = "png"
+
+    cache = default_image_cache()
+    backend = PngBackend()
+    with _client(tmp_path, backend) as c:
+        sid = _start(c)
+        assert _observe(c, sid, 0).status_code == 200
+        c.app.state.gateway.images._bands.clear()
+        r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
+        assert r.status_code == 200
+    (marked,) = backend.calls[-1][1][-1].images()
+    assert not cache.has_part(marked)  # nothing handed over
+    encodes = cache.stats.encodes
+    sent = b64decode(cache.data_url(marked).partition(",")[2])
+    assert cache.stats.encodes == encodes + 1
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(sent))), np.asarray(marked))
+
+
+def test_a_payload_cache_at_another_png_level_is_handed_nothing(tmp_path):
+    from hivig.backends import ImagePayloadCache
+    from hivig.config import FrameConfig
+    from serve.images import ImageStore
+
+    other = ImagePayloadCache(png_level=6)
+    store = ImageStore(
+        tmp_path, FrameConfig(), max_bytes=1 << 26, max_pixels=1 << 24, payloads=other
+    )
+    stored = store.put_bytes(screen(seed=1))
+    assert not other.has_part(store.clean_frame(stored.ref)) and not store._bands
+
+
 def test_without_a_png_transport_nothing_is_handed_over_or_kept(tmp_path):
     """An in-process model reads the frames themselves: no PNG part, no bands in memory."""
     from hivig.backends import default_image_cache

@@ -23,14 +23,11 @@ from hivig.vision._fingerprint import (
     screen_thumbnail,
 )
 from hivig.vision._frame import (
-    FAST_PNG_LEVEL,
     MAX_ASPECT_RATIO,
     RESAMPLE,
     RESIZE_KERNELS,
     ImageError,
     canonical_frame,
-    deflate,
-    encode_png,
     load_image,
     materialise,
     reference_marked_image,
@@ -50,7 +47,7 @@ from hivig.vision._markers import (
     size_class_for,
     size_class_for_platform,
 )
-from hivig.vision._png import PNG_BAND_ROWS, BandedPng
+from hivig.vision._png import FAST_PNG_LEVEL, PNG_BAND_ROWS, BandedPng, deflate, encode_png
 
 __all__ = [
     "FrameCache",

@@ -10,9 +10,7 @@ from __future__ import annotations
 import io
 import math
 import os
-import struct
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +26,6 @@ try:
     import pyarrow as pa
 except ImportError:  # a training-only image (the GPU check's) has none: the copying route
     pa = None
-try:
-    from isal import isal_zlib
-except ImportError:  # a declared dependency; without it the fast levels fall back to zlib
-    isal_zlib = None
 
 logger = get_logger(__name__)
 
@@ -410,71 +404,6 @@ def _frame_for(
     if skipped:
         logger.warning("%s: skipped %d marks outside the 0-1000 grid", ref.path, skipped)
     return frame
-
-
-def deflate(data: bytes | memoryview, level: int) -> bytes:
-    """A zlib-format stream of ``data`` (any inflater reads it), with the GIL released.
-
-    Levels 1 and 2 use ISA-L's deflate (``isal``) where it is installed: on a 1344x768 screen
-    frame it runs about 6 times faster than zlib's level 1 (3.0 against 18.7 ms on a busy
-    synthetic screen, 36 against 45 KiB on a flat one, 547 against 411 KiB on a noisy one).
-    Other levels are zlib's. The bytes depend on the library, never the data they decode to.
-    """
-    if isal_zlib is not None and level in (1, 2):
-        return isal_zlib.compress(data, level)
-    return zlib.compress(data, level)
-
-
-FAST_PNG_LEVEL = 1
-"""Deflate level for PNGs written on a hot path (transport, dataset export): ISA-L's fast level
-(see ``deflate``). Lossless at any level, so it changes neither the pixels nor any hash over
-them, only CPU and bytes; level 6 (zlib) costs 16 times as much CPU on a busy 1344x768 frame for
-a quarter fewer bytes, which on a loopback or node-local link cost nothing to send."""
-
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_FILTER_UP = 2
-
-
-def _png_chunk(tag: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-
-def encode_png(image: Image.Image, compress_level: int = 6) -> bytes:
-    """Encode ``image`` as PNG bytes that depend only on its pixels.
-
-    8-bit RGB, every scanline with the "Up" filter (the byte-wise difference to the row above,
-    which is what makes screenshots compress: most rows repeat the one above), one ``IDAT``, no
-    ancillary chunks. The filtering is one numpy subtraction and ``deflate`` runs with the GIL
-    released (ISA-L at levels 1 and 2), so a 1344x768 frame at level 1 costs about a tenth of
-    Pillow's encoder with its per-row filter search; equal pixels give equal bytes for a given
-    deflate library.
-
-    Args:
-        image: The image; converted to RGB first.
-        compress_level: Deflate level 0–9 (speed vs size; the pixels are lossless either way).
-
-    Returns:
-        The PNG file contents.
-    """
-    if not 0 <= compress_level <= 9:
-        raise ValueError(f"compress_level must be in 0..9, got {compress_level}")
-    rgb = image if image.mode == "RGB" else image.convert("RGB")
-    width, height = rgb.size
-    rows = np.asarray(rgb, dtype=np.uint8).reshape(height, width * 3)
-    filtered = np.empty((height, width * 3 + 1), dtype=np.uint8)
-    filtered[:, 0] = _PNG_FILTER_UP
-    filtered[0, 1:] = rows[0]  # the row above the first one is all zeros
-    np.subtract(rows[1:], rows[:-1], out=filtered[1:, 1:])  # uint8 wraps: the PNG filter mod 256
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
-    return b"".join(
-        (
-            _PNG_SIGNATURE,
-            _png_chunk(b"IHDR", header),
-            _png_chunk(b"IDAT", deflate(filtered.data, compress_level)),
-            _png_chunk(b"IEND", b""),
-        )
-    )
 
 
 def reference_marked_image(
