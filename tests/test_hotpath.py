@@ -11,7 +11,7 @@ from PIL import Image, ImageDraw
 
 from hivig import jsonio
 from hivig.actions import LeftClick, Wait
-from hivig.vision import _frame, deflate, encode_png
+from hivig.vision import _png, deflate, encode_png
 from serve.recurrence_state import Detector
 from serve.sessions import SessionState
 
@@ -31,12 +31,12 @@ def test_deflate_is_a_zlib_stream_at_every_level(level):
 
 def test_deflate_falls_back_to_zlib_without_isal(monkeypatch):
     data = _screen_bytes()
-    monkeypatch.setattr(_frame, "isal_zlib", None)
+    monkeypatch.setattr(_png, "isal_zlib", None)
     assert deflate(data, 1) == zlib.compress(data, 1)
     img = Image.frombytes("RGB", (1344, 128), data)
     monkeypatch.undo()
     fast = encode_png(img, 1)
-    monkeypatch.setattr(_frame, "isal_zlib", None)
+    monkeypatch.setattr(_png, "isal_zlib", None)
     slow = encode_png(img, 1)
     for png in (fast, slow):  # other bytes where isal is installed, the same pixels either way
         assert Image.open(io.BytesIO(png)).tobytes() == data
