@@ -19,7 +19,8 @@
     frame, one PNG encode, with the gateway's resize kernel), sampled in a process of its own
     every 0.5 s while the gateway serves (the same machine under the same load:
     ``gateway_cpu_to_bare_during_run``) and again on the quiet machine after the run
-    (``gateway_cpu_to_bare``).
+    (``gateway_cpu_to_bare``). With ``--transport openai`` the event loop's part of that CPU
+    (the main thread) is reported too (``gateway_event_loop_cpu_ms_per_step``).
 (c) latency with the tiny random Qwen3-VL (in-process transformers backend, CPU).
 """
 
@@ -291,9 +292,10 @@ def _drive(
     start: str,
     delay: float,
     gateway_cpu: Any,
-) -> tuple[float, int, float, float, list[float]]:
-    """Run the load generator against ``url``: mean episode time, errors, gateway and client
-    CPU, and the bare image work's CPU seconds sampled meanwhile."""
+) -> tuple[float, int, tuple[float, float | None], float, list[float]]:
+    """Run the load generator against ``url``: mean episode time, errors, gateway CPU (all of
+    it, and its event loop's where known), client CPU, and the bare image work's CPU seconds
+    sampled meanwhile."""
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     # Staggered: session i starts i/sessions of a step (two calls) after the first, as
@@ -316,7 +318,8 @@ def _drive(
             except queue.Empty:
                 if not p.is_alive() or time.monotonic() > deadline:
                     raise RuntimeError("the load generator died or hung") from None
-        cpu = gateway_cpu() - cpu0
+        cpu1 = gateway_cpu()
+        cpu = (cpu1[0] - cpu0[0], None if cpu0[1] is None else cpu1[1] - cpu0[1])
         stop.set()
         bare = bare_q.get(timeout=60)
     finally:
@@ -344,6 +347,18 @@ def _bare_sampler(
         if stop.wait(interval_s):
             break
     out.put(times)
+
+
+def _gateway_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``python -m serve`` (its process tree) and of its event loop alone: the
+    main thread, whose thread id is the process id (uvicorn runs the loop there)."""
+    return _tree_cpu(pid), _thread_cpu(pid, pid)
+
+
+def _thread_cpu(pid: int, tid: int) -> float:
+    """CPU seconds (user + system) of one thread of a live process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree_cpu(pid: int) -> float:
@@ -374,7 +389,8 @@ def _in_process_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple, fl
         _cfg(tmp, "critic.critique_deadline_s=30", "critic.observe_deadline_s=30"), backend
     )
     with LiveServer(app) as srv:
-        out = drive(srv.url, time.process_time)
+        # The server is a thread of this process: its event loop's share is not told apart.
+        out = drive(srv.url, lambda: (time.process_time(), None))
     return backend.calls, out, 0.0
 
 
@@ -418,7 +434,7 @@ def _cli_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple, float]:
             _wait_ready(url, gateway)
             # The model server is a thread of this process, which otherwise only waits.
             server_cpu = time.process_time()
-            out = drive(url, lambda: _tree_cpu(gateway.pid))
+            out = drive(url, lambda: _gateway_cpu(gateway.pid))
             server_cpu = time.process_time() - server_cpu
         finally:
             gateway.terminate()
@@ -469,7 +485,8 @@ def bench_throughput(
 ) -> dict:
     # The bare work resizes with the gateway's kernel, here and in the sampler processes.
     with _kernel_env(_gateway_kernel(transport)) as kernel:
-        fractions, errors, cpu_s, client_cpu_s, server_cpu_s, loaded = [], 0, [], [], [], []
+        fractions, errors, loaded = [], 0, []
+        cpu_s, loop_s, client_cpu_s, server_cpu_s = [], [], [], []
         for _ in range(runs):
             with tempfile.TemporaryDirectory() as tmp:
 
@@ -484,7 +501,8 @@ def bench_throughput(
                     calls, (took, errs, cpu, client_cpu, bare_s), server = _in_process_run(
                         Path(tmp), delay, drive
                     )
-            cpu_s.append(cpu)
+            cpu_s.append(cpu[0])
+            loop_s.append(cpu[1])
             loaded += bare_s
             client_cpu_s.append(client_cpu)
             server_cpu_s.append(server)
@@ -497,6 +515,11 @@ def bench_throughput(
         bare = _bare_image_work(size, steps)
         bare_loaded_ms = statistics.median(loaded) * 1000
         gateway_ms = statistics.median(cpu_s) * 1000 / (sessions * steps)
+        loop_ms = (
+            None
+            if None in loop_s
+            else round(statistics.median(loop_s) * 1000 / (sessions * steps), 1)
+        )
         return {
             "sessions": sessions,
             "steps": steps,
@@ -509,6 +532,9 @@ def bench_throughput(
             "fractions": [round(f, 3) for f in fractions],
             # Gateway process CPU per agent step (observe + critique), whatever the machine's load.
             "gateway_cpu_ms_per_step": round(gateway_ms, 1),
+            # Of which its event loop (requests in and out, session store, traces); the rest is
+            # the image threads (``--transport openai`` only: in process the two are one process).
+            "gateway_event_loop_cpu_ms_per_step": loop_ms,
             # The client shares the machine's cores: its CPU is part of what the machine can give.
             "client_cpu_ms_per_step": round(
                 statistics.median(client_cpu_s) * 1000 / (sessions * steps), 1

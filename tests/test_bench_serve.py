@@ -22,6 +22,10 @@ def test_throughput_through_python_m_serve_reports_both_baselines(monkeypatch):
     assert out["bare_samples_during_run"] >= 1
     for key in ("gateway_cpu_to_bare_during_run", "gateway_cpu_to_bare"):
         assert out[key] > 0
+    # The event loop's part is read from the gateway's main thread (clock ticks: a short run
+    # may show none of it), and is part of the whole.
+    loop = out["gateway_event_loop_cpu_ms_per_step"]
+    assert loop is not None and 0 <= loop <= out["gateway_cpu_ms_per_step"]
     # The kernel chosen for the run does not leak into the rest of the process.
     import os
 
