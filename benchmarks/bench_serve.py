@@ -421,6 +421,8 @@ def _cli_run(tmp: Path, delay: float, drive: Any) -> tuple[int, tuple, float]:
                 f"backend.base_url={model.base_url}",
                 f"sessions.state_dir={tmp}",
                 "warmup=false",
+                # One process: its main thread is the event loop (``_gateway_cpu``).
+                "workers=1",
                 "log_level=warning",
                 "limits.max_queue=1024",
                 "backend.concurrency=256",
