@@ -49,7 +49,7 @@ from PIL import Image, ImageDraw
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hivig.backends import Generation, Usage  # noqa: E402
+from hivig.backends import Generation, Usage, default_image_cache  # noqa: E402
 from hivig.backends.openai_client import encode_request  # noqa: E402
 from hivig.config import FrameConfig, load_config, screen_size  # noqa: E402
 from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png, resize_kernel  # noqa: E402
@@ -70,7 +70,9 @@ class EncodingBackend:
     on a worker thread while any is new) and answers after ``delay_s``."""
 
     model_name = "bench"
-    image_format = "png"  # as OpenAIBackend: the gateway hands it the frames' PNGs
+    # As the OpenAI client: it sends PNGs from the process-wide cache, and the gateway hands
+    # the frames' PNGs over to it.
+    png_payloads = default_image_cache()
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
@@ -357,7 +359,12 @@ def _gateway_cpu(pid: int) -> tuple[float, float]:
 
 def _thread_cpu(pid: int, tid: int) -> float:
     """CPU seconds (user + system) of one thread of a live process (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
+    return _stat_cpu(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+
+
+def _stat_cpu(stat: str) -> float:
+    """User + system CPU seconds from a ``/proc`` ``stat`` line (fields after the name)."""
+    fields = stat.rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -368,12 +375,10 @@ def _tree_cpu(pid: int) -> float:
     (its threads start no processes).
     """
     total, todo = 0.0, [pid]
-    tick = os.sysconf("SC_CLK_TCK")
     while todo:
         p = todo.pop()
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += _stat_cpu(Path(f"/proc/{p}/stat").read_text())
             todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
         except (OSError, ValueError):
             continue

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hivig.actions import ActionError, action_from_arguments, pointer_after, space_for_platform
-from hivig.backends import InferenceBackend, default_image_cache
+from hivig.backends import InferenceBackend
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
 from hivig.messages import ArrowMark
 from hivig.prompts import format_trajectory
@@ -95,8 +95,9 @@ class Gateway:
             large_pixels=cfg.limits.large_image_pixels,
             large_lanes=cfg.limits.large_image_lanes,
             cache_size=cfg.sessions.frame_cache,
-            # A backend sending PNGs (the OpenAI transport) gets the frames' PNGs made here.
-            payloads=default_image_cache() if _sends_png(backend) else None,
+            # A backend that sends PNGs (the OpenAI transport) is handed the frames' PNGs
+            # made here, in the cache it sends them from.
+            payloads=getattr(backend, "png_payloads", None),
         )
         self.traces = TraceWriter(state_dir / "traces", self.metrics)
         self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
@@ -974,11 +975,6 @@ async def _lock_file(path: Path) -> int:
     except BaseException:
         os.close(fd)
         raise
-
-
-def _sends_png(backend: InferenceBackend) -> bool:
-    """Whether ``backend`` sends frames as PNGs (through the process-wide payload cache)."""
-    return getattr(backend, "image_format", None) == "png"
 
 
 def _observe_key(req: Observe) -> str:

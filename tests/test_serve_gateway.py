@@ -319,7 +319,7 @@ def test_every_frame_the_model_is_sent_is_encoded_once_and_exactly(tmp_path):
     from hivig.backends import default_image_cache
 
     class PngBackend(ScriptedBackend):
-        image_format = "png"  # as the OpenAI transport: frames travel as PNGs
+        png_payloads = default_image_cache()  # as the OpenAI transport: frames travel as PNGs
 
     cache = default_image_cache()
     encodes = cache.stats.encodes
@@ -351,7 +351,7 @@ def test_a_marked_frame_whose_bands_are_gone_is_encoded_whole_and_exactly(tmp_pa
     from hivig.backends import default_image_cache
 
     class PngBackend(ScriptedBackend):
-        image_format = "png"
+        png_payloads = default_image_cache()
 
     cache = default_image_cache()
     backend = PngBackend()
@@ -386,7 +386,7 @@ def test_without_a_png_transport_nothing_is_handed_over_or_kept(tmp_path):
     """An in-process model reads the frames themselves: no PNG part, no bands in memory."""
     from hivig.backends import default_image_cache
 
-    backend = ScriptedBackend()  # no ``image_format``: not a PNG transport
+    backend = ScriptedBackend()  # no ``png_payloads``: not a PNG transport
     with _client(tmp_path, backend) as c:
         sid = _start(c)
         assert _observe(c, sid, 0).status_code == 200
@@ -687,3 +687,22 @@ def test_unknown_routes_and_methods_answer_in_the_error_shape(tmp_path):
     assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
     assert "POST" in wrong.headers["allow"]  # the methods the route has, as HTTP asks
     assert "detail" not in missing.json() and "detail" not in wrong.json()
+
+
+@pytest.mark.parametrize("image_format", ["png", "jpeg"])
+def test_the_openai_client_is_handed_pngs_only_when_it_sends_pngs(tmp_path, image_format):
+    """The gateway asks the backend for the cache its PNG parts come from: the OpenAI client
+    names the process-wide cache when it sends PNGs and none when it sends JPEGs (whose bytes
+    a PNG cannot stand for)."""
+    from hivig.backends import OpenAIClient, default_image_cache
+    from serve.gateway import Gateway
+    from tests.fakes.gateway import serve_config
+
+    client = OpenAIClient("http://127.0.0.1:1/v1", "m", image_format=image_format)
+    expected = default_image_cache() if image_format == "png" else None
+    assert client.png_payloads is expected
+    gateway = Gateway(serve_config(tmp_path), client, "test")
+    try:
+        assert gateway.images._payloads is expected
+    finally:
+        gateway.close()

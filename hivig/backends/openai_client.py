@@ -226,6 +226,15 @@ class OpenAIClient:
             attempts=attempts,
         )
 
+    @property
+    def png_payloads(self) -> ImagePayloadCache | None:
+        """The payload cache this client's PNG image parts come from; ``None`` for JPEGs.
+
+        A caller that encodes a frame as PNG anyway, at the cache's level, can hand the bytes
+        over (``ImagePayloadCache.prime_png``) so the frame is not encoded again.
+        """
+        return default_image_cache() if self.image_format == "png" else None
+
     def prepare_images(self, messages: Sequence[ChatMessage], *, digests: bool = True) -> None:
         """Encode the messages' images ahead of ``generate`` (``PreparesImages``).
 

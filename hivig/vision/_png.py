@@ -227,10 +227,9 @@ class BandedPng:
         return self._assemble(tuple(bands))
 
     def _assemble(self, bands: tuple[_Band, ...]) -> bytes:
-        adler, total = bands[0].adler, bands[0].length
+        adler = bands[0].adler
         for band in bands[1:]:
             adler = adler32_combine(adler, band.adler, band.length)
-            total += band.length
         tail = _FINAL_EMPTY_BLOCK + struct.pack(">I", adler)
         idats = (
             _png_chunk(b"IDAT", _ZLIB_HEADER),
