@@ -15,6 +15,7 @@ This module imports only the standard library: ``slurm/serve.sbatch`` and the ga
 frame without loading torch or transformers.
 
     hivig checkpoint frame RUN/final         # prints "MIN_PIXELS MAX_PIXELS"
+    hivig checkpoint context RUN/final       # prints the context length to serve it with
 """
 
 from __future__ import annotations
@@ -90,6 +91,41 @@ def read_frame(path: str | os.PathLike) -> tuple[int, int]:
         f"{folder}: no {' or '.join(PROCESSOR_FILES)}; pass a checkpoint folder that train/ "
         "wrote (RUN/final, or RUN/merged after merge-lora)"
     )
+
+
+SERVE_CONTEXT_CAP = 16_384
+"""Longest context the critic needs served (two screenshots, a long trajectory, a Thinking
+answer); a checkpoint allowing more is served with this much, so the KV cache is not sized for
+a context nothing sends."""
+
+
+def read_context_length(path: str | os.PathLike, cap: int = SERVE_CONTEXT_CAP) -> int:
+    """The context length to serve a checkpoint with: its own limit, at most ``cap``.
+
+    vLLM refuses to start when ``--max-model-len`` exceeds the model's
+    ``max_position_embeddings``, so the serving length is read from the checkpoint, never
+    hard-coded.
+
+    Args:
+        path: A checkpoint folder (its ``config.json``).
+        cap: Upper bound on the result.
+
+    Returns:
+        ``min(text_config.max_position_embeddings, cap)``.
+
+    Raises:
+        CheckpointError: No readable ``config.json``, or one without a positive
+            ``max_position_embeddings``.
+    """
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise CheckpointError(f"{Path(path)}: no config.json; pass a checkpoint folder")
+    obj = _read_json(file)
+    text = obj.get("text_config") if isinstance(obj, dict) else None
+    limit = (text if isinstance(text, dict) else obj).get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        raise CheckpointError(f"{file}: no positive max_position_embeddings")
+    return min(limit, cap)
 
 
 def _write_json(path: Path, obj: Any) -> None:

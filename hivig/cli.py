@@ -9,6 +9,7 @@ Examples::
     hivig mark --image shot.png --out marked.png --action "$(cat call.txt)"   # <tool_call> blocks
     hivig taxonomy
     hivig checkpoint frame RUN/final      # the frame a checkpoint was trained with: "MIN MAX"
+    hivig checkpoint context RUN/final    # the context length to serve it with
 
 Exit status: 0 on success, 2 on bad input (the reason is printed to stderr).
 """
@@ -140,6 +141,16 @@ def _cmd_checkpoint_frame(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_checkpoint_context(args: argparse.Namespace) -> int:
+    from hivig.checkpoint_files import CheckpointError, read_context_length
+
+    try:
+        print(read_context_length(args.path, args.cap))
+    except CheckpointError as e:
+        return _fail(str(e))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hivig`` command."""
     parser = argparse.ArgumentParser(
@@ -208,6 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     frame.add_argument("path", help="a checkpoint folder written by train/ (RUN/final)")
     frame.set_defaults(func=_cmd_checkpoint_frame)
+    context = ckpt_sub.add_parser(
+        "context",
+        help="print the context length to serve the checkpoint with (vLLM --max-model-len)",
+        description="Read max_position_embeddings from config.json and print it, capped at "
+        "--cap: vLLM refuses a --max-model-len above the model's own limit.",
+    )
+    context.add_argument("path", help="a checkpoint folder (RUN/final, RUN/merged)")
+    context.add_argument(
+        "--cap", type=int, default=16_384, help="upper bound (default 16384, the critic's need)"
+    )
+    context.set_defaults(func=_cmd_checkpoint_context)
     return parser
 
 

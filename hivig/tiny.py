@@ -119,10 +119,11 @@ _TEXT_CONFIG = {
     "num_hidden_layers": 3,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
+    # 32: the smallest head size vLLM's CPU attention runs (16 starts, then fails each request).
+    "head_dim": 32,
     "max_position_embeddings": 4096,
     # The legacy rope_scaling form works in 4.57 and 5.x (5.x converts it to rope_parameters).
-    "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+    "rope_scaling": {"rope_type": "default", "mrope_section": [6, 5, 5], "mrope_interleaved": True},
     "rope_theta": 5e6,
     "use_cache": False,
 }

@@ -16,7 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hivig.checkpoint_files import CheckpointError, read_frame, write_reader_compat
+from hivig.checkpoint_files import (
+    CheckpointError,
+    read_context_length,
+    read_frame,
+    write_reader_compat,
+)
 from hivig.config import load_config
 from train.config import TrainConfig
 from train.sft import setup, train
@@ -113,6 +118,19 @@ def test_read_frame_names_the_missing_file(tmp_path):
         read_frame(tmp_path)
 
 
+def test_read_context_length_is_the_models_limit_capped(tmp_path):
+    (tmp_path / "config.json").write_text('{"text_config": {"max_position_embeddings": 262144}}')
+    assert read_context_length(tmp_path) == 16_384
+    assert read_context_length(tmp_path, cap=300_000) == 262_144
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
+    assert read_context_length(tmp_path) == 2048
+    (tmp_path / "config.json").write_text('{"text_config": {}}')
+    with pytest.raises(CheckpointError, match="max_position_embeddings"):
+        read_context_length(tmp_path)
+    with pytest.raises(CheckpointError, match="no config.json"):
+        read_context_length(tmp_path / "missing")
+
+
 def _job_env(tmp_path: Path, ckpt: Path, **extra: str) -> dict[str, str]:
     stubs = tmp_path / "stubs"
     stubs.mkdir(exist_ok=True)
@@ -181,6 +199,9 @@ def test_serve_sbatch_starts_vllm_and_the_gateway_on_the_checkpoint_frame(final_
     kwargs = json.loads(args[args.index("--mm-processor-kwargs") + 1])
     assert kwargs == {"size": {"shortest_edge": MIN_PX, "longest_edge": MAX_PX}}
     assert args[args.index("--chat-template") + 1] == str(final_ckpt / "chat_template.jinja")
+    # The checkpoint's own context limit (the tiny model allows 4,096), never a hard-coded one
+    # that vLLM would refuse at start.
+    assert args[args.index("--max-model-len") + 1] == "4096"
 
 
 def test_serve_sbatch_refuses_a_checkpoint_without_a_frame(final_ckpt, tmp_path):
