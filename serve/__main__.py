@@ -67,6 +67,13 @@ def _check(cfg: ServeConfig) -> str | None:
         resize_kernel()
     except ValueError as e:
         return str(e)
+    if cfg.critic.profile:
+        from hivig.profiles import ProfileError, load_profile
+
+        try:
+            load_profile(cfg.critic.profile)
+        except ProfileError as e:
+            return f"critic.profile: {e}"
     if cfg.critic.prompt_dir:
         from hivig.prompts import CRITIC_PROMPTS, PromptError, load_prompt_dir
 

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hivig.backends import InferenceBackend, build_backend
 from hivig.checkpoint_files import CheckpointError, read_frame
 from hivig.config import ConfigError, FrameConfig
+from hivig.profiles import ProfileError, load_profile
 from hivig.prompts import CRITIC_PROMPTS, load_prompt_dir
 from hivig.vision import resize_kernel
 from serve import protocol
@@ -114,6 +115,11 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
 
     if cfg.critic.prompt_dir:
         load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)  # a bad profile fails before serving
+    if cfg.critic.profile:
+        try:
+            load_profile(cfg.critic.profile)
+        except ProfileError as e:
+            raise ConfigError(f"critic.profile: {e}") from None
     try:
         resize_kernel()  # a misspelt HIVIG_RESIZE_KERNEL fails here, not in the first request
     except ValueError as e:

@@ -75,8 +75,18 @@ class CriticConfig:
     """Append the detector's note (no-effect repeats, cycles) to the critique's trajectory text
     when it fires. Training data carries no such note, so this leaves the prompt of every step
     without a recurrence unchanged."""
+    profile: str = ""
+    """A critic profile folder (``hivig profile ...``): the whole interface a checkpoint was
+    trained with (templates, action-space and taxonomy texts, first summary, generation budget).
+    Its budget replaces the four ``*_deadline_s``/``*_max_tokens`` values and
+    ``recurrence_note`` above. Empty serves hivig's own interface with the values above."""
 
     def __post_init__(self) -> None:
+        if self.profile and self.prompt_dir:
+            raise ConfigError(
+                "`critic.profile` and `critic.prompt_dir` exclude each other: a profile holds "
+                "its own templates"
+            )
         if self.observe_deadline_s <= 0 or self.critique_deadline_s <= 0:
             raise ConfigError("`critic.*_deadline_s` must be positive")
         if self.history_max_tokens <= 0 or self.critique_max_tokens <= 0:

@@ -23,6 +23,7 @@ from PIL import Image
 
 from hivig.backends import BackendError, Generation, InferenceBackend, Sampling
 from hivig.contracts import (
+    INITIAL_HISTORY,
     ContractError,
     CritiqueOutput,
     HistoryOutput,
@@ -30,6 +31,7 @@ from hivig.contracts import (
     parse_history,
 )
 from hivig.messages import ChatMessage, ImagePart, ImageRef, Mark
+from hivig.profiles import GenerationBudget, default_profile, load_profile
 from hivig.prompts import (
     CRITIC_PROMPTS,
     PromptMessages,
@@ -182,6 +184,17 @@ class BackendHealth:
         return self.failures >= self.limit and recent
 
 
+def _budget(cfg: ServeConfig) -> GenerationBudget:
+    c = cfg.critic
+    return GenerationBudget(
+        c.history_max_tokens,
+        c.critique_max_tokens,
+        c.observe_deadline_s,
+        c.critique_deadline_s,
+        c.recurrence_note,
+    )
+
+
 class Critic:
     """Builds the critic's prompts and runs them on the backend with deadlines."""
 
@@ -200,10 +213,29 @@ class Critic:
         self.metrics = metrics
         self.gate = gate
         self.health = BackendHealth()
-        if cfg.critic.prompt_dir:
+        self.profile = load_profile(cfg.critic.profile) if cfg.critic.profile else None
+        if self.profile is not None:
+            self.templates = dict(self.profile.templates)
+        elif cfg.critic.prompt_dir:
             self.templates = load_prompt_dir(cfg.critic.prompt_dir, CRITIC_PROMPTS)
         else:
             self.templates = {name: load_prompt(name) for name in CRITIC_PROMPTS}
+        self.budget = self.profile.generation if self.profile is not None else _budget(cfg)
+
+    @property
+    def initial_summary(self) -> str:
+        """The previous summary of a session's first history update."""
+        return self.profile.initial_summary if self.profile else INITIAL_HISTORY.summary
+
+    def profile_info(self) -> dict[str, str]:
+        """The profile served: its name and digest (``hivig-v1`` for the package's own)."""
+        profile = self.profile or default_profile()
+        return {"name": profile.name, "digest": profile.digest}
+
+    @property
+    def recurrence_note(self) -> bool:
+        """Whether the recurrence note may be added to the critique's trajectory text."""
+        return self.budget.recurrence_note
 
     @property
     def prompt_version(self) -> str:
@@ -225,6 +257,7 @@ class Critic:
             ImageRef(after, (), size),
             step,
             template=self.templates["critic_history"],
+            profile=self.profile,
         )
 
     def critique_messages(
@@ -233,7 +266,13 @@ class Critic:
         """The verdict's prompt; the screenshot carries the proposed step's marks."""
         shot = ImageRef(image, tuple(marks), size_class_for_platform(platform))
         return build_critique_messages(
-            task, platform, trajectory, shot, step, template=self.templates["critic_critique"]
+            task,
+            platform,
+            trajectory,
+            shot,
+            step,
+            template=self.templates["critic_critique"],
+            profile=self.profile,
         )
 
     def materialise(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -264,16 +303,16 @@ class Critic:
 
     async def history(self, messages: PromptMessages) -> ModelResult:
         """Run a history update; ``parsed`` is a ``HistoryOutput`` when it worked."""
-        crit = self.cfg.critic
+        b = self.budget
         return await self._call(
-            "observe", messages, crit.history_max_tokens, crit.observe_deadline_s, "summary"
+            "observe", messages, b.history_max_tokens, b.observe_deadline_s, "summary"
         )
 
     async def critique(self, messages: PromptMessages) -> ModelResult:
         """Run a verdict; ``parsed`` is a ``CritiqueOutput`` when it worked."""
-        crit = self.cfg.critic
+        b = self.budget
         return await self._call(
-            "critique", messages, crit.critique_max_tokens, crit.critique_deadline_s, "criticism"
+            "critique", messages, b.critique_max_tokens, b.critique_deadline_s, "criticism"
         )
 
     async def _call(

@@ -214,7 +214,7 @@ class Gateway:
         if isinstance(inline, ImageObject):
             inline, ref = inline.screenshot, inline.image_ref or ref
         if inline is not None:
-            return await self.images.put_inline(inline, self.cfg.critic.observe_deadline_s)
+            return await self.images.put_inline(inline, self.critic.budget.observe_deadline_s)
         if ref is not None:
             return await self._cpu(self.images.known, ref)
         return None
@@ -446,8 +446,12 @@ class Gateway:
             state.stale = True
             return ModelResult(status="degraded", reason="missing_before"), []
         space = space_for_platform(state.platform)
+        # The first update reads the profile's own opening summary (hivig's is the state's).
+        previous = state.summary
+        if previous == INITIAL_HISTORY.summary:
+            previous = self.critic.initial_summary
         messages = self.critic.history_messages(
-            state.task, state.platform, state.summary, before, after, executed.step_text(space)
+            state.task, state.platform, previous, before, after, executed.step_text(space)
         )
         result = await self.critic.history(messages)
         self._apply_history(state, result)
@@ -531,7 +535,7 @@ class Gateway:
         frame = session_frame(state)
         resolved = [resolve(a, state.platform, frame, state.action_format) for a in items]
         trajectory = format_trajectory([s["step_text"] for s in state.steps])
-        note = self.detector.note(state) if self.cfg.critic.recurrence_note else None
+        note = self.detector.note(state) if self.critic.recurrence_note else None
         if note:
             trajectory = f"{trajectory}\n\n{note}" if trajectory else note
         pointer = tuple(state.pointer) if state.pointer else None
@@ -808,7 +812,7 @@ class Gateway:
         ref = (await self._cpu(self.images.put_bytes, buf.getvalue())).ref
         platform, task = "ubuntu", "Warm-up: check that the critic answers."
         history = self.critic.history_messages(
-            task, platform, INITIAL_HISTORY.summary, ref, ref, "<tool_call>\n{}\n</tool_call>"
+            task, platform, self.critic.initial_summary, ref, ref, "<tool_call>\n{}\n</tool_call>"
         )
         critique = self.critic.critique_messages(
             task, platform, "", ref, [], "<tool_call>\n{}\n</tool_call>"
@@ -825,7 +829,7 @@ class Gateway:
     async def upload(self, req: ImageUpload) -> dict[str, Any]:
         """``POST /v1/images``."""
         start = time.perf_counter()
-        stored = await self.images.put_inline(req.image, self.cfg.critic.observe_deadline_s)
+        stored = await self.images.put_inline(req.image, self.critic.budget.observe_deadline_s)
         return {
             "image_ref": stored.ref,
             "w": stored.width,

@@ -14,11 +14,15 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hivig.actions import Action, action_space, render_tool_calls, space_for_platform
 from hivig.messages import ChatMessage, ImageRef
 from hivig.prompts._template import PromptError, PromptTemplate, load_prompt
 from hivig.taxonomy import DIMENSIONS, Dimension
+
+if TYPE_CHECKING:  # hivig.profiles reads templates through this package
+    from hivig.profiles import Profile
 
 
 class PromptMessages(list[ChatMessage]):
@@ -143,8 +147,16 @@ def _build(
     version: int | None,
     platform: str,
     template: PromptTemplate | None = None,
+    profile: Profile | None = None,
     **values: str | ImageRef,
 ) -> PromptMessages:
+    if profile is not None:
+        # A profile is the whole interface: its template and its texts, never the package's.
+        template = profile.templates[name]
+        values["action_space"] = profile.action_space(space_for_platform(platform))
+        if "taxonomy" in template.placeholders:
+            values["taxonomy"] = profile.taxonomy
+        return PromptMessages(template.render(**values), template.id)
     template = template or load_prompt(name, version)
     if "action_space" in template.placeholders:
         values["action_space"] = action_space_text(platform)
@@ -165,6 +177,7 @@ def build_history_messages(
     *,
     version: int | None = None,
     template: PromptTemplate | None = None,
+    profile: Profile | None = None,
 ) -> PromptMessages:
     """Critic history task: update the rolling summary from one before/after pair.
 
@@ -178,6 +191,8 @@ def build_history_messages(
         version: Template version; the latest by default.
         template: A template of the same name loaded from a prompt profile
             (``load_prompt_dir``); overrides ``version``.
+        profile: A critic profile (``hivig.profiles``): its template, action-space text and
+            taxonomy text; overrides ``version`` and ``template``.
 
     Returns:
         ``[system, user]`` messages tagged with their prompt id.
@@ -187,6 +202,7 @@ def build_history_messages(
         version,
         platform,
         template,
+        profile,
         task=task,
         previous_summary=previous_summary,
         before=before,
@@ -204,6 +220,7 @@ def build_critique_messages(
     *,
     version: int | None = None,
     template: PromptTemplate | None = None,
+    profile: Profile | None = None,
 ) -> PromptMessages:
     """Critic critique task: judge one proposed step on the marked current screenshot.
 
@@ -216,6 +233,8 @@ def build_critique_messages(
         version: Template version; the latest by default.
         template: A template of the same name loaded from a prompt profile
             (``load_prompt_dir``); overrides ``version``.
+        profile: A critic profile (``hivig.profiles``): its template, action-space text and
+            taxonomy text; overrides ``version`` and ``template``.
 
     Returns:
         ``[system, user]`` messages tagged with their prompt id.
@@ -225,6 +244,7 @@ def build_critique_messages(
         version,
         platform,
         template,
+        profile,
         # The critic's prompt lists the brief definitions: it is in every sample and request.
         taxonomy=taxonomy_text(brief=True),
         task=task,

@@ -12,7 +12,10 @@ A template file has a system section and a user section::
 Placeholders use ``string.Template`` syntax (``$name`` or ``${name}``, ``$$`` for a literal dollar).
 The optional ``@@ images`` line names the image slots; their ``ImageRef`` values go first in the
 user message, in that order, so every message starts with its most reusable parts (system prompt,
-then screenshots, then per-step text) and serving engines can reuse prefix caches. Rendering fails
+then screenshots, then per-step text) and serving engines can reuse prefix caches. A profile for
+a checkpoint trained with images inside the text writes ``@@ images inline before after``
+instead: each slot then stands once in the user text as ``$before`` / ``$after``, and the image
+goes exactly there. Rendering fails
 loudly on a missing or an unused value: a silently empty field in a training prompt is a data bug.
 
 A released version is never edited; a change adds ``<name>_v<N+1>.txt``.
@@ -33,6 +36,7 @@ _FILE = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)_v(?P<version>[1-9][0-9]*)\.txt$"
 _SYSTEM = "@@ system"
 _USER = "@@ user"
 _IMAGES = "@@ images"
+_INLINE = "inline"
 
 
 class PromptError(ValueError):
@@ -62,6 +66,8 @@ class PromptTemplate:
         system: Raw system section.
         user: Raw user section (text only).
         image_slots: Names of the image values, in the order they open the user message.
+        inline_images: The image slots stand in the user text (``$screenshot``) and the images
+            go where they stand, instead of opening the message.
     """
 
     name: str
@@ -69,6 +75,7 @@ class PromptTemplate:
     system: str
     user: str
     image_slots: tuple[str, ...] = ()
+    inline_images: bool = False
 
     @property
     def id(self) -> str:
@@ -107,12 +114,47 @@ class PromptTemplate:
             if not isinstance(value, str):
                 raise PromptError(f"{self.id}: value {key!r} must be a str, got {type(value)}")
         system = string.Template(self.system).substitute(texts)
+        if self.inline_images:
+            return [ChatMessage("system", [TextPart(system)]), self._inline_user(texts, values)]
         user = string.Template(self.user).substitute(texts)
         images: list[TextPart | ImagePart] = [ImagePart(values[s]) for s in self.image_slots]
         return [
             ChatMessage("system", [TextPart(system)]),
             ChatMessage("user", [*images, TextPart(user)]),
         ]
+
+    def _inline_user(self, texts: dict[str, str], values: dict[str, str | ImageRef]) -> ChatMessage:
+        # Each slot is cut out of the template text before substitution, so a value that happens
+        # to contain "$before" (a task quoting a prompt) can never turn into an image.
+        content: list[TextPart | ImagePart] = []
+        for piece in _split_slots(self.user, self.image_slots):
+            if isinstance(piece, str):
+                text = string.Template(piece).substitute(texts)
+                if text:
+                    content.append(TextPart(text))
+            else:
+                content.append(ImagePart(values[piece[0]]))
+        return ChatMessage("user", content)
+
+
+def _slot_pattern(slots: tuple[str, ...]) -> re.Pattern[str]:
+    names = "|".join(re.escape(s) for s in slots)
+    # ``$$`` is matched as a unit so that a literal dollar is never the start of a slot.
+    return re.compile(rf"\$\$|\$(?:(?P<a>{names})(?![A-Za-z0-9_])|\{{(?P<b>{names})\}})")
+
+
+def _split_slots(text: str, slots: tuple[str, ...]) -> list[str | tuple[str]]:
+    """``text`` cut at each image slot: text pieces, and ``(slot,)`` where an image stands."""
+    out: list[str | tuple[str]] = []
+    pos = 0
+    for match in _slot_pattern(slots).finditer(text):
+        name = match.group("a") or match.group("b")
+        if name is None:
+            continue  # a literal ``$$``
+        out += [text[pos : match.start()], (name,)]
+        pos = match.end()
+    out.append(text[pos:])
+    return out
 
 
 def _parse(name: str, version: int, text: str) -> PromptTemplate:
@@ -126,14 +168,33 @@ def _parse(name: str, version: int, text: str) -> PromptTemplate:
     system = "\n".join(lines[1:user_at]).strip("\n")
     user_lines = lines[user_at + 1 :]
     slots: tuple[str, ...] = ()
+    inline = False
     if user_lines and user_lines[0].startswith(_IMAGES):
         slots = tuple(user_lines[0][len(_IMAGES) :].split())
+        inline = bool(slots) and slots[0] == _INLINE
+        slots = slots[1:] if inline else slots
         user_lines = user_lines[1:]
     user = "\n".join(user_lines).strip("\n")
-    template = PromptTemplate(name, version, system, user, slots)
+    template = PromptTemplate(name, version, system, user, slots, inline)
     _identifiers(string.Template(system))
     _identifiers(string.Template(user))
+    if inline:
+        _check_inline(template)
     return template
+
+
+def _check_inline(template: PromptTemplate) -> None:
+    if not template.image_slots:
+        raise PromptError(f"{template.id}: `{_IMAGES} {_INLINE}` names no image slot")
+    if set(_identifiers(string.Template(template.system))) & set(template.image_slots):
+        raise PromptError(f"{template.id}: an image slot cannot stand in the system text")
+    cut = [p[0] for p in _split_slots(template.user, template.image_slots) if isinstance(p, tuple)]
+    for slot in template.image_slots:
+        if cut.count(slot) != 1:
+            raise PromptError(
+                f"{template.id}: inline image slot ${slot} must stand exactly once in the user "
+                f"text (found {cut.count(slot)})"
+            )
 
 
 @cache

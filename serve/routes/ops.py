@@ -51,6 +51,7 @@ async def metrics(request: Request) -> Response:
 async def info(request: Request) -> dict[str, Any]:
     """Versions, frame, accepted spaces and formats, limits, deadlines and the taxonomy."""
     cfg: ServeConfig = request.app.state.config
+    critic = gateway(request).critic
     return {
         **gateway(request).versions(),
         "backend": cfg.backend.kind,
@@ -69,8 +70,9 @@ async def info(request: Request) -> dict[str, Any]:
             "max_queue": cfg.limits.max_queue,
         },
         "deadlines_s": {
-            "observe": cfg.critic.observe_deadline_s,
-            "critique": cfg.critic.critique_deadline_s,
+            "observe": critic.budget.observe_deadline_s,
+            "critique": critic.budget.critique_deadline_s,
         },
+        "profile": critic.profile_info(),
         "taxonomy": [d.name for d in DIMENSIONS],
     }
