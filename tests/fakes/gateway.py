@@ -47,12 +47,15 @@ class ScriptedBackend:
     history_answers: list[str] = field(default_factory=list)
     bad_if: str | None = None
     """Answer Bad when the prompt holds this text (per-candidate verdicts)."""
+    samplings: dict[str, Sampling] = field(default_factory=dict)
+    """The latest call's sampling per kind (``history``/``critique``)."""
 
     async def generate(
         self, messages: list[ChatMessage], sampling: Sampling, *, request_hash: str | None = None
     ) -> Generation:
         kind = "critique" if "Current Proposed Step" in messages[-1].text() else "history"
         self.calls.append((kind, messages))
+        self.samplings[kind] = sampling
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.mode == "slow":
