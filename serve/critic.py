@@ -31,7 +31,7 @@ from hivig.contracts import (
     parse_history,
 )
 from hivig.messages import ChatMessage, ImagePart, ImageRef, Mark
-from hivig.profiles import GenerationBudget, default_profile, load_profile
+from hivig.profiles import GenerationBudget, Profile, default_profile, load_profile
 from hivig.prompts import (
     CRITIC_PROMPTS,
     PromptMessages,
@@ -40,7 +40,7 @@ from hivig.prompts import (
     load_prompt,
     load_prompt_dir,
 )
-from hivig.vision import draw_marks, marked_rows, size_class_for_platform
+from hivig.vision import draw_marks, marked_frame_of, marked_rows, size_class_for_platform
 from serve.config import ServeConfig
 from serve.errors import ApiError
 from serve.images import ImageStore
@@ -205,15 +205,19 @@ class Critic:
         images: ImageStore,
         metrics: Metrics,
         gate: QueueGate,
+        profile: Profile | None = None,
     ) -> None:
-        """A critic over ``backend``; templates from ``cfg.critic.prompt_dir`` or the package."""
+        """A critic over ``backend``; its interface is ``profile`` (else ``cfg.critic.profile``),
+        or the templates of ``cfg.critic.prompt_dir`` or of the package."""
         self.backend = backend
         self.cfg = cfg
         self.images = images
         self.metrics = metrics
         self.gate = gate
         self.health = BackendHealth()
-        self.profile = load_profile(cfg.critic.profile) if cfg.critic.profile else None
+        if profile is None and cfg.critic.profile:
+            profile = load_profile(cfg.critic.profile)
+        self.profile = profile
         if self.profile is not None:
             self.templates = dict(self.profile.templates)
         elif cfg.critic.prompt_dir:
@@ -289,6 +293,13 @@ class Critic:
 
     def _frame(self, ref: ImageRef) -> Image.Image:
         clean = self.images.clean_frame(ref.path)
+        policy = self.images.policy
+        if ref.marks and not policy.is_canonical:
+            # Markers drawn before a resize (a LlamaFactory-trained profile) need the original.
+            f = self.cfg.frame
+            budget = (f.min_pixels, f.max_pixels, f.factor)
+            original = self.images.original(ref.path) if policy.markers == "original" else clean
+            return marked_frame_of(original, clean, policy, ref.marks, ref.size_class, *budget)[0]
         if not ref.marks:
             # Passed as the cached object itself (nobody draws on it): the transport's payload
             # cache then encodes each screen once, not once per prompt it appears in (the

@@ -28,8 +28,10 @@ from hivig.actions import ActionError, action_from_arguments, pointer_after, spa
 from hivig.backends import InferenceBackend
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput
 from hivig.messages import ArrowMark
+from hivig.profiles import load_profile
 from hivig.prompts import format_trajectory
 from hivig.recovery import StepRecord, choose_recovery
+from hivig.vision import CANONICAL
 from serve.actions import Frame, ResolvedAction, resolve
 from serve.config import ServeConfig
 from serve.critic import Critic, ModelResult, QueueGate
@@ -87,6 +89,7 @@ class Gateway:
         self.model_version = model_version
         self.metrics = Metrics()
         self.store: SessionStore = open_store(cfg.sessions.store, state_dir)
+        profile = load_profile(cfg.critic.profile) if cfg.critic.profile else None
         self.images = ImageStore(
             state_dir / "images",
             cfg.frame,
@@ -98,10 +101,11 @@ class Gateway:
             # A backend that sends PNGs (the OpenAI transport) is handed the frames' PNGs
             # made here, in the cache it sends them from.
             payloads=getattr(backend, "png_payloads", None),
+            policy=profile.frame if profile is not None else CANONICAL,
         )
         self.traces = TraceWriter(state_dir / "traces", self.metrics)
         self.queue = QueueGate(cfg.limits.max_queue, cfg.limits.retry_after_s, self.metrics)
-        self.critic = Critic(backend, cfg, self.images, self.metrics, self.queue)
+        self.critic = Critic(backend, cfg, self.images, self.metrics, self.queue, profile)
         # A decoded detector state holds up to about a megabyte (its JSON and thumbnails): keep
         # one for each session whose frames are likely still cached (about two per session).
         self.detector = Detector(cache_size=max(1, cfg.sessions.frame_cache // 4))
@@ -538,7 +542,9 @@ class Gateway:
         note = self.detector.note(state) if self.critic.recurrence_note else None
         if note:
             trajectory = f"{trajectory}\n\n{note}" if trajectory else note
-        pointer = tuple(state.pointer) if state.pointer else None
+        # A profile without drag arrows marks only drags that name both ends.
+        drag_arrows = self.images.policy.drag_arrows
+        pointer = tuple(state.pointer) if state.pointer and drag_arrows else None
         space = space_for_platform(state.platform)
         jobs = []
         for r in resolved:

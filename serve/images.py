@@ -38,11 +38,14 @@ from PIL import Image
 from hivig.backends.images import ImagePayloadCache
 from hivig.config import FrameConfig
 from hivig.vision import (
+    CANONICAL,
     FAST_PNG_LEVEL,
     BandedPng,
     FrameCache,
+    FramePolicy,
     ImageError,
     canonical_frame,
+    clean_frame_of,
     encode_png,
     load_image,
 )
@@ -105,6 +108,7 @@ class ImageStore:
         large_pixels: int | None = None,
         large_lanes: int = 1,
         payloads: ImagePayloadCache | None = None,
+        policy: FramePolicy = CANONICAL,
     ) -> None:
         """Store under ``root`` (created); frames follow ``frame``'s pixel budget; screenshots
         over ``large_pixels`` are decoded ``large_lanes`` at a time (``put_inline``).
@@ -114,10 +118,14 @@ class ImageStore:
         frame's PNG and each marked copy's are handed to it, so that backend encodes nothing
         again. ``None`` (an in-process model, a JPEG transport), or a cache at another PNG
         level: nothing is handed over, and no bands are kept.
+
+        ``policy`` is the frame policy of the profile served (``hivig.vision.FramePolicy``):
+        the clean frames are made under it.
         """
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.frame = frame
+        self.policy = policy
         self.max_bytes = max_bytes
         self.max_pixels = max_pixels
         self.large_pixels = max_pixels if large_pixels is None else large_pixels
@@ -262,12 +270,19 @@ class ImageStore:
         return image
 
     def _canonical(self, image: Image.Image) -> Image.Image:
+        if not self.policy.is_canonical:
+            f = self.frame
+            return clean_frame_of(image, self.policy, f.min_pixels, f.max_pixels, f.factor)
         return canonical_frame(
             image,
             min_pixels=self.frame.min_pixels,
             max_pixels=self.frame.max_pixels,
             factor=self.frame.factor,
         )
+
+    def original(self, ref: str) -> Image.Image:
+        """The stored screenshot of ``ref`` at its own resolution, decoded (read from disk)."""
+        return load_image(self.require(ref))
 
     def _remember_size(self, ref: str, size: tuple[int, int]) -> None:
         with self._lock:

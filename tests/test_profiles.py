@@ -226,3 +226,77 @@ def test_serving_a_broken_profile_is_one_line_and_exit_2(tmp_path):
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "critic.profile" in lines[0]
     assert "lacks chat_template.jinja" in lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pixels: the frame policy of a profile
+
+
+LLAMAFACTORY = (
+    "frame:\n  geometry: llamafactory\n  image_max_pixels: 1048576\n  image_min_pixels: 1024\n"
+    "  markers: original\n  size_class: aspect\n  drag_arrows: false\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("size", "grid"), [((1920, 1080), (1376, 768)), ((1080, 2400), (672, 1536)),
+                       ((1440, 3120), (704, 1504))],
+)  # fmt: skip
+def test_a_llamafactory_policy_gives_llamafactorys_grids(size, grid):
+    from PIL import Image
+
+    from hivig.vision import FramePolicy, canonical_frame
+
+    policy = FramePolicy(geometry="llamafactory", markers="original", size_class="aspect")
+    shot = Image.new("RGB", size, (200, 200, 200))
+    # The processor's own budget (Qwen3-VL's) leaves LlamaFactory's resize as the only cap.
+    frame = canonical_frame(shot, min_pixels=65_536, max_pixels=16_777_216, policy=policy)
+    assert frame.size == grid
+    assert canonical_frame(shot, min_pixels=65_536, max_pixels=1_048_576).size != grid
+
+
+def test_the_gateway_sends_the_profiles_pixels(tmp_path):
+    from PIL import Image
+
+    from hivig.messages import PointMark
+    from hivig.vision import FramePolicy, canonical_frame, load_image
+    from tests.fakes.gateway import b64, screen
+
+    folder = default_profile().write(tmp_path / "lf")
+    settings = (folder / "profile.yaml").read_text()
+    start = settings.index("frame:")
+    end = settings.index("generation:")
+    (folder / "profile.yaml").write_text(settings[:start] + LLAMAFACTORY + settings[end:])
+    profile = load_profile(folder)
+    backend = ScriptedBackend()
+    cfg = serve_config(tmp_path / "state", f"critic.profile={folder}", "frame.max_pixels=16777216")
+    shot = screen(1280, 900, seed=3)
+    click = {"type": "left_click", "x": 500, "y": 400}
+    drag = {"type": "left_click_drag", "x": 300, "y": 300}
+    with TestClient(create_app(cfg, backend)) as c:
+        sid = start_session(c, screen={"w": 1280, "h": 900}, coord_space="norm1000")
+        assert observe(c, sid, 0, screenshot=b64(shot)).status_code == 200
+        for action in (click, drag):
+            r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": action})
+            assert r.status_code == 200, r.text
+    click_call, drag_call = [m for kind, m in backend.calls if kind == "critique"]
+    sent = click_call[1].images()[0]
+    # The marker is drawn on the 1280x900 original (aspect ratio: a desktop marker), then
+    # LlamaFactory's resize, then the grid: exactly what training materialises.
+    expected = canonical_frame(
+        load_image(shot), min_pixels=1024, max_pixels=16_777_216, policy=profile.frame,
+        marks=(PointMark(500, 400),), size_class="desktop",
+    )  # fmt: skip
+    assert sent.size == expected.size == (1216, 864)
+    assert sent.tobytes() == expected.tobytes()
+    on_frame = canonical_frame(
+        load_image(shot), min_pixels=1024, max_pixels=16_777_216,
+        policy=FramePolicy(geometry="llamafactory"), marks=(PointMark(500, 400),),
+    )  # fmt: skip
+    assert sent.tobytes() != on_frame.tobytes()  # drawn before the resize, not after
+    # A desktop drag names only its end: without drag arrows it is sent unmarked.
+    clean = canonical_frame(
+        load_image(shot), min_pixels=1024, max_pixels=16_777_216, policy=profile.frame
+    )
+    assert drag_call[1].images()[0].tobytes() == clean.tobytes()
+    assert isinstance(sent, Image.Image)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from hivig.prompts._template import PromptError, PromptTemplate, _parse, load_prompt
+from hivig.vision import FramePolicy
 
 PROFILE_YAML = "profile.yaml"
 TEMPLATE_FILES = {"critic_critique": "critic_critique.txt", "critic_history": "critic_history.txt"}
@@ -85,39 +86,6 @@ class RenderPolicy:
     def __post_init__(self) -> None:
         _one_of("render.masked_calls", self.masked_calls, ("all", "first"))
         _one_of("render.summary_feedback", self.summary_feedback, ("record", "inner"))
-
-
-@dataclass(frozen=True)
-class FramePolicy:
-    """How a screenshot becomes the frame the model sees.
-
-    Attributes:
-        geometry: ``canonical``: one resize to the processor's grid (``canonical_frame``);
-            ``llamafactory``: LlamaFactory's first resize to at most ``image_max_pixels``
-            (and at least ``image_min_pixels``), the processor's own resize after it.
-        image_max_pixels: LlamaFactory's ``image_max_pixels``.
-        image_min_pixels: LlamaFactory's ``image_min_pixels``.
-        markers: ``frame``: markers drawn on the resized frame; ``original``: on the
-            screenshot at its own resolution, before any resize.
-        size_class: ``platform``: the marker table follows the platform (android = mobile);
-            ``aspect``: portrait images are mobile.
-        drag_arrows: A drag whose start is the pointer (a desktop ``left_click_drag``) gets an
-            arrow; without, only drags that name both ends (swipes) do.
-    """
-
-    geometry: str = "canonical"
-    image_max_pixels: int = 1_048_576
-    image_min_pixels: int = 1_024
-    markers: str = "frame"
-    size_class: str = "platform"
-    drag_arrows: bool = True
-
-    def __post_init__(self) -> None:
-        _one_of("frame.geometry", self.geometry, ("canonical", "llamafactory"))
-        _one_of("frame.markers", self.markers, ("frame", "original"))
-        _one_of("frame.size_class", self.size_class, ("platform", "aspect"))
-        if not 0 < self.image_min_pixels <= self.image_max_pixels:
-            raise ProfileError("frame.image_min_pixels must be in (0, frame.image_max_pixels]")
 
 
 @dataclass(frozen=True)
@@ -302,8 +270,8 @@ def _section(root: Path, body: dict[str, Any], key: str, cls: type) -> Any:
         raise ProfileError(f"{root / PROFILE_YAML}: unknown `{key}` keys {unknown}")
     try:
         return cls(**value)
-    except TypeError as e:
-        raise ProfileError(f"{root / PROFILE_YAML}: `{key}`: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ProfileError(f"{root / PROFILE_YAML}: {e}") from None
 
 
 def _template(root: Path, name: str) -> PromptTemplate:

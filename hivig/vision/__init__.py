@@ -28,7 +28,9 @@ from hivig.vision._frame import (
     RESIZE_KERNELS,
     ImageError,
     canonical_frame,
+    clean_frame_of,
     load_image,
+    marked_frame_of,
     materialise,
     reference_marked_image,
     resize_kernel,
@@ -48,8 +50,15 @@ from hivig.vision._markers import (
     size_class_for_platform,
 )
 from hivig.vision._png import FAST_PNG_LEVEL, PNG_BAND_ROWS, BandedPng, deflate, encode_png
+from hivig.vision._policy import CANONICAL, FramePolicy, before_grid, llamafactory_resize
 
 __all__ = [
+    "CANONICAL",
+    "FramePolicy",
+    "before_grid",
+    "clean_frame_of",
+    "llamafactory_resize",
+    "marked_frame_of",
     "FrameCache",
     "frame_nbytes",
     "FAST_PNG_LEVEL",

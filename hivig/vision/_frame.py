@@ -20,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 from hivig.logging import get_logger
 from hivig.messages import ChatMessage, ImagePart, ImageRef, Mark, SizeClass
 from hivig.vision._markers import draw_marks_inplace
+from hivig.vision._policy import CANONICAL, FramePolicy, before_grid
 from hivig.vision._resample import resize_bicubic_aa
 
 try:
@@ -316,11 +317,14 @@ def canonical_frame(
     factor: int = 32,
     marks: tuple[Mark, ...] | list[Mark] = (),
     size_class: SizeClass | None = None,
+    policy: FramePolicy = CANONICAL,
 ) -> Image.Image:
     """Prepare a screenshot exactly as the model sees it: decode, RGB, resize, draw marks.
 
     Marks are drawn after resizing, so their size follows the frame, not the source screen. Marks
-    outside [0, 1000] are skipped and logged; use ``draw_marks`` to get the count.
+    outside [0, 1000] are skipped and logged; use ``draw_marks`` to get the count. A profile's
+    ``policy`` may move the markers onto the original screenshot and add LlamaFactory's resize
+    before the one to the grid (``hivig.vision.FramePolicy``).
 
     Args:
         image: A path, encoded bytes or a PIL image (never modified).
@@ -329,6 +333,7 @@ def canonical_frame(
         factor: Side multiple in pixels (32 for Qwen3-VL).
         marks: Point/arrow marks on the 0–1000 grid.
         size_class: Marker size class from the platform; ``None`` picks by aspect ratio.
+        policy: The frame policy of the critic's profile; hivig's own by default.
 
     Returns:
         A new RGB image of the ``smart_resize`` size.
@@ -337,11 +342,56 @@ def canonical_frame(
         ImageError: The image cannot be decoded.
         ValueError: Non-positive budget or an aspect ratio of 200 or more.
     """
-    frame = _resized(_decode(image), min_pixels, max_pixels, factor)
-    skipped = draw_marks_inplace(frame, marks, size_class)
+    frame, skipped = _policy_frame(_decode(image), policy, marks, size_class, min_pixels,
+                                   max_pixels, factor)  # fmt: skip
     if skipped:
         logger.warning("skipped %d of %d marks outside the 0-1000 grid", skipped, len(marks))
     return frame
+
+
+def _policy_frame(
+    image: Image.Image,
+    policy: FramePolicy,
+    marks: tuple[Mark, ...] | list[Mark],
+    size_class: SizeClass | None,
+    min_pixels: int,
+    max_pixels: int,
+    factor: int,
+) -> tuple[Image.Image, int]:
+    """The frame of a decoded screenshot under ``policy``, and the marks skipped."""
+    start, skipped = before_grid(image, policy, marks, size_class)
+    frame = _resized(start, min_pixels, max_pixels, factor)
+    if policy.markers == "frame":
+        skipped += draw_marks_inplace(frame, marks, policy.marker_class(size_class))
+    return frame, skipped
+
+
+def clean_frame_of(
+    image: Image.Image, policy: FramePolicy, min_pixels: int, max_pixels: int, factor: int = 32
+) -> Image.Image:
+    """The unmarked frame of a decoded screenshot under ``policy`` (a new image)."""
+    return _policy_frame(image, policy, (), None, min_pixels, max_pixels, factor)[0]
+
+
+def marked_frame_of(
+    image: Image.Image,
+    clean: Image.Image,
+    policy: FramePolicy,
+    marks: tuple[Mark, ...] | list[Mark],
+    size_class: SizeClass | None,
+    min_pixels: int,
+    max_pixels: int,
+    factor: int = 32,
+) -> tuple[Image.Image, int]:
+    """The marked frame of ``image`` whose clean frame is ``clean``.
+
+    Drawn on a copy of ``clean`` where the policy draws on the frame; made again from the
+    original ``image`` where it draws before any resize.
+    """
+    if policy.markers == "frame":
+        frame = clean.copy()
+        return frame, draw_marks_inplace(frame, marks, policy.marker_class(size_class))
+    return _policy_frame(image, policy, marks, size_class, min_pixels, max_pixels, factor)
 
 
 def materialise(
@@ -351,6 +401,7 @@ def materialise(
     min_pixels: int,
     max_pixels: int,
     factor: int = 32,
+    policy: FramePolicy = CANONICAL,
 ) -> list[ChatMessage]:
     """Replace every ``ImagePart(ImageRef)`` with ``ImagePart(canonical frame with marks)``.
 
@@ -364,6 +415,7 @@ def materialise(
         min_pixels: Lower bound on the frame area, in pixels.
         max_pixels: Upper bound on the frame area, in pixels.
         factor: Side multiple in pixels.
+        policy: The frame policy of the critic's profile; hivig's own by default.
 
     Returns:
         New messages whose image parts are RGB PIL images.
@@ -372,15 +424,14 @@ def materialise(
         ImageError: A referenced image is missing or cannot be decoded.
     """
     base = Path(root)
-    frames: dict[Path, Image.Image] = {}
+    frames: dict[Path, tuple[Image.Image, Image.Image]] = {}
     out: list[ChatMessage] = []
     for message in messages:
         content: list[Any] = []
         for part in message.content:
             if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
-                content.append(
-                    ImagePart(_frame_for(part.image, base, frames, min_pixels, max_pixels, factor))
-                )
+                budget = (min_pixels, max_pixels, factor)
+                content.append(ImagePart(_frame_for(part.image, base, frames, budget, policy)))
             else:
                 content.append(part)
         out.append(ChatMessage(role=message.role, content=content))
@@ -390,17 +441,17 @@ def materialise(
 def _frame_for(
     ref: ImageRef,
     root: Path,
-    cache: dict[Path, Image.Image],
-    min_pixels: int,
-    max_pixels: int,
-    factor: int,
+    cache: dict[Path, tuple[Image.Image, Image.Image]],
+    budget: tuple[int, int, int],
+    policy: FramePolicy,
 ) -> Image.Image:
     path = Path(ref.path)
     path = path if path.is_absolute() else root / path
     if path not in cache:
-        cache[path] = _resized(_decode(path), min_pixels, max_pixels, factor)
-    frame = cache[path].copy()
-    skipped = draw_marks_inplace(frame, ref.marks, ref.size_class)
+        original = _decode(path)
+        cache[path] = (original, clean_frame_of(original, policy, *budget))
+    original, clean = cache[path]
+    frame, skipped = marked_frame_of(original, clean, policy, ref.marks, ref.size_class, *budget)
     if skipped:
         logger.warning("%s: skipped %d marks outside the 0-1000 grid", ref.path, skipped)
     return frame
