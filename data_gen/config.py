@@ -310,6 +310,9 @@ class DataGenConfig:
     from successful trajectories only; failed and unfinished ones are counted and left out)."""
     frame: FrameConfig = field(default_factory=FrameConfig)
     """Canonical frame for marked images and token estimates."""
+    profile: str = ""
+    """The critic profile the samples are written in (``hivig.profiles``: templates, texts,
+    first summary, frame policy); empty: hivig's own. The export records it for ``train``."""
     annotator: AnnotatorConfig = field(default_factory=AnnotatorConfig)
     """The annotator backend, cache and validation retries."""
     transitions: TransitionsConfig = field(default_factory=TransitionsConfig)

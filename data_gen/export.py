@@ -42,6 +42,7 @@ from data_gen.report import (
 )
 from data_gen.steps.work import Work, messages_from_json, spec_to_record, step_text
 from hivig.messages import ImageRef, mark_to_json
+from hivig.profiles import resolve_profile
 from hivig.records import (
     SPLITS,
     RecordError,
@@ -49,6 +50,7 @@ from hivig.records import (
     records_dir,
     to_sharegpt,
     write_manifest,
+    write_profile,
     write_records,
 )
 from hivig.vision import canonical_frame, encode_png
@@ -307,6 +309,7 @@ def export_dataset(
         write_records([r for r in records if r.split == split], tmp / "records" / split)
     # Training reads the corpus root from here (records hold corpus-relative image paths).
     write_manifest(tmp / "records", corpus, final_root=records_dir(out))
+    write_profile(tmp / "records", resolve_profile(cfg.profile))
     exported = _sharegpt(records, cfg, corpus, tmp) if cfg.export.sharegpt else {}
     all_counters = {**counters, "export": merge_counts([stats.counts])}
     atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))

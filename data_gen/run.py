@@ -76,6 +76,7 @@ from hivig.config import (
     write_run_description,
 )
 from hivig.logging import configure_logging, get_logger
+from hivig.profiles import resolve_profile
 from hivig.taxonomy import DIMENSIONS
 from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
 
@@ -436,7 +437,11 @@ among them: the split of every work item is fixed when the stages run."""
 def resume_fingerprint(cfg: DataGenConfig) -> dict[str, Any]:
     """The config fields that determine the stage outputs, flattened to dotted keys."""
     skip = set(OPERATIONAL_FIELDS) | set(MERGE_ONLY_FIELDS)
-    return {k: v for k, v in _flatten(config_to_dict(cfg)).items() if k not in skip}
+    out = {k: v for k, v in _flatten(config_to_dict(cfg)).items() if k not in skip}
+    if cfg.profile:
+        # The folder's content decides the samples, not its path.
+        out["profile"] = resolve_profile(cfg.profile).digest
+    return out
 
 
 def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -720,6 +725,7 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
             build_plan(cfg, works, elements, annotator.is_offline),
             gen_params(cfg),
             loop,
+            resolve_profile(cfg.profile),
         )
         executor: Executor[Work] = Executor(
             cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC, TRANSIENT_REASONS

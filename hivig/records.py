@@ -38,6 +38,7 @@ from hivig.messages import (
     PointMark,
     TextPart,
 )
+from hivig.profiles import Profile, default_profile, load_profile
 from hivig.taxonomy import lookup_dimension
 from hivig.vision import (
     FAST_PNG_LEVEL,
@@ -697,3 +698,28 @@ def read_image_root(records_root: str | os.PathLike[str]) -> Path | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("image_root"), str):
         raise RecordError(f"{path}: expected an object with a string 'image_root'")
     return Path(records_root) / obj["image_root"]
+
+
+PROFILE_DIR = "profile"
+"""Sub-folder of a records folder holding the critic profile its samples are written in."""
+
+
+def write_profile(records_root: str | os.PathLike[str], profile: Profile) -> None:
+    """Record the critic profile of a records folder (its files, in ``profile/``).
+
+    hivig's own profile is recorded too: a records folder then always says which interface its
+    samples speak, and a checkpoint trained on it can say the same.
+    """
+    profile.write(Path(records_root) / PROFILE_DIR)
+
+
+def read_profile(records_root: str | os.PathLike[str]) -> Profile:
+    """The critic profile a records folder was written in.
+
+    hivig's own when none is recorded (folders written before profiles existed).
+
+    Raises:
+        ProfileError: A recorded profile is incomplete or invalid.
+    """
+    folder = Path(records_root) / PROFILE_DIR
+    return load_profile(folder) if folder.is_dir() else default_profile()

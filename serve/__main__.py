@@ -74,6 +74,9 @@ def _check(cfg: ServeConfig) -> str | None:
             load_profile(cfg.critic.profile)
         except ProfileError as e:
             return f"critic.profile: {e}"
+    problem = _check_profile_fits(cfg)
+    if problem:
+        return problem
     if cfg.critic.prompt_dir:
         from hivig.prompts import CRITIC_PROMPTS, PromptError, load_prompt_dir
 
@@ -89,6 +92,20 @@ def _check(cfg: ServeConfig) -> str | None:
         probe.unlink()
     except OSError as e:
         return f"sessions.state_dir {state} is not writable ({e.strerror}); pass a writable one"
+    return None
+
+
+def _check_profile_fits(cfg: ServeConfig) -> str | None:
+    """The checkpoint served must be served with the profile it was trained with."""
+    checkpoint = cfg.backend.model if cfg.backend.kind == "transformers" else cfg.critic.checkpoint
+    if not checkpoint or cfg.critic.allow_profile_mismatch:
+        return None
+    from hivig.profiles import ProfileError, check_served_profile, resolve_profile
+
+    try:
+        check_served_profile(checkpoint, resolve_profile(cfg.critic.profile))
+    except ProfileError as e:
+        return str(e)
     return None
 
 

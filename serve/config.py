@@ -81,6 +81,13 @@ class CriticConfig:
     Its budget replaces the four ``*_deadline_s``/``*_max_tokens`` values and
     ``recurrence_note`` above. Empty serves hivig's own interface with the values above."""
 
+    checkpoint: str = ""
+    """The checkpoint folder a remote backend serves (``slurm/serve.sbatch`` sets it), so that
+    its recorded profile is checked against ``profile`` at start; the in-process backend checks
+    its own ``model`` folder."""
+    allow_profile_mismatch: bool = False
+    """Serve a checkpoint with a profile other than the one it records, on purpose."""
+
     def __post_init__(self) -> None:
         if self.profile and self.prompt_dir:
             raise ConfigError(

@@ -23,7 +23,8 @@ from hivig.models.qwen_vl import (
     resolve_attention,
     resolve_model_path,
 )
-from hivig.records import read_image_root, records_dir
+from hivig.profiles import Profile, ProfileError
+from hivig.records import read_image_root, read_profile, records_dir
 from train.config import TrainConfig
 from train.data import Sample, TokenCounts, load_samples, mix_kinds, token_counts
 from train.encode import RecordEncoder
@@ -141,6 +142,10 @@ def build_model(
             model = _load_full(init, dtype, backend)
         else:
             model = qwen_vl.load_model(path, dtype=dtype, attn_implementation=backend)
+    profile = data_profile(cfg)
+    if not profile.is_default:
+        # A profile's chat template is part of its interface (LlamaFactory's layout, say).
+        processor.chat_template = profile.chat_template
     # Packed rows need the cache off (a cache object disables the packed-position path).
     qwen_vl.set_use_cache(model, False)
     if init is not None and init.kind == "adapter" and not cfg.lora.enabled:
@@ -287,12 +292,26 @@ def image_root(cfg: TrainConfig) -> Path:
     return read_image_root(records_dir(cfg.data)) or Path(cfg.data)
 
 
+def data_profile(cfg: TrainConfig) -> Profile:
+    """The critic profile the training data was written in (recorded by data_gen's export).
+
+    Raises:
+        ConfigError: The recorded profile is incomplete or invalid.
+    """
+    try:
+        return read_profile(records_dir(cfg.data))
+    except ProfileError as e:
+        raise ConfigError(f"`data`: {e}") from None
+
+
 def build_data(
     cfg: TrainConfig, processor: Any
 ) -> tuple[RecordEncoder, list[Sample], list[Sample], TokenCounts]:
     """Encoder, training samples (mixed), held-out samples and their token counts (cached)."""
     d = cfg.dataset
-    encoder = RecordEncoder(processor, d.frame, root=image_root(cfg))
+    # The data's profile decides the pixels (its frame policy) as it decided the prompts.
+    profile = data_profile(cfg)
+    encoder = RecordEncoder(processor, d.frame, root=image_root(cfg), policy=profile.frame)
     samples = load_samples(cfg.data, d.train_split, d.max_samples)
     samples = mix_kinds(samples, d.history_fraction, cfg.loop.seed)
     if not samples:
@@ -305,7 +324,7 @@ def build_data(
         encoder,
         cache=Path(cfg.out) / "token_counts.json",
         # The image root is part of the key: a corrected root must not reuse not-found results.
-        key_context=(d.frame, processor.chat_template, str(encoder.root.resolve())),
+        key_context=(d.frame, processor.chat_template, str(encoder.root.resolve()), profile.digest),
         workers=d.num_workers,
     )
     return encoder, samples, eval_samples, counts

@@ -33,6 +33,8 @@ from hivig.checkpoint_files import write_reader_compat
 from hivig.config import ConfigError, config_to_dict, write_run_description
 from hivig.distributed import rank_and_world
 from hivig.logging import get_logger
+from hivig.profiles import CHECKPOINT_PROFILE_DIR
+from hivig.records import read_profile, records_dir
 from train.build import zero_stage
 from train.metrics import all_reduce_sum
 from train.signals import PreemptionFlag  # noqa: F401  (re-exported for the recipe)
@@ -484,6 +486,8 @@ def _write_final(
     processor.save_pretrained(out)
     # The transformers-4.57 forms too: every vLLM before 0.19.1 reads only those.
     write_reader_compat(out)
+    # The interface it learnt: serving it with another is refused (check_served_profile).
+    read_profile(records_dir(cfg.data)).write(out / CHECKPOINT_PROFILE_DIR)
     write_run_description(out, cfg)
     log.info("final checkpoint in %s", out)
 

@@ -15,7 +15,7 @@ from hivig.config import FrameConfig
 from hivig.messages import ChatMessage
 from hivig.models.qwen_vl import EncodedSample, encode_sample
 from hivig.records import SFTRecord, record_messages
-from hivig.vision import materialise
+from hivig.vision import CANONICAL, FramePolicy, materialise
 
 
 class RecordEncoder:
@@ -25,10 +25,13 @@ class RecordEncoder:
     system and user turns (image parts as ``ImageRef`` or already-canonical PIL frames).
     """
 
-    def __init__(self, processor: Any, frame: FrameConfig, root: str | Path):
+    def __init__(
+        self, processor: Any, frame: FrameConfig, root: str | Path, policy: FramePolicy = CANONICAL
+    ):
         self.processor = processor
         self.frame = frame
         self.root = Path(root)
+        self.policy = policy
 
     def prompt_and_target(self, payload: Any) -> tuple[list[ChatMessage], str]:
         """The prompt turns (system, user) and the assistant target of a payload."""
@@ -49,6 +52,7 @@ class RecordEncoder:
             min_pixels=f.min_pixels,
             max_pixels=f.max_pixels,
             factor=f.factor,
+            policy=self.policy,
         )
 
     def __call__(self, payload: Any) -> EncodedSample:

@@ -12,6 +12,7 @@ import torch
 from hivig.checkpoint_files import write_reader_compat
 from hivig.logging import get_logger
 from hivig.models.qwen_vl import load_model
+from hivig.profiles import CHECKPOINT_PROFILE_DIR, checkpoint_profile
 
 log = get_logger(__name__)
 
@@ -40,5 +41,8 @@ def merge_lora(adapter: str | Path, out: str | Path, *, base: str | Path, dtype:
     # Processor last: its files (chat template, pixel budget) must be the ones left on disk.
     AutoProcessor.from_pretrained(str(adapter)).save_pretrained(out)
     write_reader_compat(out)  # vLLM builds on transformers 4.57 read these forms
+    trained = checkpoint_profile(adapter)
+    if trained is not None:  # the merged model speaks the interface the adapter learnt
+        trained.write(out / CHECKPOINT_PROFILE_DIR)
     log.info("merged %s into %s -> %s", adapter, base, out)
     return out

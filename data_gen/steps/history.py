@@ -88,7 +88,10 @@ class HistoryStep:
         traj = work.trajectory
         pairs = range(len(traj.steps) - 1)
         stats.seen(len(pairs))
-        summary = INITIAL_SUMMARY
+        # The first pair reads the profile's opening summary (hivig's own: INITIAL_SUMMARY).
+        summary = (
+            INITIAL_SUMMARY if self.ctx.critic_profile is None else self.ctx.profile.initial_summary
+        )
         done: list[str] = []
         for k in pairs:
             sid = sample_id(traj.id, k)
@@ -138,7 +141,7 @@ class HistoryStep:
         if not result.ok:
             return None
         out, target = result.value
-        messages = build_history_messages(*args)
+        messages = build_history_messages(*args, profile=ctx.critic_profile)
         work.units[k]["history"] = sample_spec(
             id=f"{sid}:history",
             kind="history",

@@ -232,7 +232,11 @@ class RationaleStep:
             return
         calls = calls_of(traj, k)
         text = step_text(traj, k, mask_intent=plan.good_masked)
-        shot = image(traj, traj.steps[k].screenshot, step_marks(traj, k, step_text(traj, k, True)))
+        shot = image(
+            traj,
+            traj.steps[k].screenshot,
+            step_marks(traj, k, step_text(traj, k, True), self.ctx.drag_arrows),
+        )
         tr = unit["transition"]
         history = past_trajectory(traj, k)
         args = (traj.task, traj.platform, history, shot, text)
@@ -271,7 +275,7 @@ class RationaleStep:
         # The plan never masks an intent-dependent dimension; checked again here on purpose.
         masked = plan is not None and plan.bad_masked and dim.maskable
         text = format_raw_step(bad.intent, bad.text, masked)
-        shot = image(traj, traj.steps[k].screenshot, step_marks(traj, k, bad.text))
+        shot = image(traj, traj.steps[k].screenshot, step_marks(traj, k, bad.text, ctx.drag_arrows))
         args = (traj.task, traj.platform, past_trajectory(traj, k), shot, text)
         if bad.method == REAL_METHOD:
             # The executed step is the Bad one: no correct step ran, so the hidden reference is
@@ -326,7 +330,7 @@ class RationaleStep:
         ctx = self.ctx
         verdict, dimension, masked, generator = label
         request = AnnotatorRequest(stage, list(messages), oracle)
-        critic = build_critique_messages(*critic_args)
+        critic = build_critique_messages(*critic_args, profile=ctx.critic_profile)
         visible = critic_visible_text(
             critic[1].text(), ctx.elements.get(work.trajectory.steps[k].screenshot)
         )

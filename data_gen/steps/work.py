@@ -35,6 +35,7 @@ from hivig.messages import (
     mark_from_json,
     mark_to_json,
 )
+from hivig.profiles import Profile, default_profile
 from hivig.prompts import format_step, format_trajectory
 from hivig.records import Labels, Provenance, SFTRecord, record_from_messages
 from hivig.trajectory import Trajectory
@@ -152,6 +153,19 @@ class Context:
     plan: dict[str, StepPlan]
     params: GenParams
     loop: LoopThread
+    profile: Profile = field(default_factory=default_profile)
+    """The critic profile the samples are written in."""
+
+    @property
+    def critic_profile(self) -> Profile | None:
+        """The profile for the critic's prompt builders: ``None`` for hivig's own (the builders'
+        package templates, so every existing prompt id stays as it was)."""
+        return None if self.profile.is_default else self.profile
+
+    @property
+    def drag_arrows(self) -> bool:
+        """Whether a drag that starts at the pointer is marked with an arrow."""
+        return self.profile.frame.drag_arrows
 
     @property
     def seed(self) -> int:
@@ -212,15 +226,18 @@ def calls_of(traj: Trajectory, index: int) -> list[dict[str, Any]]:
     return [a.to_arguments() for a in traj.steps[index].actions]
 
 
-def step_marks(traj: Trajectory, index: int, tool_calls: str) -> list[Mark]:
+def step_marks(
+    traj: Trajectory, index: int, tool_calls: str, drag_arrows: bool = True
+) -> list[Mark]:
     """Markers of a step given as tool-call text (the executed step's or a perturbed one).
 
     Rendered tool calls drop where a drag starts, so the pointer the earlier steps left (the
     parsers' rule, as ingest tracked it) is passed along: a drag that opens a step keeps its
-    arrow, as it does when serving tracks the pointer over the history.
+    arrow, as it does when serving tracks the pointer over the history. Without
+    ``drag_arrows`` (a profile trained that way) such a drag is left unmarked.
     """
     pointer = pointer_after(a for step in traj.steps[:index] for a in step.actions)
-    return marks_for_tool_calls(tool_calls, pointer=pointer)
+    return marks_for_tool_calls(tool_calls, pointer=pointer if drag_arrows else None)
 
 
 def step_text(traj: Trajectory, index: int, mask_intent: bool = False) -> str:

@@ -6,24 +6,30 @@ from a local copy of their repository). See ``_profile.py`` for the folder layou
 """
 
 from hivig.profiles._profile import (
+    CHECKPOINT_PROFILE_DIR,
     PROFILE_FILES,
     FramePolicy,
     GenerationBudget,
     Profile,
     ProfileError,
     RenderPolicy,
+    check_served_profile,
+    checkpoint_profile,
     default_profile,
     load_profile,
     resolve_profile,
 )
 
 __all__ = [
+    "CHECKPOINT_PROFILE_DIR",
     "PROFILE_FILES",
     "FramePolicy",
     "GenerationBudget",
     "Profile",
     "ProfileError",
     "RenderPolicy",
+    "check_served_profile",
+    "checkpoint_profile",
     "default_profile",
     "load_profile",
     "resolve_profile",

@@ -333,3 +333,39 @@ def load_profile(folder: str | Path) -> Profile:
 def resolve_profile(folder: str | Path | None) -> Profile:
     """``load_profile(folder)``, or the default profile for ``None`` or an empty string."""
     return load_profile(folder) if folder else default_profile()
+
+
+CHECKPOINT_PROFILE_DIR = "profile"
+"""Sub-folder of a checkpoint written by ``train`` holding the profile it was trained with."""
+
+
+def checkpoint_profile(checkpoint: str | Path) -> Profile | None:
+    """The profile a checkpoint records (``train`` writes it).
+
+    ``None`` when it records none (a checkpoint from elsewhere, such as a released one).
+
+    Raises:
+        ProfileError: The recorded profile is incomplete or invalid.
+    """
+    folder = Path(checkpoint) / CHECKPOINT_PROFILE_DIR
+    return load_profile(folder) if folder.is_dir() else None
+
+
+def check_served_profile(checkpoint: str | Path, served: Profile) -> None:
+    """Refuse to serve a checkpoint with a profile other than the one it was trained with.
+
+    A critic reads only the interface it learnt: another wording, image position or frame
+    gives answers nobody measured. A checkpoint that records no profile is not checked.
+
+    Raises:
+        ProfileError: One line naming both profiles and the two ways forward.
+    """
+    trained = checkpoint_profile(checkpoint)
+    if trained is None or trained.digest == served.digest:
+        return
+    raise ProfileError(
+        f"{checkpoint} was trained with profile {trained.name} ({trained.digest[:12]}) but is "
+        f"served with {served.name} ({served.digest[:12]}): serve it with "
+        f"critic.profile={Path(checkpoint) / CHECKPOINT_PROFILE_DIR}, or set "
+        "critic.allow_profile_mismatch=true to do so on purpose"
+    )

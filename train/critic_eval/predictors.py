@@ -19,7 +19,7 @@ from hivig.backends import BackendError, InferenceBackend, Sampling, split_reaso
 from hivig.config import FrameConfig
 from hivig.logging import get_logger
 from hivig.records import SFTRecord, record_messages
-from hivig.vision import ImageError, materialise
+from hivig.vision import CANONICAL, FramePolicy, ImageError, materialise
 
 log = get_logger(__name__)
 
@@ -88,6 +88,7 @@ class BackendPredictor:
         frame: Canonical-frame budget the images are resized to.
         image_root: Where relative image paths resolve.
         name: Label in the outputs.
+        policy: The frame policy of the records' profile.
     """
 
     def __init__(
@@ -97,8 +98,10 @@ class BackendPredictor:
         frame: FrameConfig,
         image_root: Path,
         name: str,
+        policy: FramePolicy = CANONICAL,
     ) -> None:
         self.backend = backend
+        self.policy = policy
         self.sampling = sampling
         self.frame = frame
         self.image_root = image_root
@@ -113,6 +116,7 @@ class BackendPredictor:
             min_pixels=f.min_pixels,
             max_pixels=f.max_pixels,
             factor=f.factor,
+            policy=self.policy,
         )
 
     async def predict(self, record: SFTRecord) -> Answer:

@@ -12,6 +12,8 @@ from pathlib import Path
 from hivig.backends import Sampling
 from hivig.checkpoint_files import CheckpointError, read_frame
 from hivig.config import BackendConfig, ConfigError, FrameConfig
+from hivig.profiles import Profile, ProfileError, check_served_profile, default_profile
+from hivig.records import PROFILE_DIR, read_profile, records_dir
 from train.critic_eval.config import CriticEvalConfig, CriticEvalError
 from train.critic_eval.predictors import BackendPredictor, OraclePredictor, Predictor
 
@@ -120,6 +122,22 @@ def resolve_model(spec: BackendSpec, timeout_s: float) -> BackendSpec:
     return BackendSpec(spec.kind, spec.target, _served_model(spec.target, timeout_s))
 
 
+def data_profile(data: str) -> Profile:
+    """The critic profile the evaluation records were written in (hivig's own if none).
+
+    Raises:
+        CriticEvalError: The recorded profile is invalid.
+    """
+    candidates = [records_dir(data), Path(data), Path(data).parent]
+    try:
+        for folder in candidates:
+            if (folder / PROFILE_DIR).is_dir():
+                return read_profile(folder)
+    except ProfileError as e:
+        raise CriticEvalError(f"--data: {e}") from None
+    return default_profile()
+
+
 def build_predictor(
     spec: BackendSpec, cfg: CriticEvalConfig, image_root: Path, name: str
 ) -> Predictor:
@@ -133,8 +151,13 @@ def build_predictor(
     from hivig.backends import build_backend
 
     frame = _frame(cfg, spec)
+    profile = data_profile(cfg.data)
     sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed)
     if spec.kind == "transformers":
+        try:  # a checkpoint is scored in the interface it learnt, as it is served
+            check_served_profile(spec.target, profile)
+        except ProfileError as e:
+            raise CriticEvalError(f"--backend {spec.label}: {e}") from None
         backend_cfg = BackendConfig(kind="transformers", model=spec.target)
         try:
             backend = build_backend(backend_cfg, frame=frame, device=cfg.device or None)
@@ -149,7 +172,7 @@ def build_predictor(
             timeout_s=cfg.timeout_s,
         )
         backend = build_backend(backend_cfg)
-    return BackendPredictor(backend, sampling, frame, image_root, name)
+    return BackendPredictor(backend, sampling, frame, image_root, name, profile.frame)
 
 
 def unique_names(specs: Sequence[BackendSpec]) -> list[str]:
