@@ -10,6 +10,10 @@ Examples::
     hivig taxonomy
     hivig checkpoint frame RUN/final      # the frame a checkpoint was trained with: "MIN MAX"
     hivig checkpoint context RUN/final    # the context length to serve it with
+    hivig profile export-default --out profiles/hivig   # hivig's own interface, as a folder
+    hivig profile import-reference --repo HiViG --out profiles/reference   # the authors'
+    hivig profile show profiles/reference               # name, digest, settings
+    hivig profile check --checkpoint RUN/final --profile profiles/reference
 
 Exit status: 0 on success, 2 on bad input (the reason is printed to stderr).
 """
@@ -20,6 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from hivig import __version__
 from hivig.actions import PLATFORMS
@@ -151,13 +156,111 @@ def _cmd_checkpoint_context(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile_export_default(args: argparse.Namespace) -> int:
+    from hivig.profiles import default_profile
+
+    try:
+        folder = default_profile().write(args.out)
+    except OSError as e:
+        return _fail(f"--out {args.out}: cannot write ({e.strerror}); pass a writable folder")
+    print(f"wrote {folder} (profile {default_profile().name}, {default_profile().digest[:12]})")
+    return 0
+
+
+def _cmd_profile_import(args: argparse.Namespace) -> int:
+    from hivig.profiles import load_profile
+    from hivig.profiles.reference import ReferenceImportError, import_reference
+
+    try:
+        import_reference(args.repo, args.out)
+        profile = load_profile(args.out)
+    except ReferenceImportError as e:
+        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"--out {args.out}: cannot write ({e.strerror}); pass a writable folder")
+    print(f"wrote {args.out} (profile {profile.name}, {profile.digest[:12]})")
+    return 0
+
+
+def _cmd_profile_show(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from hivig.profiles import ProfileError, load_profile
+
+    try:
+        profile = load_profile(args.folder)
+    except ProfileError as e:
+        return _fail(str(e))
+    print(f"name: {profile.name}\ndigest: {profile.digest}\ndefault: {profile.is_default}")
+    for key in ("render", "frame", "generation"):
+        print(f"{key}: {json.dumps(asdict(getattr(profile, key)))}")
+    return 0
+
+
+def _cmd_profile_check(args: argparse.Namespace) -> int:
+    from hivig.profiles import (
+        ProfileError,
+        check_served_profile,
+        checkpoint_profile,
+        resolve_profile,
+    )
+
+    try:
+        served = resolve_profile(args.profile)
+        check_served_profile(args.checkpoint, served)
+        trained = checkpoint_profile(args.checkpoint)
+    except ProfileError as e:
+        return _fail(str(e))
+    if trained is None:
+        print(f"{args.checkpoint} records no profile; serving it with {served.name}")
+    else:
+        print(f"{args.checkpoint} was trained with {served.name} ({served.digest[:12]})")
+    return 0
+
+
+def _profile_parser(sub: Any) -> None:
+    profile = sub.add_parser("profile", help="critic profiles: the interface a critic reads")
+    profile_sub = profile.add_subparsers(dest="profile_command", required=True)
+    export = profile_sub.add_parser(
+        "export-default",
+        help="write hivig's own profile as a folder (a starting point for your own)",
+        description="Write the default critic profile (templates, action-space and taxonomy "
+        "texts, opening summary, chat template, profile.yaml) into --out.",
+    )
+    export.add_argument("--out", required=True, help="the folder to write")
+    export.set_defaults(func=_cmd_profile_export_default)
+    imp = profile_sub.add_parser(
+        "import-reference",
+        help="write the profile of the released HiViG critic from a copy of its repository",
+        description="Read the converter scripts of a local copy of the HiViG authors' "
+        "repository (revision fd1d4a2; a clone or a downloaded archive) without running them, "
+        "and write the profile that reproduces their critique and history inputs. Any other "
+        "revision is refused, naming the files that differ.",
+    )
+    imp.add_argument("--repo", required=True, help="the local copy of G-JWLee/HiViG")
+    imp.add_argument("--out", required=True, help="the profile folder to write")
+    imp.set_defaults(func=_cmd_profile_import)
+    show = profile_sub.add_parser("show", help="print a profile's name, digest and settings")
+    show.add_argument("folder", help="a profile folder")
+    show.set_defaults(func=_cmd_profile_show)
+    check = profile_sub.add_parser(
+        "check",
+        help="check that a checkpoint is served with the profile it was trained with",
+        description="Exit 2 with one line when --checkpoint records another profile than "
+        "--profile (the default profile when omitted).",
+    )
+    check.add_argument("--checkpoint", required=True, help="a checkpoint folder")
+    check.add_argument("--profile", default="", help="the profile folder to serve it with")
+    check.set_defaults(func=_cmd_profile_check)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hivig`` command."""
     parser = argparse.ArgumentParser(
         prog="hivig",
         description="Tools over the hivig core library: convert actions between grammars, "
         "draw set-of-mark markers on canonical frames, list the error taxonomy, read a "
-        "checkpoint's frame.",
+        "checkpoint's frame, write and check critic profiles.",
     )
     parser.add_argument("--version", action="version", version=f"hivig {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -230,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cap", type=int, default=16_384, help="upper bound (default 16384, the critic's need)"
     )
     context.set_defaults(func=_cmd_checkpoint_context)
+    _profile_parser(sub)
     return parser
 
 

@@ -202,6 +202,8 @@ def test_serve_sbatch_starts_vllm_and_the_gateway_on_the_checkpoint_frame(final_
     # The checkpoint's own context limit (the tiny model allows 4,096), never a hard-coded one
     # that vLLM would refuse at start.
     assert args[args.index("--max-model-len") + 1] == "4096"
+    # The checkpoint's own profile is served: its chat template, and the gateway checks it.
+    assert info["profile"]["name"] == "hivig-v1"
 
 
 def test_serve_sbatch_refuses_a_checkpoint_without_a_frame(final_ckpt, tmp_path):
@@ -301,3 +303,62 @@ def test_a_corrupt_processor_file_is_one_line_and_exit_2_everywhere(final_ckpt, 
     job = _job(tmp_path, broken)
     assert job.returncode == 2 and "not readable JSON" in job.stderr
     assert not (tmp_path / "stubs" / "vllm.args").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint records the profile it was trained with; serving it with another is refused
+
+
+def _other_profile(tmp_path: Path) -> Path:
+    from hivig.profiles import default_profile
+
+    folder = default_profile().write(tmp_path / "other")
+    (folder / "initial_summary.txt").write_text("A different opening summary.")
+    return folder
+
+
+def test_the_checkpoint_records_its_profile(final_ckpt):
+    from hivig.profiles import checkpoint_profile, default_profile
+
+    recorded = checkpoint_profile(final_ckpt)
+    assert recorded is not None and recorded.digest == default_profile().digest
+
+
+def test_a_checkpoint_served_with_another_profile_is_one_line_and_exit_2(final_ckpt, tmp_path):
+    other = _other_profile(tmp_path)
+    check = subprocess.run(
+        [sys.executable, "-m", "hivig.cli", "profile", "check", "--checkpoint",
+         str(final_ckpt), "--profile", str(other)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert check.returncode == 2 and check.stderr.count("\n") == 1
+    assert "was trained with profile hivig-v1" in check.stderr
+    assert "critic.allow_profile_mismatch=true" in check.stderr
+    same = subprocess.run(
+        [sys.executable, "-m", "hivig.cli", "profile", "check", "--checkpoint",
+         str(final_ckpt)], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    # The gateway itself refuses too (in-process backend), unless told to on purpose.
+    serve = [sys.executable, "-m", "serve", "--config", "configs/serve/local.yaml",
+             f"model={final_ckpt}", f"critic.profile={other}",
+             f"sessions.state_dir={tmp_path / 's'}"]  # fmt: skip
+    run = subprocess.run(serve, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "was trained with profile" in run.stderr
+    # A remote backend names the checkpoint it serves (serve.sbatch does) and is checked too.
+    remote = [sys.executable, "-m", "serve", "--config", "configs/serve/vllm.yaml", "model=c",
+              "backend.base_url=http://127.0.0.1:9/v1", f"critic.checkpoint={final_ckpt}",
+              f"critic.profile={other}", f"sessions.state_dir={tmp_path / 's'}"]  # fmt: skip
+    run = subprocess.run(remote, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "was trained with profile" in run.stderr, run.stderr
+
+
+def test_serve_sbatch_refuses_a_profile_the_checkpoint_was_not_trained_with(final_ckpt, tmp_path):
+    env = _job_env(tmp_path, final_ckpt, PROFILE=str(_other_profile(tmp_path)))
+    job = subprocess.run(
+        ["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert job.returncode == 2, job.stderr
+    assert "was trained with profile" in job.stderr
+    assert not (tmp_path / "stubs" / "vllm.args").exists()  # vLLM never started
