@@ -173,6 +173,7 @@ def _sharegpt(
             min_pixels=cfg.frame.min_pixels,
             max_pixels=cfg.frame.max_pixels,
             factor=cfg.frame.factor,
+            policy=resolve_profile(cfg.profile).frame,
         )
         for record, row in zip(chosen, rows, strict=True):
             # Relative to the dataset folder; tmp is renamed to it, at the same depth.
@@ -244,6 +245,7 @@ def _render_card_image(ref: ImageRef, cfg: DataGenConfig, corpus: Path, folder: 
         factor=cfg.frame.factor,
         marks=ref.marks,
         size_class=ref.size_class,
+        policy=resolve_profile(cfg.profile).frame,  # what the critic is trained on
     )
     data = encode_png(frame)
     name = f"{hashlib.sha256(data).hexdigest()[:20]}.png"

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,12 +41,15 @@ from hivig.messages import (
 from hivig.profiles import Profile, default_profile, load_profile
 from hivig.taxonomy import lookup_dimension
 from hivig.vision import (
+    CANONICAL,
     FAST_PNG_LEVEL,
     FrameCache,
+    FramePolicy,
     ImageError,
     canonical_frame,
     draw_marks,
     encode_png,
+    load_image,
 )
 
 logger = get_logger(__name__)
@@ -516,9 +519,17 @@ class _FrameSource:
     same pixels as ``canonical_frame`` with the marks.
     """
 
-    def __init__(self, image_root: Path, min_pixels: int, max_pixels: int, factor: int) -> None:
+    def __init__(
+        self,
+        image_root: Path,
+        min_pixels: int,
+        max_pixels: int,
+        factor: int,
+        policy: FramePolicy = CANONICAL,
+    ) -> None:
         self.root = image_root
         self.bounds = (min_pixels, max_pixels, factor)
+        self.policy = policy
         self._clean = FrameCache(max_items=_CLEAN_FRAMES)
 
     def frame(self, ref: ImageRef) -> Image.Image:
@@ -530,6 +541,14 @@ class _FrameSource:
         Returns:
             A new image; the cached clean frame is never drawn on.
         """
+        if self.policy.geometry == "llamafactory":
+            # LlamaFactory resizes what it is given: hand it the screenshot as the policy has
+            # it before LlamaFactory's own steps (markers drawn on the original, if so), and
+            # its resize and the processor's give the frames training sees here.
+            src = Path(ref.path)
+            original = load_image(src if src.is_absolute() else self.root / src)
+            marks = ref.marks if self.policy.markers == "original" else ()
+            return draw_marks(original, marks, self.policy.marker_class(ref.size_class)).image
         clean = self._clean.get(ref.path, lambda: self._canonical(ref.path))
         # Only the marks are drawn, on a copy. Not a second canonical_frame pass: smart_resize is
         # not idempotent where growing rounds up past max_pixels, so a second pass could resize
@@ -553,6 +572,8 @@ def _frame_png(ref: ImageRef, frames_dir: Path, source: _FrameSource) -> Path:
     key = [ref.path, [_mark_row(m) for m in ref.marks], ref.size_class, min_pixels, max_pixels]
     if factor != 32:
         key.append(factor)  # names of the default factor stay as they were
+    if source.policy != CANONICAL:
+        key.append(asdict(source.policy))
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
     out = frames_dir / f"{digest}.png"
     if not out.exists():
@@ -575,6 +596,7 @@ def to_sharegpt(
     max_pixels: int = 1_048_576,
     marked_dir: str | os.PathLike[str] | None = None,
     factor: int = 32,
+    policy: FramePolicy = CANONICAL,
 ) -> list[dict[str, Any]]:
     """Export records as LlamaFactory ShareGPT rows.
 
@@ -593,6 +615,10 @@ def to_sharegpt(
         max_pixels: Canonical-frame upper bound, in pixels.
         marked_dir: Former name of ``frames_dir``, still accepted as a keyword.
         factor: Side multiple of the canonical frame, in pixels (32 for Qwen3-VL).
+        policy: The frame policy of the records' profile. Under ``llamafactory`` geometry the
+            screenshots are written as that geometry starts from (full resolution, markers
+            drawn on it where the policy draws them first): LlamaFactory's own resize and the
+            processor's then give the frames hivig trains on.
 
     Returns:
         One dict per record, in order (dump with ``json.dump`` for LlamaFactory).
@@ -608,7 +634,7 @@ def to_sharegpt(
     frames = Path(chosen) if chosen is not None else None
     if frames is not None:
         frames.mkdir(parents=True, exist_ok=True)
-    source = _FrameSource(root, min_pixels, max_pixels, factor)
+    source = _FrameSource(root, min_pixels, max_pixels, factor, policy)
     rows: list[dict[str, Any]] = []
     for r in records:
         if r.images and frames is None:
