@@ -184,6 +184,9 @@ class BackendHealth:
         return self.failures >= self.limit and recent
 
 
+_SUMMARY_BLOCK = re.compile(r"<summary>\s*(.*?)\s*</summary>", re.DOTALL)
+
+
 def _budget(cfg: ServeConfig) -> GenerationBudget:
     c = cfg.critic
     return GenerationBudget(
@@ -230,6 +233,15 @@ class Critic:
     def initial_summary(self) -> str:
         """The previous summary of a session's first history update."""
         return self.profile.initial_summary if self.profile else INITIAL_HISTORY.summary
+
+    def summary_to_feed(self, raw_output: str | None) -> str:
+        """What the next history update reads of this one's answer, beyond the parsed record:
+        the model's text inside ``<summary>`` verbatim under ``summary_feedback: inner``, else
+        nothing (the record is re-written from its two fields)."""
+        if self.profile is None or self.profile.render.summary_feedback != "inner":
+            return ""
+        match = _SUMMARY_BLOCK.search(raw_output or "")
+        return match.group(1).strip() if match else ""
 
     def profile_info(self) -> dict[str, str]:
         """The profile served: its name and digest (``hivig-v1`` for the package's own)."""

@@ -450,8 +450,9 @@ class Gateway:
             state.stale = True
             return ModelResult(status="degraded", reason="missing_before"), []
         space = space_for_platform(state.platform)
-        # The first update reads the profile's own opening summary (hivig's is the state's).
-        previous = state.summary
+        # The first update reads the profile's own opening summary (hivig's is the state's); a
+        # profile may feed the model's own words back instead of the parsed record.
+        previous = state.summary_text or state.summary
         if previous == INITIAL_HISTORY.summary:
             previous = self.critic.initial_summary
         messages = self.critic.history_messages(
@@ -468,6 +469,7 @@ class Gateway:
         if isinstance(result.parsed, HistoryOutput):
             state.progress = result.parsed.progress
             state.last_result = result.parsed.last_result
+            state.summary_text = self.critic.summary_to_feed(result.raw_output)
             state.history_version += 1
             state.stale = False
         else:
@@ -885,6 +887,7 @@ def rewind(state: SessionState, k: int) -> None:
         state.progress = str(last.get("progress_summary") or state.progress)
         state.last_result = str(last["last_action_result"])
     state.stale = False
+    state.summary_text = ""  # the record of step k - 2 is fed back from here
     state.step_idx = k - 1
     actions = [
         a

@@ -66,6 +66,9 @@ class SessionState:
     last_result: str = INITIAL_HISTORY.last_result
     history_version: int = 0
     stale: bool = False
+    summary_text: str = ""
+    """The model's own text inside ``<summary>`` of the latest update, for a profile that feeds
+    it back verbatim (``render.summary_feedback: inner``); empty: ``summary`` is fed back."""
     steps: list[dict[str, Any]] = field(default_factory=list)
     """Executed steps, oldest first: ``step_idx``, ``intent``, ``action_text``, ``step_text``,
     ``image_ref``, ``last_action_result``, ``actions`` (tool-call JSON, or null when raw)."""

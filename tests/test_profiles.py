@@ -300,3 +300,29 @@ def test_the_gateway_sends_the_profiles_pixels(tmp_path):
     )
     assert drag_call[1].images()[0].tobytes() == clean.tobytes()
     assert isinstance(sent, Image.Image)
+
+
+@pytest.mark.parametrize("feedback", ["record", "inner"])
+def test_the_previous_summary_is_fed_back_as_the_profile_says(tmp_path, feedback):
+    folder = _house_profile(tmp_path)
+    settings = (folder / "profile.yaml").read_text()
+    (folder / "profile.yaml").write_text(
+        settings.replace("summary_feedback: record", f"summary_feedback: {feedback}")
+    )
+    # The model writes its summary its own way (spacing the parsed record does not keep).
+    own_words = "Progress Summary:   Opened the settings.\nLast Action Result:    It opened."
+    backend = ScriptedBackend(history_answers=[f"<summary>\n{own_words}\n</summary>"] * 3)
+    cfg = serve_config(tmp_path / "state", f"critic.profile={folder}")
+    with TestClient(create_app(cfg, backend)) as c:
+        sid = start_session(c)
+        for k in range(3):
+            assert observe(c, sid, k, prev=CLICK if k else None).status_code == 200
+    histories = [m for kind, m in backend.calls if kind == "history"]
+    assert len(histories) == 2
+    second = histories[1][1].content[0].text
+    if feedback == "inner":
+        assert f"Before summary:\n{own_words}\n\nBefore:" in second
+    else:
+        record = "Progress Summary: Opened the settings.\nLast Action Result: It opened."
+        assert f"Before summary:\n{record}\n\nBefore:" in second
+        assert own_words not in second
