@@ -326,3 +326,23 @@ def test_the_previous_summary_is_fed_back_as_the_profile_says(tmp_path, feedback
         record = "Progress Summary: Opened the settings.\nLast Action Result: It opened."
         assert f"Before summary:\n{record}\n\nBefore:" in second
         assert own_words not in second
+
+
+def test_tool_calls_are_escaped_as_the_profile_was_trained(tmp_path):
+    folder = _house_profile(tmp_path)
+    settings = (folder / "profile.yaml").read_text()
+    (folder / "profile.yaml").write_text(
+        settings.replace("tool_call_ascii: false", "tool_call_ascii: true")
+    )
+    backend = ScriptedBackend()
+    typed = {"type": "type", "text": "Grüße 😀", "intent": "Type the greeting: Grüße"}
+    cfg = serve_config(tmp_path / "state", f"critic.profile={folder}")
+    with TestClient(create_app(cfg, backend)) as c:
+        sid = start_session(c)
+        observe(c, sid, 0)
+        r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": typed})
+        assert r.status_code == 200, r.text
+    critique = next(m for kind, m in backend.calls if kind == "critique")
+    text = critique[1].text()
+    assert '"text": "Gr\\u00fc\\u00dfe \\ud83d\\ude00"' in text
+    assert "Action: Type the greeting: Grüße" in text  # the intent line is not JSON

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -142,6 +143,23 @@ def taxonomy_text(dimensions: Sequence[Dimension] = DIMENSIONS, *, brief: bool =
     return "\n".join(f"- {d.name}: {d.brief if brief else d.definition}" for d in dimensions)
 
 
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+
+
+def ascii_tool_calls(text: str) -> str:
+    r"""``text`` with every non-ASCII character inside its ``<tool_call>`` blocks escaped.
+
+    What ``json.dumps`` writes by default (``ensure_ascii``): ``é`` becomes ``\u00e9`` and a
+    character outside the BMP a surrogate pair. Text outside the blocks (the ``Action:`` line)
+    is left as it is. A profile trained on such calls (``render.tool_call_ascii``) reads them so.
+    """
+
+    def escape(block: re.Match[str]) -> str:
+        return "".join(c if c < "\x80" else json.dumps(c)[1:-1] for c in block.group(0))
+
+    return _TOOL_CALL_BLOCK.sub(escape, text)
+
+
 def _build(
     name: str,
     version: int | None,
@@ -153,6 +171,10 @@ def _build(
     if profile is not None:
         # A profile is the whole interface: its template and its texts, never the package's.
         template = profile.templates[name]
+        if profile.render.tool_call_ascii:
+            for key in ("step", "history"):
+                if isinstance(values.get(key), str):
+                    values[key] = ascii_tool_calls(str(values[key]))
         values["action_space"] = profile.action_space(space_for_platform(platform))
         if "taxonomy" in template.placeholders:
             values["taxonomy"] = profile.taxonomy
