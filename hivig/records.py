@@ -735,6 +735,10 @@ def write_profile(records_root: str | os.PathLike[str], profile: Profile) -> Non
 
     hivig's own profile is recorded too: a records folder then always says which interface its
     samples speak, and a checkpoint trained on it can say the same.
+
+    Args:
+        records_root: The records folder.
+        profile: The profile its samples are written in.
     """
     profile.write(Path(records_root) / PROFILE_DIR)
 
@@ -743,6 +747,12 @@ def read_profile(records_root: str | os.PathLike[str]) -> Profile:
     """The critic profile a records folder was written in.
 
     hivig's own when none is recorded (folders written before profiles existed).
+
+    Args:
+        records_root: The records folder.
+
+    Returns:
+        The recorded profile, or the default one.
 
     Raises:
         ProfileError: A recorded profile is incomplete or invalid.

@@ -346,3 +346,26 @@ def test_tool_calls_are_escaped_as_the_profile_was_trained(tmp_path):
     text = critique[1].text()
     assert '"text": "Gr\\u00fc\\u00dfe \\ud83d\\ude00"' in text
     assert "Action: Type the greeting: Grüße" in text  # the intent line is not JSON
+
+
+def test_a_masked_proposal_keeps_its_first_call_where_the_profile_says(tmp_path):
+    folder = _house_profile(tmp_path)
+    settings = (folder / "profile.yaml").read_text()
+    (folder / "profile.yaml").write_text(
+        settings.replace("masked_calls: all", "masked_calls: first")
+    )
+    profile = load_profile(folder)
+    two = (
+        '<tool_call>\n{"name": "computer_use", "arguments": {"action": "mouse_move", '
+        '"coordinate": [5, 5]}}\n</tool_call>\n<tool_call>\n{"name": "computer_use", '
+        '"arguments": {"action": "scroll", "pixels": -3}}\n</tool_call>'
+    )
+    shot = ImageRef("s.png")
+    masked = build_critique_messages("t", "web", "", shot, two, profile=profile)
+    assert masked[1].text().count("<tool_call>") == 1 and "mouse_move" in masked[1].text()
+    stated = build_critique_messages(
+        "t", "web", "", shot, f"Action: Scroll\n{two}", profile=profile
+    )
+    assert stated[1].text().count("<tool_call>") == 2  # a stated intent keeps every call
+    history = build_history_messages("t", "web", "p", shot, shot, two, profile=profile)
+    assert history[1].text().count("<tool_call>") == 2  # executed steps keep every call

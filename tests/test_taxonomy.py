@@ -150,6 +150,8 @@ _DOCUMENTED_MODULES = (
     "hivig.records",
     "hivig.prompts._builders",
     "hivig.prompts._template",
+    "hivig.profiles._profile",
+    "hivig.vision._policy",
 )
 
 

@@ -73,8 +73,9 @@ class RenderPolicy:
 
     Attributes:
         tool_call_ascii: Tool-call JSON escapes non-ASCII characters (``json.dumps`` default).
-        masked_calls: ``all``: a step whose intent is masked keeps all its tool calls;
-            ``first``: only the first.
+        masked_calls: ``all``: a proposed step whose intent is masked (or absent) keeps all
+            its tool calls; ``first``: only the first (the critique task's proposed step; an
+            executed step in the history task keeps all of them either way).
         summary_feedback: ``record``: the previous summary is re-written from its two parsed
             fields; ``inner``: the model's text inside ``<summary>`` is fed back verbatim.
     """
@@ -159,7 +160,14 @@ class Profile:
         return self.digest == default_profile().digest
 
     def action_space(self, space: str) -> str:
-        """The text put in for ``$action_space`` in a prompt for ``space``."""
+        """The text put in for ``$action_space`` in a prompt for ``space``.
+
+        Args:
+            space: ``computer_use`` or ``mobile_use``.
+
+        Returns:
+            The profile's action-space text.
+        """
         return self.action_spaces[space]
 
     def _texts(self) -> dict[str, str]:
@@ -173,7 +181,14 @@ class Profile:
         return out
 
     def write(self, folder: str | Path) -> Path:
-        """Write the profile as a folder (``load_profile`` reads it back to an equal digest)."""
+        """Write the profile as a folder (``load_profile`` reads it back to an equal digest).
+
+        Args:
+            folder: Where to write (created; files of the same names are replaced).
+
+        Returns:
+            The folder.
+        """
         root = Path(folder)
         root.mkdir(parents=True, exist_ok=True)
         for name, file in TEMPLATE_FILES.items():
@@ -213,7 +228,11 @@ def _template_text(t: PromptTemplate) -> str:
 
 @cache
 def default_profile() -> Profile:
-    """The default profile: the package templates and texts the golden prompt hashes pin."""
+    """The default profile: the package templates and texts the golden prompt hashes pin.
+
+    Returns:
+        hivig's own profile (``hivig-v1``), built from the package's files.
+    """
     # Imported here: hivig.prompts imports this package's public names.
     from hivig.actions import action_space
     from hivig.contracts import INITIAL_HISTORY
@@ -331,7 +350,14 @@ def load_profile(folder: str | Path) -> Profile:
 
 
 def resolve_profile(folder: str | Path | None) -> Profile:
-    """``load_profile(folder)``, or the default profile for ``None`` or an empty string."""
+    """``load_profile(folder)``, or the default profile for ``None`` or an empty string.
+
+    Args:
+        folder: A profile folder, or nothing.
+
+    Returns:
+        The profile.
+    """
     return load_profile(folder) if folder else default_profile()
 
 
@@ -343,6 +369,12 @@ def checkpoint_profile(checkpoint: str | Path) -> Profile | None:
     """The profile a checkpoint records (``train`` writes it).
 
     ``None`` when it records none (a checkpoint from elsewhere, such as a released one).
+
+    Args:
+        checkpoint: A checkpoint folder.
+
+    Returns:
+        The recorded profile, or ``None``.
 
     Raises:
         ProfileError: The recorded profile is incomplete or invalid.
@@ -356,6 +388,10 @@ def check_served_profile(checkpoint: str | Path, served: Profile) -> None:
 
     A critic reads only the interface it learnt: another wording, image position or frame
     gives answers nobody measured. A checkpoint that records no profile is not checked.
+
+    Args:
+        checkpoint: The checkpoint folder served.
+        served: The profile it is served with.
 
     Raises:
         ProfileError: One line naming both profiles and the two ways forward.

@@ -38,7 +38,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
+import shutil
 import string
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -57,7 +60,8 @@ PROGRESS_SUMMARY = (
     "examples/data_preprocess/new_preprocess_scalecua_progress_summary_annotation_grounding.py"
 )
 CHOSEN_NO_VERBAL = (
-    "examples/data_preprocess/new_preprocess_scalecua_critic_chosen_dataset_grounding_new_no_verbal.py"
+    "examples/data_preprocess/"
+    "new_preprocess_scalecua_critic_chosen_dataset_grounding_new_no_verbal.py"
 )
 REJECTED_NO_VERBAL = (
     "examples/data_preprocess/"
@@ -182,23 +186,22 @@ def import_reference(
     """
     root = Path(repo)
     tables = {k: dict(v) for k, v in (KNOWN_REVISIONS if known is None else known).items()}
-    texts = _read_sources(root)
+    texts = _read_sources(root, tuple(tables))
     digests = {path: hashlib.sha256(data).hexdigest() for path, data in texts.items()}
     revision = _match_revision(root, digests, tables)
-    decoded = {path: _decode(path, data) for path, data in texts.items()}
-    extracted = _extract(decoded)
-    files = _profile_files(extracted, _source_line(revision, digests))
+    extracted = _extract({path: _decode(path, data) for path, data in texts.items()})
+    source = _source_line(revision, digests)
+    files = _profile_files(extracted, source)
     target = Path(out)
-    _write(target, files)
-    _read_back(target)
+    _write_checked(target, files)
     return ImportReport(
         out=target,
         revision=revision,
         digests=digests,
         files=tuple(files),
-        settings=extracted.settings(_source_line(revision, digests)),
+        settings=extracted.settings(source),
         chat_template=(
-            "hivig's chat_template_v1.jinja: it renders the LlamaFactory qwen3_vl conversation "
+            "hivig's chat_template_v1.jinja: it renders LlamaFactory's qwen3_vl conversation "
             "and generation prompt byte for byte"
         ),
         preprocessing=extracted.preprocessing,
@@ -209,18 +212,19 @@ def import_reference(
 # Sources and digests
 
 
-def _read_sources(root: Path) -> dict[str, bytes]:
+def _read_sources(root: Path, revisions: tuple[str, ...]) -> dict[str, bytes]:
+    supported = ", ".join(revisions)
     if not root.is_dir():
         raise ReferenceImportError(f"{root}: no such folder (pass a copy of G-JWLee/HiViG)")
     missing = [p for p in SOURCES if not (root / p).is_file()]
     if len(missing) == len(SOURCES):
         raise ReferenceImportError(
             f"{root} is not a copy of G-JWLee/HiViG: none of the {len(SOURCES)} files read "
-            f"(e.g. {SOURCES[0]}) is there; supported revision {REVISION}"
+            f"(e.g. {SOURCES[0]}) is there; supported revision {supported}"
         )
     if missing:
         raise ReferenceImportError(
-            f"{root} is not a complete copy of G-JWLee/HiViG revision {REVISION}: "
+            f"{root} is not a complete copy of G-JWLee/HiViG (supported revision {supported}): "
             f"missing {', '.join(missing)}"
         )
     return {p: (root / p).read_bytes() for p in SOURCES}
@@ -280,7 +284,8 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise _Unsupported("dict unpacking")
-        return {_eval(k, env): _eval(v, env) for k, v in zip(node.keys, node.values)}  # type: ignore[arg-type]
+        pairs = zip(node.keys, node.values, strict=True)
+        return {_eval(k, env): _eval(v, env) for k, v in pairs}  # type: ignore[arg-type]
     if isinstance(node, ast.JoinedStr):
         return "".join(_eval_fstring_part(p, env) for p in node.values)
     if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
@@ -362,7 +367,7 @@ def _module_constants(tree: ast.Module) -> dict[str, Any]:
             continue
         try:
             env[target.id] = _eval(value, env)
-        except _Unsupported:
+        except (_Unsupported, TypeError):  # TypeError: e.g. an unhashable dict key
             env.pop(target.id, None)  # a later reference must not see a stale value
     return env
 
@@ -573,7 +578,7 @@ def _masked_calls(path: str, tree: ast.Module) -> str:
 
 def _marker_code(path: str, tree: ast.Module) -> tuple[dict[str, dict[str, list[int]]], str, bool]:
     fn = _function(path, tree, "get_or_create_marked_image")
-    assigns = _simple_assigns(fn.body if fn else [])
+    assigns = _simple_assigns(fn.body)
     branch = next(
         (
             n
@@ -662,7 +667,9 @@ def _marker_table(path: str, assigns: Mapping[str, ast.expr], base: str) -> dict
         raise ReferenceImportError(f"{path}: the marker branch sets no {', '.join(missing)}")
     outer = assigns["outer"]
     if not (
-        isinstance(outer, ast.BinOp) and isinstance(outer.op, ast.Add) and _name(outer.left) == "gap"
+        isinstance(outer, ast.BinOp)
+        and isinstance(outer.op, ast.Add)
+        and _name(outer.left) == "gap"
     ):
         raise ReferenceImportError(f"{path}: outer (line {outer.lineno}) is not gap + max(...)")
     table = {
@@ -676,22 +683,15 @@ def _marker_table(path: str, assigns: Mapping[str, ast.expr], base: str) -> dict
 
 def _drag_arrows(path: str, fn: ast.FunctionDef, assigns: Mapping[str, ast.expr]) -> bool:
     drags = assigns.get("drag_actions")
-    try:
-        names = _eval(drags, {}) if isinstance(drags, ast.Set) is False and drags else None
-    except _Unsupported:
-        names = None
-    if isinstance(drags, ast.Set):
-        names = [e.value for e in drags.elts if isinstance(e, ast.Constant)]
-    if not isinstance(names, list):
+    if not isinstance(drags, ast.Set):
         raise ReferenceImportError(f"{path}: no drag_actions set in the marker code")
-    if "left_click_drag" not in names:
+    if "left_click_drag" not in {_const(e) for e in drags.elts}:
         return False
-    # A desktop drag names only its end (``coordinate``); an arrow that needs ``coordinate2``
-    # is never drawn for it.
+    # A desktop drag names only its end (``coordinate``): when an arrow needs ``coordinate2``
+    # too, it is never drawn for one.
     needs_end = any(
         isinstance(n, ast.Compare)
-        and isinstance(n.left, ast.Constant)
-        and n.left.value == "coordinate2"
+        and _const(n.left) == "coordinate2"
         and isinstance(n.ops[0], ast.In)
         for n in ast.walk(fn)
     )
@@ -752,14 +752,14 @@ def _keywords(call: ast.Call) -> dict[str, ast.expr]:
 
 def _slot(path: str, node: ast.expr | None, what: str) -> str:
     # StringFormatter(slots=["...{{content}}..."])
+    value = None
     if isinstance(node, ast.Call) and _name(node.func) == "StringFormatter":
         slots = _keywords(node).get("slots")
         if isinstance(slots, ast.List) and len(slots.elts) == 1:
-            only = slots.elts[0]
-            if isinstance(only, ast.Constant) and isinstance(only.value, str):
-                if only.value.count("{{content}}") == 1:
-                    return only.value
-    raise ReferenceImportError(f"{path}: qwen3_vl {what} is not one slot with {{{{content}}}}")
+            value = _const(slots.elts[0])
+    if not isinstance(value, str) or value.count("{{content}}") != 1:
+        raise ReferenceImportError(f"{path}: qwen3_vl {what} is not one slot with {{{{content}}}}")
+    return value
 
 
 def _chatml(template: ast.Module, plugin: ast.Module) -> _ChatML:
@@ -814,7 +814,7 @@ def _plugin_chain(tree: ast.Module, plugin_name: str) -> list[ast.ClassDef]:
         None,
     )
     entries = (
-        {_const(k): _name(v) for k, v in zip(registry.keys, registry.values) if k}
+        {_const(k): _name(v) for k, v in zip(registry.keys, registry.values, strict=True) if k}
         if isinstance(registry, ast.Dict)
         else {}
     )
@@ -865,8 +865,8 @@ def _preprocessing(path: str, tree: ast.Module) -> dict[str, str]:
     if rounding != {"int"}:
         raise ReferenceImportError(f"{path}: the resized sides are not truncated with int()")
     return {
-        "resample": "PIL Image.resize default (BICUBIC; NEAREST for modes 1, P, I;16*), "
-        "applied before any RGB conversion",
+        "resample": "PIL Image.resize default: BICUBIC (NEAREST for modes 1 and P, alpha "
+        "premultiplied for RGBA), applied before the RGB conversion",
         "rounding": "int() truncation of side * sqrt(limit / (w * h))",
         "order": "shrink to image_max_pixels, then grow to image_min_pixels, then the "
         "processor's own resize",
@@ -875,7 +875,9 @@ def _preprocessing(path: str, tree: ast.Module) -> dict[str, str]:
 
 def _is_method(node: ast.AST, attr: str) -> bool:
     return (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == attr
     )
 
 
@@ -883,9 +885,7 @@ def _is_method(node: ast.AST, attr: str) -> bool:
 # Templates
 
 
-def _convert(
-    fmt: str, fields: Mapping[str, str], images: tuple[str, ...], where: str
-) -> str:
+def _convert(fmt: str, fields: Mapping[str, str], images: tuple[str, ...], where: str) -> str:
     """A ``str.format`` prompt with ``<image>`` markers as a ``string.Template`` text.
 
     Literal ``$`` becomes ``$$``; ``{{``/``}}`` become ``{``/``}``; each ``{theirs}`` becomes
@@ -932,11 +932,11 @@ def _join_template(parts: list[tuple[bool, str]]) -> str:
         if not is_placeholder:
             out.append(text)
             continue
-        following = next((t for p, t in parts[i + 1 :] if p or t), "")
-        glued = following[:1].isalnum() or following[:1] == "_"
-        out.append(f"${{{text}}}" if glued and not parts[i + 1 :][0][0] else f"${text}")
-        if glued and parts[i + 1 :][0][0]:
-            out[-1] = f"${{{text}}}"
+        after = parts[i + 1] if i + 1 < len(parts) else (True, "")
+        first = after[1][:1]
+        # ``$name`` followed by an identifier character would read as a longer name.
+        glued = not after[0] and (first.isalnum() or first == "_")
+        out.append(f"${{{text}}}" if glued else f"${text}")
     return "".join(out)
 
 
@@ -1017,7 +1017,7 @@ def _chat_cases() -> list[tuple[str, list[str | None], str | None]]:
 
 
 def _chat_template(chatml: _ChatML) -> str:
-    """hivig's ``chat_template_v1.jinja`` if it renders as LlamaFactory's ``qwen3_vl`` does."""
+    """The chat template: hivig's ``chat_template_v1.jinja`` if it renders as ``qwen3_vl`` does."""
     try:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
@@ -1100,16 +1100,21 @@ def _yaml(settings: Mapping[str, Any]) -> str:
     return text + yaml.safe_dump(geometry, sort_keys=False, default_flow_style=None)
 
 
-def _write(root: Path, files: Mapping[str, str]) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (root / name).write_bytes(text.encode("utf-8"))
-
-
-def _read_back(root: Path) -> None:
+def _write_checked(root: Path, files: Mapping[str, str]) -> None:
+    """Write the files into a scratch folder, load it as a profile, then move them into place."""
     from hivig.profiles import ProfileError, load_profile
 
+    root.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        load_profile(root)
-    except ProfileError as e:
-        raise ReferenceImportError(f"the profile written to {root} does not load: {e}") from None
+        for name, text in files.items():
+            (scratch / name).write_bytes(text.encode("utf-8"))
+        try:
+            load_profile(scratch)
+        except ProfileError as e:
+            raise ReferenceImportError(f"the imported profile does not load: {e}") from None
+        root.mkdir(exist_ok=True)
+        for name in files:
+            os.replace(scratch / name, root / name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -152,12 +152,33 @@ def ascii_tool_calls(text: str) -> str:
     What ``json.dumps`` writes by default (``ensure_ascii``): ``é`` becomes ``\u00e9`` and a
     character outside the BMP a surrogate pair. Text outside the blocks (the ``Action:`` line)
     is left as it is. A profile trained on such calls (``render.tool_call_ascii``) reads them so.
+
+    Args:
+        text: A step or trajectory text.
+
+    Returns:
+        The text with its tool calls escaped.
     """
+    return _TOOL_CALL_BLOCK.sub(_escaped_block, text)
 
-    def escape(block: re.Match[str]) -> str:
-        return "".join(c if c < "\x80" else json.dumps(c)[1:-1] for c in block.group(0))
 
-    return _TOOL_CALL_BLOCK.sub(escape, text)
+def _escaped_block(block: re.Match[str]) -> str:
+    return "".join(c if c < "\x80" else json.dumps(c)[1:-1] for c in block.group(0))
+
+
+def first_tool_call(step_text: str) -> str:
+    """A step text cut to its first ``<tool_call>`` block (unchanged without a complete one).
+
+    How the released HiViG critic's intent-masked proposals were written: the first call only.
+
+    Args:
+        step_text: A proposed step's text without an ``Action:`` line.
+
+    Returns:
+        Its first ``<tool_call>`` block.
+    """
+    match = _TOOL_CALL_BLOCK.search(step_text)
+    return match.group(0) if match else step_text
 
 
 def _build(
@@ -171,6 +192,10 @@ def _build(
     if profile is not None:
         # A profile is the whole interface: its template and its texts, never the package's.
         template = profile.templates[name]
+        step = values.get("step")
+        masked = isinstance(step, str) and not step.startswith("Action: ")
+        if name == "critic_critique" and profile.render.masked_calls == "first" and masked:
+            values["step"] = first_tool_call(str(step))
         if profile.render.tool_call_ascii:
             for key in ("step", "history"):
                 if isinstance(values.get(key), str):

@@ -62,7 +62,15 @@ class FramePolicy:
         return self.geometry == "canonical" and self.markers == "frame"
 
     def marker_class(self, platform_class: SizeClass | None) -> SizeClass | None:
-        """The size class to draw with: the platform's, or ``None`` (aspect ratio decides)."""
+        """The size class to draw with.
+
+        Args:
+            platform_class: The platform's class (``ImageRef.size_class``).
+
+        Returns:
+            ``platform_class`` under ``size_class: platform``; ``None`` (the aspect ratio
+            decides) under ``aspect``.
+        """
         return platform_class if self.size_class == "platform" else None
 
 
