@@ -74,6 +74,15 @@ def model_version(cfg: ServeConfig, backend: InferenceBackend) -> str:
     return str(getattr(backend, "model_name", "") or getattr(backend, "model", "") or cfg.model)
 
 
+def _profile_template(cfg: ServeConfig) -> str | None:
+    """The served profile's chat template for an in-process model; ``None`` for hivig's own
+    (the checkpoint's template then stands, as training saved it)."""
+    if not cfg.critic.profile:
+        return None
+    profile = load_profile(cfg.critic.profile)
+    return None if profile.is_default else profile.chat_template
+
+
 def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> FastAPI:
     """Build the gateway app.
 
@@ -92,7 +101,9 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
         if cfg.backend.kind == "transformers" and cfg.backend.model:
             cfg.frame = checkpoint_frame(cfg.backend.model)
         if chosen is None:
-            chosen = await asyncio.to_thread(build_backend, cfg.backend, frame=cfg.frame)
+            chosen = await asyncio.to_thread(
+                build_backend, cfg.backend, frame=cfg.frame, chat_template=_profile_template(cfg)
+            )
         gateway = Gateway(cfg, chosen, model_version(cfg, chosen))
         app.state.gateway = gateway
         app.state.ready = not cfg.warmup

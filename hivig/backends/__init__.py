@@ -54,6 +54,7 @@ def build_backend(
     offline: InferenceBackend | None = None,
     device: str | None = None,
     dtype: torch.dtype | None = None,
+    chat_template: str | None = None,
 ) -> InferenceBackend:
     """Build the backend a ``BackendConfig`` describes.
 
@@ -66,6 +67,8 @@ def build_backend(
             stage-specific rules, so the stage provides them).
         device: Device for the ``transformers`` kind; CUDA when available, else CPU.
         dtype: Parameter dtype for the ``transformers`` kind; bf16 on CUDA, fp32 on CPU.
+        chat_template: The chat template of the critic profile served (``transformers`` kind);
+            ``None``: the checkpoint's own when it is one of hivig's, else hivig's default.
 
     Returns:
         An ``InferenceBackend``.
@@ -88,14 +91,20 @@ def build_backend(
     if cfg.kind == "transformers":
         if not cfg.model:
             raise ConfigError("`backend.model` must name a checkpoint for kind transformers")
-        return _load_transformers_backend(cfg.model, frame or FrameConfig(), device, dtype)
+        return _load_transformers_backend(
+            cfg.model, frame or FrameConfig(), device, dtype, chat_template
+        )
     if offline is None:
         raise ConfigError("`backend.kind` offline needs the stage's offline backend (offline=...)")
     return offline
 
 
 def _load_transformers_backend(
-    checkpoint: str, frame: FrameConfig, device: str | None, dtype: torch.dtype | None
+    checkpoint: str,
+    frame: FrameConfig,
+    device: str | None,
+    dtype: torch.dtype | None,
+    chat_template: str | None = None,
 ) -> InferenceBackend:
     # Imported here: only the transformers kind needs torch and the model code, and HTTP-only
     # users should not pay for importing them.
@@ -108,7 +117,10 @@ def _load_transformers_backend(
     if dtype is None:
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     processor = qwen_vl.build_processor(
-        checkpoint, min_pixels=frame.min_pixels, max_pixels=frame.max_pixels
+        checkpoint,
+        min_pixels=frame.min_pixels,
+        max_pixels=frame.max_pixels,
+        chat_template=chat_template,
     )
     model = qwen_vl.load_model(checkpoint, dtype=dtype, attn_implementation="sdpa", use_cache=True)
     return TransformersBackend(model.to(device).eval(), processor, model_name=checkpoint)

@@ -160,7 +160,10 @@ def build_predictor(
             raise CriticEvalError(f"--backend {spec.label}: {e}") from None
         backend_cfg = BackendConfig(kind="transformers", model=spec.target)
         try:
-            backend = build_backend(backend_cfg, frame=frame, device=cfg.device or None)
+            template = None if profile.is_default else profile.chat_template
+            backend = build_backend(
+                backend_cfg, frame=frame, device=cfg.device or None, chat_template=template
+            )
         except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: e.g. an absent --device
             raise CriticEvalError(f"--backend {spec.label}: cannot load {spec.target}: {e}") from e
     else:
