@@ -22,10 +22,7 @@ from hivig.checkpoint_files import (
     read_frame,
     write_reader_compat,
 )
-from hivig.config import load_config
-from train.config import TrainConfig
-from train.sft import setup, train
-from train.synthetic import write_dataset
+from tests._sample_run import tiny_final_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SBATCH = ROOT / "slurm" / "serve.sbatch"
@@ -42,23 +39,7 @@ _CURL = "#!/bin/bash\nexit 0\n"
 def final_ckpt(tmp_path_factory) -> Path:
     """The final checkpoint of a one-step tiny run, as ``python -m train`` writes it."""
     root = tmp_path_factory.mktemp("handoff")
-    data = write_dataset(root / "data", n_train=2, n_val=0, sizes=((64, 64),), words=(2, 4))
-    cfg = load_config(
-        TrainConfig,
-        ROOT / "configs" / "train" / "tiny_cpu.yaml",
-        [
-            f"data={data}",
-            f"out={root / 'run'}",
-            "loop.max_steps=1",
-            "optim.grad_accum=1",
-            "optim.global_batch_samples=1",
-            "dataset.max_samples_per_pack=1",
-            f"dataset.frame.min_pixels={MIN_PX}",
-            f"dataset.frame.max_pixels={MAX_PX}",
-        ],
-    )
-    result = train(setup(cfg))
-    return Path(result.final_dir)
+    return tiny_final_checkpoint(root, MIN_PX, MAX_PX)
 
 
 def test_final_checkpoint_carries_both_processor_layouts(final_ckpt):

@@ -30,15 +30,12 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from hivig.checkpoint_files import read_context_length, read_frame
-from hivig.config import load_config
 from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.models.qwen_vl import EncodedSample, build_processor, encode_sample
 from serve.app import create_app
+from tests._sample_run import tiny_final_checkpoint
 from tests.fakes.gateway import CLICK, GOOD, SUMMARY, b64, screen, serve_config, session_body
 from tests.fakes.openai_server import Reply, ScriptedServer, request_text
-from train.config import TrainConfig
-from train.sft import setup, train
-from train.synthetic import write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -76,22 +73,7 @@ def vllm_python() -> str:
 def final_ckpt(vllm_python, tmp_path_factory) -> Path:
     """The final checkpoint of a one-step tiny run, as ``python -m train`` writes it."""
     root = tmp_path_factory.mktemp("vllm_processing")
-    data = write_dataset(root / "data", n_train=2, n_val=0, sizes=((64, 64),), words=(2, 4))
-    cfg = load_config(
-        TrainConfig,
-        ROOT / "configs" / "train" / "tiny_cpu.yaml",
-        [
-            f"data={data}",
-            f"out={root / 'run'}",
-            "loop.max_steps=1",
-            "optim.grad_accum=1",
-            "optim.global_batch_samples=1",
-            "dataset.max_samples_per_pack=1",
-            f"dataset.frame.min_pixels={MIN_PX}",
-            f"dataset.frame.max_pixels={MAX_PX}",
-        ],
-    )
-    final = Path(train(setup(cfg)).final_dir)
+    final = tiny_final_checkpoint(root, MIN_PX, MAX_PX)
     assert read_frame(final) == (MIN_PX, MAX_PX)
     return final
 
