@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -65,7 +66,7 @@ from hivig.records import (
 from hivig.trajectory import Trajectory, read_trajectories
 from tests._sample_run import ingested_demo_config
 from tests.fakes.gateway import b64
-from tests.test_serve_parity import _history_chain, _proposed
+from tests.test_serve_parity import _history_chain
 from train.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,13 +206,13 @@ def _proposal_label(profile: str | None) -> str:
     from hivig.profiles import resolve_profile
 
     user = resolve_profile(profile).templates["critic_critique"].user
-    return user.split("$step")[0].rsplit("\n\n", 1)[-1]
+    before = user.split("$step")[0]
+    # The literal text between the placeholder before ``$step`` and ``$step`` itself.
+    return re.split(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", before)[-1]
 
 
 def _proposed_in(record: SFTRecord, label: str) -> tuple[str | None, str]:
     """``(intent, calls)`` of a critique record's proposed step, read after ``label``."""
-    if label == "Current Proposed Step:\n":
-        return _proposed(record)
     text = "".join(p.text for p in record.user if hasattr(p, "text"))
     step = text.split(label, 1)[1]
     if step.startswith("Action: "):
