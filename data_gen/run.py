@@ -76,7 +76,7 @@ from hivig.config import (
     write_run_description,
 )
 from hivig.logging import configure_logging, get_logger
-from hivig.profiles import resolve_profile
+from hivig.profiles import ProfileError, resolve_profile
 from hivig.taxonomy import DIMENSIONS
 from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
 
@@ -461,6 +461,14 @@ OUTPUT_FORMAT = 2
 work files do not resume under this code."""
 
 
+def check_profile(cfg: DataGenConfig) -> None:
+    """Refuse a ``profile`` folder that is missing or invalid, in one line, before any work."""
+    try:
+        resolve_profile(cfg.profile)
+    except ProfileError as e:
+        raise ConfigError(f"`profile`: {e}") from None
+
+
 def check_corpus(cfg: DataGenConfig) -> None:
     """Refuse a missing corpus, or one with neither ``meta.json`` nor ``trajectories.jsonl``.
 
@@ -696,6 +704,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> dict[str, Any] | None:
     """Run the pipeline for ``shard`` (all of the corpus when ``None``) and merge when complete."""
     cfg.require_paths()
+    check_profile(cfg)
     check_corpus(cfg)
     check_out(cfg)
     check_resume(cfg)

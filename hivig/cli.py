@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hivig import __version__
@@ -205,6 +206,8 @@ def _cmd_profile_check(args: argparse.Namespace) -> int:
         resolve_profile,
     )
 
+    if not Path(args.checkpoint, "config.json").is_file():
+        return _fail(f"--checkpoint {args.checkpoint} is not a checkpoint folder (no config.json)")
     try:
         served = resolve_profile(args.profile)
         check_served_profile(args.checkpoint, served)

@@ -369,3 +369,23 @@ def test_a_masked_proposal_keeps_its_first_call_where_the_profile_says(tmp_path)
     assert stated[1].text().count("<tool_call>") == 2  # a stated intent keeps every call
     history = build_history_messages("t", "web", "p", shot, shot, two, profile=profile)
     assert history[1].text().count("<tool_call>") == 2  # executed steps keep every call
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "data_gen", "run", "--config", "configs/data_gen/demo.yaml",
+         "corpus=data_gen/sample_corpus", "out=OUT", "profile=NOWHERE"],
+        ["-m", "hivig.cli", "profile", "check", "--checkpoint", "NOWHERE"],
+        ["-m", "hivig.cli", "profile", "show", "NOWHERE"],
+    ],
+)  # fmt: skip
+def test_a_wrong_profile_or_checkpoint_path_is_one_line_and_exit_2(argv, tmp_path):
+    argv = [a.replace("NOWHERE", str(tmp_path / "nowhere")) for a in argv]
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
+    run = subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert str(tmp_path / "nowhere") in lines[0]

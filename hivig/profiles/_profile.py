@@ -171,7 +171,7 @@ class Profile:
         return self.action_spaces[space]
 
     def _texts(self) -> dict[str, str]:
-        out = {f"template:{n}": _template_text(t) for n, t in self.templates.items()}
+        out = {f"template:{n}": template_file_text(t) for n, t in self.templates.items()}
         out |= {f"space:{n}": t for n, t in self.action_spaces.items()}
         out |= {
             "taxonomy": self.taxonomy,
@@ -192,7 +192,7 @@ class Profile:
         root = Path(folder)
         root.mkdir(parents=True, exist_ok=True)
         for name, file in TEMPLATE_FILES.items():
-            _write(root / file, _template_text(self.templates[name]))
+            _write(root / file, template_file_text(self.templates[name]))
         for space, file in ACTION_SPACE_FILES.items():
             _write(root / file, self.action_spaces[space])
         _write(root / TAXONOMY_FILE, self.taxonomy)
@@ -218,7 +218,15 @@ def _write(path: Path, text: str) -> None:
     path.write_bytes(text.encode("utf-8"))
 
 
-def _template_text(t: PromptTemplate) -> str:
+def template_file_text(t: PromptTemplate) -> str:
+    """A template as its profile file holds it (``@@ system`` / ``@@ user`` / ``@@ images``).
+
+    Args:
+        t: The template.
+
+    Returns:
+        The file's text; ``_parse`` reads it back to an equal template.
+    """
     images = ""
     if t.image_slots:
         inline = " inline" if t.inline_images else ""

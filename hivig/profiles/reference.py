@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hivig.messages import ImagePart, ImageRef, TextPart
-from hivig.prompts._template import PromptError, _parse
+from hivig.profiles._profile import template_file_text
+from hivig.prompts._template import PromptError, PromptTemplate, _parse
 
 REVISION = "fd1d4a2"
 """The revision of G-JWLee/HiViG this importer supports."""
@@ -941,7 +942,8 @@ def _join_template(parts: list[tuple[bool, str]]) -> str:
 
 
 def _template_text(system: str, user: str, images: tuple[str, ...]) -> str:
-    return f"@@ system\n{system}\n@@ user\n@@ images inline {' '.join(images)}\n{user}\n"
+    # The profile's own file format, images inline (the name and version are not written).
+    return template_file_text(PromptTemplate("", 1, system, user, images, inline_images=True))
 
 
 def _sentinel(name: str) -> str:
