@@ -53,7 +53,7 @@ from hivig.records import (
     write_profile,
     write_records,
 )
-from hivig.vision import canonical_frame, encode_png
+from hivig.vision import FramePolicy, canonical_frame, encode_png
 
 
 def collect_specs(works: list[Work]) -> list[dict[str, Any]]:
@@ -214,6 +214,7 @@ def _cards(
     picked = pick_cards(specs, cfg.export.report_cards, lambda i: stable_int(cfg.seed, i, "card"))
     folder = tmp / "report_images"
     rendered: dict[str, str] = {}
+    policy = resolve_profile(cfg.profile).frame  # read once, not per card
     out = []
     for group in card_groups(picked, specs):
         row = []
@@ -230,14 +231,16 @@ def _cards(
                     )
                     if key not in rendered:
                         folder.mkdir(parents=True, exist_ok=True)
-                        rendered[key] = _render_card_image(ref, cfg, corpus, folder)
+                        rendered[key] = _render_card_image(ref, cfg, corpus, folder, policy)
                     links.append(rendered[key])
             row.append((spec, links))
         out.append(row)
     return out
 
 
-def _render_card_image(ref: ImageRef, cfg: DataGenConfig, corpus: Path, folder: Path) -> str:
+def _render_card_image(
+    ref: ImageRef, cfg: DataGenConfig, corpus: Path, folder: Path, policy: FramePolicy
+) -> str:
     frame = canonical_frame(
         corpus / ref.path,
         min_pixels=cfg.frame.min_pixels,
@@ -245,7 +248,7 @@ def _render_card_image(ref: ImageRef, cfg: DataGenConfig, corpus: Path, folder: 
         factor=cfg.frame.factor,
         marks=ref.marks,
         size_class=ref.size_class,
-        policy=resolve_profile(cfg.profile).frame,  # what the critic is trained on
+        policy=policy,  # what the critic is trained on
     )
     data = encode_png(frame)
     name = f"{hashlib.sha256(data).hexdigest()[:20]}.png"
