@@ -4,7 +4,10 @@ Every parser takes the raw model text and returns a typed result or a ``Contract
 short, stable reason code; none of them raises on any input string. They are tolerant of what
 models do to a format (a missing opening ``<think>``, tag case, code fences, markdown emphasis such
 as ``**Overall Grading:** good``) and strict about content (the verdict must be Good or Bad, a
-dimension must be one of the 12, required fields must be present and non-empty).
+dimension must be one of the 12, required fields must be present and non-empty). Code-fence lines
+inside an answer block are layout and are dropped; chat-template tokens (``<|im_end|>``) and the
+contracts' own tags inside a block are refused (``stray_markup``), so what a parser accepts reads
+as the model meant it and can become a training target as is.
 
 The target format is the published HiViG one::
 
@@ -77,6 +80,7 @@ BAD_JSON = "bad_json"
 MISSING_KEY = "missing_key"
 BAD_VALUE = "bad_value"
 MISSING_THINK = "missing_think"
+STRAY_MARKUP = "stray_markup"
 
 
 @dataclass(frozen=True)
@@ -325,7 +329,18 @@ def _think_and_answer(
 # Tagged blocks and labelled fields
 
 
+# A line that only opens or closes a markdown code fence (```, ```text, ~~~). Models wrap the
+# block's body in one; the fence is layout, never content, and must not reach a training target.
+_FENCE_LINE = re.compile(r"^[ \t]*(?:`{3,}|~{3,})[ \t]*[\w.+-]*[ \t]*(?:\r?\n|$)", re.MULTILINE)
+# Markup that has no place inside an answer block: chat-template special tokens (<|im_end|>) and
+# the contracts' own tags (a block opened inside another one, reasoning tags after the answer).
+_STRAY_MARKUP = re.compile(
+    r"<\|[^|<>\n]{1,40}\|>|</?(?:think|summary|criticism|next_state)\s*>", re.IGNORECASE
+)
+
+
 def _block(text: str, tag: str) -> str:
+    """The body of the one ``<tag>`` block, fence lines removed; stray markup is rejected."""
     opens = list(re.finditer(rf"<{tag}\s*>", text, re.IGNORECASE))
     closes = list(re.finditer(rf"</{tag}\s*>", text, re.IGNORECASE))
     if not opens or not closes:
@@ -334,7 +349,11 @@ def _block(text: str, tag: str) -> str:
         raise _Reject(DUPLICATE_TAG, f"more than one <{tag}> block")
     if closes[0].start() < opens[0].end():
         raise _Reject(MISSING_TAG, f"</{tag}> before <{tag}>")
-    return text[opens[0].end() : closes[0].start()]
+    body = _FENCE_LINE.sub("", text[opens[0].end() : closes[0].start()])
+    stray = _STRAY_MARKUP.search(body)
+    if stray is not None:
+        raise _Reject(STRAY_MARKUP, f"{stray.group(0)!r} inside the <{tag}> block")
+    return body
 
 
 def _label_pattern(label: str) -> re.Pattern[str]:
@@ -583,7 +602,13 @@ def _string_key(obj: dict[str, Any], key: str) -> str:
     value = obj[key]
     if not isinstance(value, str) or not value.strip():
         raise _Reject(BAD_VALUE, f"{key!r} must be a non-empty string")
-    return value.strip()
+    value = _FENCE_LINE.sub("", value).strip()
+    stray = _STRAY_MARKUP.search(value)
+    if stray is not None:
+        raise _Reject(STRAY_MARKUP, f"{stray.group(0)!r} inside {key!r}")
+    if not value:
+        raise _Reject(BAD_VALUE, f"{key!r} holds only a code fence")
+    return value
 
 
 def _json_answer(

@@ -565,11 +565,12 @@ def test_split_think_tolerates_quoted_tags_in_the_first_block():
     out = parse_critique(QUOTING)
     assert isinstance(out, CritiqueOutput), out
     assert out.think.startswith("The target format is <think>reasoning</think> then")
-    # </think> quoted inside the answer belongs to the answer.
+    # </think> inside the answer is split off as reasoning by no one, and refused as markup in a
+    # block: it must never become part of an explanation (or of a training target).
     text = "<think>t</think><criticism>Overall Grading: Good\nExplanation: a </think> b</criticism>"
-    assert parse_critique(text).explanation == "a </think> b"
+    assert parse_critique(text).reason == "stray_markup"
     no_think = "<criticism>Overall Grading: Good\nExplanation: a </think> b</criticism>"
-    assert parse_critique(no_think) == CritiqueOutput(None, "Good", None, "a </think> b")
+    assert parse_critique(no_think).reason == "stray_markup"
     # The reasoning may mention the answer tag; the last one starts the answer.
     mention = (
         "<think>I end with <criticism>.</think><criticism>Overall Grading: Good\nExplanation: e"
@@ -746,3 +747,79 @@ def test_a_long_blank_run_in_an_answer_is_parsed_in_linear_time():
     for parse in (parse_critique, parse_history):
         parse(text)
     assert time.perf_counter() - start < 0.5
+
+
+# --- Fences and stray markup inside an answer block (a real annotator's habits) ------------------
+
+_FENCES = ("```", "```text", "~~~", "  ```markdown  ")
+
+
+@pytest.mark.parametrize("fence", _FENCES)
+def test_a_fence_inside_the_criticism_block_never_reaches_the_explanation(fence):
+    text = (
+        "<think>r</think>\n<criticism>\n"
+        f"{fence}\nOverall Grading: Good\nExplanation: The click opens the menu.\n"
+        f"{fence.strip()[:3]}\n</criticism>"
+    )
+    out = parse_critique(text)
+    assert isinstance(out, CritiqueOutput), out
+    assert out.explanation == "The click opens the menu."
+
+
+@pytest.mark.parametrize("fence", _FENCES)
+def test_a_fence_inside_the_summary_block_never_reaches_the_summary(fence):
+    text = (
+        f"<think>r</think>\n<summary>\n{fence}\nProgress Summary: Opened the menu.\n"
+        f"Last Action Result: The menu is open.\n{fence.strip()[:3]}\n</summary>"
+    )
+    out = parse_history(text)
+    assert isinstance(out, HistoryOutput), out
+    assert (out.progress, out.last_result) == ("Opened the menu.", "The menu is open.")
+
+
+@pytest.mark.parametrize("fence", _FENCES)
+def test_a_fence_inside_the_next_state_block_never_reaches_the_state(fence):
+    text = f"<think>r</think>\n<next_state>\n{fence}\nThe menu is open.\n```\n</next_state>"
+    out = parse_next_state(text)
+    assert isinstance(out, TransitionOutput), out
+    assert out.next_state == "The menu is open."
+
+
+def test_a_fence_inside_a_json_value_is_layout_not_content():
+    body = json.dumps(
+        {
+            "dimension_violated": "Visual Hallucination",
+            "rejected_thought": "```\nI will click Save.\n```",
+            "rejected_proposed_step": '<tool_call>{"name": "click"}</tool_call>',
+        }
+    )
+    out = parse_perturbation(f"<think>r</think>{body}")
+    assert isinstance(out, PerturbationOutput), out
+    assert out.rejected_thought == "I will click Save."
+    only_fence = body.replace("```\\nI will click Save.\\n```", "```\\n```")
+    out = parse_perturbation(f"<think>r</think>{only_fence}")
+    assert isinstance(out, ContractError) and out.reason == "bad_value"
+
+
+@pytest.mark.parametrize(
+    "junk", ["<|im_end|>", "<|endoftext|>", "<think>", "</summary>", "<criticism>", "<NEXT_STATE>"]
+)
+def test_stray_markup_inside_a_block_is_refused_not_kept(junk):
+    critique = f"<criticism>Overall Grading: Good\nExplanation: ok {junk}\n</criticism>"
+    history = f"<summary>Progress Summary: a {junk}\nLast Action Result: b</summary>"
+    for out in (parse_critique(critique), parse_history(history)):
+        assert isinstance(out, ContractError) and out.reason in {"stray_markup", "duplicate_tag"}, (
+            junk,
+            out,
+        )
+    judge = json.dumps(
+        {"better_candidate": "A", "predicted_error_dimension": "Invalid", "reasoning_summary": junk}
+    )
+    out = parse_judge(judge)
+    assert isinstance(out, ContractError) and out.reason in {"stray_markup", "unclosed_think"}, out
+
+
+def test_backticks_inside_a_sentence_are_content():
+    text = "<criticism>Overall Grading: Good\nExplanation: It types `ls` in.\n</criticism>"
+    out = parse_critique(text)
+    assert isinstance(out, CritiqueOutput) and out.explanation == "It types `ls` in."
