@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from data_gen.runs._runtime_log import add_logged_intents
 from hivig.run_folders import (
     FolderRun,
     detect_layout,
@@ -80,6 +81,9 @@ def discover(fmt: str, root: Path, examples: Path | None = None) -> Iterator[Fol
         reader = read_osworld if fmt == "osworld" else read_windowsagentarena
         for folder in _folders(root, "traj.jsonl", layout):
             run = reader(folder)
+            if fmt == "osworld":
+                # ScaleCUA's runner logs the agent's words beside traj.jsonl, not in it.
+                run = add_logged_intents(run)
             run.model = run.model or _model_from_path(root, folder)
             run.task = run.task or _example_instruction(examples, folder)
             yield run
