@@ -18,9 +18,11 @@ and the offline writer renders a contract-valid answer from it. Its model name i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +58,14 @@ latency/concurrency seconds (6 ms at 32 in flight and 0.2 s); preparing a ~1 MP 
 about 10 ms of CPU, longer when the cores are shared, so a few ready requests keep every slot
 busy and 16 leaves room for bursts of new screenshots."""
 
+OUTAGE_WAIT_S = 300.0
+"""Default longest wait through an endpoint outage (timeouts, refused connections, 429, 5xx,
+error bodies) before a request is given up as a transient failure: an annotator restarting or a
+rate limit lifting then costs a pause, not a rerun."""
+
+OUTAGE_BACKOFF_S = (1.0, 30.0)
+"""First and longest pause between tries during an outage (doubling in between)."""
+
 # Bump when the cache key recipe changes so stale entries miss instead of answering a
 # differently shaped request.
 CACHE_KEY_VERSION = 1
@@ -70,6 +80,17 @@ class Rejected(NamedTuple):
 
     reason: str
     message: str
+
+
+class _Answer(NamedTuple):
+    """One answer as the stages see it, from the endpoint, the cache or the offline writer."""
+
+    text: str
+    reasoning: str | None
+    request_hash: str
+    truncated: bool
+    """The server stopped at ``max_tokens`` (``finish_reason == "length"``): a cut answer may
+    still parse, and must not become a target."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +326,9 @@ class Annotator:
             slot; see ``jobs_in_flight``.
         prepare_threads: Threads that prepare requests; 0 means one per CPU this process may
             use.
+        outage_wait_s: Longest wait through transient endpoint failures before a request is
+            given up (``TRANSIENT_REASONS``); 0 gives up at the client's own last retry.
+        outage_backoff_s: First and longest pause between tries during an outage.
     """
 
     def __init__(
@@ -319,6 +343,8 @@ class Annotator:
         frame_cache_bytes: int = FRAME_CACHE_BYTES,
         prefetch: int = PREFETCH,
         prepare_threads: int = 0,
+        outage_wait_s: float = OUTAGE_WAIT_S,
+        outage_backoff_s: tuple[float, float] = OUTAGE_BACKOFF_S,
     ) -> None:
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
@@ -338,6 +364,9 @@ class Annotator:
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=s.seed
         )
         self.concurrency = backend_cfg.concurrency
+        self.outage_wait_s = outage_wait_s
+        self.outage_backoff_s = outage_backoff_s
+        self._outage_logged_at = -float("inf")
         self.prefetch = prefetch
         self.prepare_threads = prepare_threads or usable_cpus()
         self._preparer: ThreadPoolExecutor | None = None
@@ -349,7 +378,10 @@ class Annotator:
         self.frames = FrameCache(max_bytes=frame_cache_bytes)
         """Prepared frames (canonical, and with marks) shared by every request of the shard."""
         self.counts: Counter[str] = Counter()
-        """Run-wide counters: ``requests`` (new, paid), ``cache_hits``, ``backend_errors``."""
+        """Run-wide counters: ``requests`` (new, paid), ``cache_hits``, ``backend_errors``,
+        ``outage_waits`` (pauses through transient failures), ``truncated`` (answers cut at
+        ``max_tokens``), and the server's ``prompt_tokens`` / ``completion_tokens`` summed over
+        the paid requests."""
 
     @property
     def is_offline(self) -> bool:
@@ -383,7 +415,9 @@ class Annotator:
         result: Annotation[R] = Annotation(value=None)
         for attempt in range(self.max_attempts):
             try:
-                text, reasoning, rhash = await self._answer(request, attempt)
+                text, reasoning, rhash, truncated = await self._answer_through_outages(
+                    request, attempt
+                )
             except BackendError as e:
                 self.counts["backend_errors"] += 1
                 result.reason = backend_error_reason(e)
@@ -399,6 +433,11 @@ class Annotator:
             result.request_hashes.append(rhash)
             result.raw.append(raw_answer(text, reasoning))
             result.text, result.reasoning = text, reasoning
+            if truncated:
+                self.counts["truncated"] += 1
+                result.reason = "contract_truncated"
+                result.message = "the answer stopped at max_tokens (finish_reason=length)"
+                continue
             verdict = validate(text, reasoning)
             if isinstance(verdict, Rejected):
                 result.reason, result.message = f"contract_{verdict.reason}", verdict.message
@@ -407,7 +446,36 @@ class Annotator:
             return result
         return result
 
-    async def _answer(self, request: AnnotatorRequest, attempt: int) -> tuple[str, str | None, str]:
+    async def _answer_through_outages(self, request: AnnotatorRequest, attempt: int) -> _Answer:
+        """``_answer``, pausing through transient endpoint failures up to ``outage_wait_s``.
+
+        The client's own retries cover a blip of a few seconds; an annotator restarting, a rate
+        limit or an error body repeated for a minute would otherwise end the run (a transient
+        drop leaves the stage uncommitted, so the user reruns). Pauses double from the first to
+        the longest of ``outage_backoff_s`` and stop at the wait limit.
+        """
+        started = time.monotonic()
+        pause, longest = self.outage_backoff_s
+        while True:
+            try:
+                return await self._answer(request, attempt)
+            except BackendError as e:
+                left = self.outage_wait_s - (time.monotonic() - started)
+                if backend_error_reason(e) not in TRANSIENT_REASONS or left <= 0:
+                    raise
+                self.counts["outage_waits"] += 1
+                self._log_outage(e, left)
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, longest)
+
+    def _log_outage(self, error: BackendError, left: float) -> None:
+        # Every request in flight meets the same outage: one line per 10 s, not one per request.
+        now = time.monotonic()
+        if now - self._outage_logged_at >= 10.0:
+            self._outage_logged_at = now
+            log.warning("annotator unavailable, waiting up to %.0f s more: %s", left, error)
+
+    async def _answer(self, request: AnnotatorRequest, attempt: int) -> _Answer:
         # The cache key is also the request hash every record carries, for endpoint and offline
         # answers alike: it names the cache entry, and screenshots enter it by file digest, so
         # no frame's pixels are hashed.
@@ -422,7 +490,8 @@ class Annotator:
                 self.counts["cache_hits"] += 1
                 # The key, not the entry's stored hash: entries written by older versions hold
                 # the client's pixel hash, and records must name requests one way only.
-                return hit["text"], hit.get("reasoning"), key
+                truncated = hit.get("finish_reason") == "length"
+                return _Answer(hit["text"], hit.get("reasoning"), key, truncated)
         if self.backend is None:
             assert self.offline_writer is not None
             try:
@@ -431,19 +500,20 @@ class Annotator:
                 # The ground truth itself cannot be rendered as a target (think tags in a
                 # corpus intent, say): a data problem, dropped with its reason.
                 raise OfflineAnswerError(str(e)) from e
-            rhash = key
+            answer, finish = _Answer(text, reasoning, key, False), "stop"
         else:
-            text, reasoning, rhash = await self._send(request, key)
+            answer, finish = await self._send(request, key, attempt)
         self.counts["requests"] += 1
         if use_cache:
             entry = {
-                "text": text,
-                "reasoning": reasoning,
-                "request_hash": rhash,
+                "text": answer.text,
+                "reasoning": answer.reasoning,
+                "request_hash": answer.request_hash,
                 "model": self.model,
+                "finish_reason": finish,
             }
             self.cache.put(key, entry)  # type: ignore[union-attr]
-        return text, reasoning, rhash
+        return answer
 
     async def file_digests(self, *paths: str) -> list[str]:
         """``digest`` of each screenshot, reading new files in a preparation thread.
@@ -471,7 +541,17 @@ class Annotator:
         ``prefetch`` requests whose frames are prepared while the slots wait on the network."""
         return self.concurrency + self.prefetch
 
-    async def _send(self, request: AnnotatorRequest, key: str) -> tuple[str, str | None, str]:
+    def _sampling_for(self, attempt: int) -> Sampling:
+        """The sampling of one attempt: a retry after an invalid answer moves a set seed on.
+
+        A server that honours ``seed`` answers the same request with the same seed the same
+        way, so retrying with it would pay again for the answer just refused.
+        """
+        if attempt == 0 or self.sampling.seed is None:
+            return self.sampling
+        return dataclasses.replace(self.sampling, seed=self.sampling.seed + attempt)
+
+    async def _send(self, request: AnnotatorRequest, key: str, attempt: int) -> tuple[_Answer, str]:
         assert self.backend is not None
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.concurrency)
@@ -483,8 +563,13 @@ class Annotator:
         pool = self._preparation_pool()
         messages = await loop.run_in_executor(pool, self._prepare, request.messages)
         async with self._semaphore:
-            gen = await self.backend.generate(messages, self.sampling, request_hash=key)
-        return gen.text, gen.reasoning, gen.request_hash
+            gen = await self.backend.generate(
+                messages, self._sampling_for(attempt), request_hash=key
+            )
+        self.counts["prompt_tokens"] += gen.usage.prompt_tokens
+        self.counts["completion_tokens"] += gen.usage.completion_tokens
+        answer = _Answer(gen.text, gen.reasoning, gen.request_hash, gen.finish_reason == "length")
+        return answer, gen.finish_reason
 
     def _prepare(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         ready = self._materialise(messages)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from data_gen.annotator import PREFETCH
+from data_gen.annotator import OUTAGE_WAIT_S, PREFETCH
 from data_gen.audit import DEFAULT_GATED, FAMILIES, GATE_NAMES
 from data_gen.runs.config import RunsConfig
 from hivig.backends.images import check_transport
@@ -87,12 +87,19 @@ class AnnotatorConfig:
     so every slot spends its time on the network; see ``Annotator.jobs_in_flight``."""
     prepare_threads: int = 0
     """Threads preparing requests; 0 = one per CPU the process may use (more only contend)."""
+    outage_wait_s: float = OUTAGE_WAIT_S
+    """Longest wait through an endpoint outage (timeouts, refused connections, 429, 5xx, error
+    bodies), pausing 1 s doubling to 30 s between tries, before a request is given up; a request
+    given up leaves its stage uncommitted, so a rerun retries it. 0: give up at the client's
+    last retry."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigError("`annotator.max_attempts` must be >= 1")
         if self.frame_cache_mb < 1:
             raise ConfigError("`annotator.frame_cache_mb` must be >= 1")
+        if self.outage_wait_s < 0:
+            raise ConfigError("`annotator.outage_wait_s` must be >= 0")
         if self.prefetch < 0 or self.prepare_threads < 0:
             raise ConfigError("`annotator.prefetch` and `annotator.prepare_threads` must be >= 0")
         try:

@@ -409,6 +409,7 @@ def build_annotator(cfg: DataGenConfig) -> Annotator:
         frame_cache_bytes=a.frame_cache_mb << 20,
         prefetch=a.prefetch,
         prepare_threads=a.prepare_threads,
+        outage_wait_s=a.outage_wait_s,
     )
 
 
@@ -418,6 +419,7 @@ OPERATIONAL_FIELDS = (
     "annotator.cache_offline",
     "annotator.frame_cache_mb",
     "annotator.prefetch",
+    "annotator.outage_wait_s",
     "annotator.prepare_threads",
     "annotator.backend.base_url",
     "annotator.backend.api_key_env",

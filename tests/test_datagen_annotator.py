@@ -175,6 +175,7 @@ def _cfg(corpus, out, server, cache):
             "annotator.backend.timeout_s=10",
             "annotator.backend.max_retries=3",
             "annotator.backend.backoff_s=0.01",
+            "annotator.outage_wait_s=0",  # the outage tests end the run at the client's retries
             "export.sharegpt=false",
             "export.report_cards=4",
             "perturb.unreachable_dimension=warn",  # 4 trajectories cannot express all 12
@@ -281,3 +282,26 @@ def test_permanent_http_errors_are_drops_and_other_statuses_are_temporary():
         assert backend_error_reason(err) in TRANSIENT_REASONS
     assert backend_error_reason(BackendTimeout("x")) in TRANSIENT_REASONS
     assert "annotator_http_status" not in TRANSIENT_REASONS
+
+
+def test_a_failed_history_pair_does_not_lose_the_rest_of_its_trajectory(corpus, tmp_path):
+    # A third of the history requests are refused for good (HTTP 400, no retry helps).
+    script = Script(permanent_errors=False)
+
+    def respond(body: dict) -> Reply | str:
+        text = request_text(body)
+        if (
+            "history tracker" in text
+            and int(hashlib.sha256(text.encode()).hexdigest(), 16) % 3 == 0
+        ):
+            return Reply(status=400)
+        return script(body)
+
+    with ScriptedServer(respond=respond, model="scripted") as server:
+        stats = run(_cfg(corpus, tmp_path / "a", server, tmp_path / "cache"), None)
+    history = stats["stages"]["history"]
+    refused = history["dropped_annotator_http_status"]
+    assert refused > 0 and "dropped_chain_broken" not in history, history
+    # Every other pair was annotated, from the last good summary after a refusal, and kept.
+    assert history["kept"] == history["in"] - refused
+    assert history["chain_resumed"] > 0

@@ -2,9 +2,13 @@
 
 Unit: one consecutive pair (step k, step k + 1). Inside a trajectory the pairs run in order,
 because each summary is the next pair's input; trajectories run concurrently. When a pair fails
-after its retries the chain is broken explicitly: that pair is dropped with its reason and every
-later pair of the trajectory is dropped as ``chain_broken`` (the reference release silently
-carried a stale summary forward instead).
+after its retries it is dropped with its reason and the chain goes on from the last good summary,
+as the reference pipeline does: the next summary then also covers the failed step (its screens
+are in that pair's input), and losing the rest of a trajectory to one bad answer would cost every
+later sample; the pair that resumes a chain is counted as ``chain_resumed``. A failure that may
+pass (an outage past ``annotator.outage_wait_s``) ends the chain instead, its later pairs dropped
+as ``chain_broken`` unpaid: the stage is not committed then, and the rerun, with the failed
+pair's answer, writes the chain as it should be.
 
 The annotator writes with the annotator variant of the history prompt; the training sample uses
 the critic prompt with the same inputs and the annotator's answer as its target.
@@ -12,7 +16,7 @@ the critic prompt with the same inputs and the annotator's answer as its target.
 
 from __future__ import annotations
 
-from data_gen.annotator import AnnotatorRequest, Rejected
+from data_gen.annotator import TRANSIENT_REASONS, AnnotatorRequest, Rejected
 from data_gen.executor import StageStats, unit_float
 from data_gen.steps.rationale import echoes
 from data_gen.steps.work import (
@@ -28,6 +32,9 @@ from data_gen.steps.work import (
 from hivig.contracts import ContractError, HistoryOutput, parse_history, render_history_target
 from hivig.prompts import build_history_annotation_messages, build_history_messages
 from hivig.trajectory import Trajectory
+
+_TRANSIENT = object()
+"""``_pair``'s answer for a pair dropped for a reason that may pass (see the module docstring)."""
 
 
 def history_validator(hidden_intent: str | None):
@@ -93,19 +100,27 @@ class HistoryStep:
             INITIAL_SUMMARY if self.ctx.critic_profile is None else self.ctx.profile.initial_summary
         )
         done: list[str] = []
+        stale = False
         for k in pairs:
-            sid = sample_id(traj.id, k)
             out = await self._pair(work, k, summary, done, stats)
-            if out is None:  # dropped with its reason by _pair
+            if out is _TRANSIENT:
+                sid = sample_id(traj.id, k)
                 for later in range(k + 1, len(pairs)):
                     stats.drop(sample_id(traj.id, later), "chain_broken", f"pair {sid} failed")
                 return
+            if out is None:  # dropped with its reason by _pair; the summary stays the last good
+                stale = True
+                continue
+            if stale:
+                stats.add("chain_resumed")
+                stale = False
             summary = out.summary
             stats.kept()
 
     async def _pair(
         self, work: Work, k: int, previous: str, done: list[str], stats: StageStats
-    ) -> HistoryOutput | None:
+    ) -> HistoryOutput | object | None:
+        """The pair's summary; ``None`` when dropped, ``_TRANSIENT`` when dropped for now."""
         ctx, traj = self.ctx, work.trajectory
         sid = sample_id(traj.id, k)
         before, after = traj.steps[k].screenshot, traj.steps[k + 1].screenshot
@@ -139,7 +154,7 @@ class HistoryStep:
             stats, sid, request, history_validator(intent if masked else None)
         )
         if not result.ok:
-            return None
+            return _TRANSIENT if result.reason in TRANSIENT_REASONS else None
         out, target = result.value
         messages = build_history_messages(*args, profile=ctx.critic_profile)
         work.units[k]["history"] = sample_spec(
