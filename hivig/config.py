@@ -120,6 +120,9 @@ class BackendConfig:
     """Retries on transport errors, 429 and 5xx, with exponential backoff and jitter."""
     backoff_s: float = 0.5
     """Base backoff before the first retry, in seconds; doubles per retry."""
+    max_response_bytes: int = 0
+    """Largest answer body read (``openai`` kind); longer is a ``bad_response``, not retried.
+    0 sizes it from each request's token cap (4 MiB + 256 bytes per token)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling parameters."""
 
@@ -132,6 +135,8 @@ class BackendConfig:
             raise ConfigError("`backend.timeout_s` must be positive")
         if self.max_retries < 0:
             raise ConfigError("`backend.max_retries` must be >= 0")
+        if self.max_response_bytes < 0:
+            raise ConfigError("`backend.max_response_bytes` must be >= 0 (0: from the token cap)")
 
 
 # --------------------------------------------------------------------------------------------

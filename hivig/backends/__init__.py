@@ -87,6 +87,7 @@ def build_backend(
             timeout_s=cfg.timeout_s,
             max_retries=cfg.max_retries,
             backoff_s=cfg.backoff_s,
+            max_response_bytes=cfg.max_response_bytes or None,
         )
     if cfg.kind == "transformers":
         if not cfg.model:

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import email.utils
 import functools
+import json
 import math
 import random
 import ssl
@@ -118,6 +119,7 @@ class OpenAIClient:
         rng: random.Random | None = None,
         image_format: ImageFormat = "png",
         jpeg_quality: int = 95,
+        max_response_bytes: int | None = None,
     ) -> None:
         """Configure the client; no connection is made until the first request.
 
@@ -139,12 +141,18 @@ class OpenAIClient:
                 see exactly the training pixels) or ``jpeg``. The request hash is over pixels
                 either way, so caches keyed on it do not depend on the format.
             jpeg_quality: JPEG quality (1-100) when ``image_format`` is ``jpeg``.
+            max_response_bytes: Largest answer body read, in bytes; a longer one is a
+                ``bad_response`` (not retried). ``None`` sizes it per request from the token cap
+                (``response_limit``).
 
         Raises:
             ValueError: A limit is out of range, the URL or model is empty, or the image
                 format or JPEG quality is invalid.
         """
         _check_args(base_url, model, concurrency, timeout_s, max_retries, backoff_s)
+        if max_response_bytes is not None and max_response_bytes <= 0:
+            raise ValueError(f"max_response_bytes must be positive, got {max_response_bytes}")
+        self.max_response_bytes = max_response_bytes
         check_transport(image_format, jpeg_quality)
         self.image_format: ImageFormat = image_format
         self.jpeg_quality = jpeg_quality
@@ -204,7 +212,8 @@ class OpenAIClient:
                     request_hash,
                 )
                 start = time.perf_counter()
-                data, attempts = await self._post_with_retries(http, body)
+                limit = self.max_response_bytes or response_limit(sampling.max_tokens)
+                data, attempts = await self._post_with_retries(http, body, limit)
                 text, reasoning, finish, usage, model = parse_chat_completion(data, attempts)
                 latency = time.perf_counter() - start
         except BackendError as e:
@@ -305,13 +314,13 @@ class OpenAIClient:
         return self._pools
 
     async def _post_with_retries(
-        self, http: httpx.AsyncHTTPTransport, body: bytes
+        self, http: httpx.AsyncHTTPTransport, body: bytes, limit: int
     ) -> tuple[Any, int]:
         attempt = 1
         while True:
             self.stats.attempts += 1
             try:
-                return await self._attempt(http, body, attempt), attempt
+                return await self._attempt(http, body, attempt, limit), attempt
             except BackendError as e:
                 if not _retryable(e):
                     raise
@@ -326,13 +335,15 @@ class OpenAIClient:
             await asyncio.sleep(delay)
             attempt += 1
 
-    async def _attempt(self, http: httpx.AsyncHTTPTransport, body: bytes, attempt: int) -> Any:
+    async def _attempt(
+        self, http: httpx.AsyncHTTPTransport, body: bytes, attempt: int, limit: int
+    ) -> Any:
         request = httpx.Request(
             "POST", self._url, headers=self._headers, content=body, extensions=self._extensions
         )
         try:
             # httpx timeouts bound each phase; wait_for bounds the attempt as a whole.
-            resp = await asyncio.wait_for(_send(http, request), self.timeout_s)
+            resp = await asyncio.wait_for(_send(http, request, limit), self.timeout_s)
         except (asyncio.TimeoutError, httpx.TimeoutException) as e:
             raise BackendTimeout(
                 f"no answer within {self.timeout_s:g} s from {self._url}", attempts=attempt
@@ -348,8 +359,15 @@ class OpenAIClient:
                 status=resp.status_code,
                 retry_after_s=parse_retry_after(resp.headers.get("retry-after")),
             )
+        if resp.over_limit:
+            # Not retried: the same request would be answered as long again.
+            raise BackendBadResponse(
+                f"answer from {self._url} is over {limit} bytes", attempts=attempt, status=200
+            )
         try:
-            return resp.json()
+            # The stdlib parser, as httpx's ``Response.json``: a number past 64 bits in a field
+            # the client ignores must not cost the answer (``_count`` vets the ones it reads).
+            return json.loads(resp.content)
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
             raise BackendBadResponse(
                 f"body is not JSON: {resp.content[:200]!r}",
@@ -380,18 +398,57 @@ def _default_tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-async def _send(transport: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+RESPONSE_BYTES_BASE = 4 * 1024 * 1024
+"""Answer bytes allowed besides the tokens (``response_limit``): the envelope, logprobs."""
+RESPONSE_BYTES_PER_TOKEN = 256
+"""Answer bytes allowed per token of the cap: a token is a few characters, at most a few dozen
+once JSON-escaped, and reasoning and content share the cap."""
+
+
+def response_limit(max_tokens: int) -> int:
+    """The default largest answer body for a request of ``max_tokens`` new tokens.
+
+    4.2 MB at 768 tokens: far above any real answer, far below what would hurt the caller.
+    """
+    return RESPONSE_BYTES_BASE + RESPONSE_BYTES_PER_TOKEN * max(0, max_tokens)
+
+
+@dataclass
+class _Answer:
+    """The parts of an HTTP answer the client reads, its body bounded."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+    over_limit: bool
+    """The body went past the limit; ``content`` holds its first bytes only."""
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+async def _send(transport: httpx.AsyncHTTPTransport, request: httpx.Request, limit: int) -> _Answer:
     # The transport directly, not an ``httpx.AsyncClient``: the client's per-request layers
     # (header and URL merging, cookie extraction, auth and redirect flows, event hooks) do nothing
     # for a JSON POST to a fixed endpoint, yet cost about a third of the client's CPU per request
     # (loopback, 8 in flight: 1.0 ms through the client, 0.7 ms through the transport).
     resp = await transport.handle_async_request(request)
     resp.request = request
+    chunks: list[bytes] = []
+    size, over = 0, False
     try:
-        await resp.aread()
+        # Streamed and counted after decompression: a server (or a gzip bomb) cannot make the
+        # client hold more than ``limit`` bytes of one answer; a longer one is cut off here.
+        async for chunk in resp.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                over = True
+                break
+            chunks.append(chunk)
     finally:
         await resp.aclose()
-    return resp
+    return _Answer(resp.status_code, resp.headers, b"".join(chunks), over)
 
 
 class _PoolSet:
@@ -610,9 +667,29 @@ def _content_text(content: Any, attempts: int) -> str:
     )
 
 
+MAX_REPORTED_TOKENS = 10**9
+"""Largest token count believed from a server's ``usage``: no context comes near it, and every
+count must stay a 64-bit integer for the JSON and metrics it reaches."""
+
+
 def _count(usage: Any, key: str) -> int:
+    """A ``usage`` token count, 0 when absent.
+
+    A value that is not a count (a float, a string, a bool, negative, or past
+    ``MAX_REPORTED_TOKENS``) is treated as absent, with a warning.
+    """
     value = usage.get(key) if isinstance(usage, dict) else None
-    return value if isinstance(value, int) and value >= 0 else 0
+    if value is None:
+        return 0
+    if type(value) is int and 0 <= value <= MAX_REPORTED_TOKENS:
+        return value
+    shown = repr(value)
+    logger.warning(
+        "backend reported usage.%s = %s, not a token count; treated as absent",
+        key,
+        shown if len(shown) <= 40 else shown[:40] + "...",
+    )
+    return 0
 
 
 def parse_chat_completion(
