@@ -55,6 +55,10 @@ logger = logging.getLogger(__name__)
 
 REF_PREFIX = "sha256:"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_JPEG_MAGIC = b"\xff\xd8\xff"
+FORMATS = ("PNG", "JPEG")
+"""The screenshot formats served. Pillow would decode dozens more (TIFF, BMP, ICO, WebP, JPEG
+2000, EPS through Ghostscript...): each a parser the gateway need not expose."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,7 @@ class ImageStore:
             )
         if not data:
             raise ApiError(400, "bad_image", "screenshot is empty")
+        require_png_or_jpeg(data)
         image = self._decode(data)
         frame = self._canonical(image)
         banded = BandedPng.encode(frame, FAST_PNG_LEVEL)
@@ -255,7 +260,7 @@ class ImageStore:
 
     def _decode(self, data: bytes) -> Image.Image:
         try:
-            with Image.open(io.BytesIO(data)) as probe:
+            with Image.open(io.BytesIO(data), formats=FORMATS) as probe:
                 w, h = probe.size
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
             raise ApiError(400, "bad_image", f"screenshot cannot be decoded: {_clean(e)}") from None
@@ -356,12 +361,27 @@ def _hex(ref: str) -> str:
 def _decoded_and_area(data: str) -> tuple[bytes, int]:
     """The bytes of a base64 screenshot and its area from the header (nothing decoded yet)."""
     raw = decode_base64(data)
+    if not _png_or_jpeg(raw):
+        return raw, 0  # put_bytes refuses it before Pillow sees it
     try:
-        with Image.open(io.BytesIO(raw)) as probe:
+        with Image.open(io.BytesIO(raw), formats=FORMATS) as probe:
             w, h = probe.size
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return raw, 0  # put_bytes reports it, in the ordinary lane
     return raw, w * h
+
+
+def _png_or_jpeg(data: bytes) -> bool:
+    return data.startswith((_PNG_MAGIC, _JPEG_MAGIC))
+
+
+def require_png_or_jpeg(data: bytes) -> None:
+    """Refuse a screenshot that is not PNG or JPEG by its first bytes (415 ``bad_image``),
+    before any image parser reads it."""
+    if not _png_or_jpeg(data):
+        raise ApiError(
+            415, "bad_image", "screenshot is neither PNG nor JPEG; send it as PNG or JPEG"
+        )
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -171,3 +171,50 @@ def _png(size: tuple[int, int] = (320, 200)) -> str:
     buf = io.BytesIO()
     Image.new("RGB", size, (200, 210, 220)).save(buf, "PNG")
     return b64(buf.getvalue())
+
+
+# ---------------------------------------------------------------------------------------------
+# 19. Screenshot formats
+
+
+def _encoded(fmt: str) -> bytes | None:
+    """A screen in Pillow format ``fmt``; ``None`` when this Pillow cannot write it."""
+    image = Image.new("RGB", (64, 48), (30, 90, 200))
+    buf = io.BytesIO()
+    try:
+        image.save(buf, format=fmt)
+    except (OSError, KeyError, ValueError):
+        return None
+    return buf.getvalue()
+
+
+REFUSED = ["TIFF", "BMP", "ICO", "TGA", "PCX", "JPEG2000", "AVIF", "WEBP", "GIF", "EPS"]
+
+
+@pytest.mark.parametrize("fmt", REFUSED)
+def test_a_screenshot_in_another_format_is_refused_before_it_is_decoded(tmp_path, fmt):
+    data = _encoded(fmt)
+    if data is None:
+        pytest.skip(f"this Pillow cannot write {fmt}")
+    with gateway_client(tmp_path) as c:
+        up = c.post("/v1/images", json={"image": b64(data)})
+        assert up.status_code == 415, up.text
+        assert up.json()["error"]["code"] == "bad_image"
+        assert "neither PNG nor JPEG" in up.json()["error"]["message"]
+        sid = start_session(c)
+        r = c.post(f"/v1/sessions/{sid}/observe", json={"step_idx": 0, "screenshot": b64(data)})
+        assert r.status_code == 415 and r.json()["error"]["code"] == "bad_image"
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_png_and_jpeg_screenshots_are_still_served(tmp_path, fmt):
+    with gateway_client(tmp_path) as c:
+        up = c.post("/v1/images", json={"image": b64(_encoded(fmt))})
+        assert up.status_code == 201, up.text
+
+
+def test_an_image_with_png_magic_but_another_body_is_a_bad_image(tmp_path):
+    with gateway_client(tmp_path) as c:
+        fake = b"\x89PNG\r\n\x1a\n" + _encoded("BMP")
+        up = c.post("/v1/images", json={"image": b64(fake)})
+        assert (up.status_code, up.json()["error"]["code"]) == (400, "bad_image")

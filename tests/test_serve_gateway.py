@@ -258,7 +258,8 @@ def test_images_by_reference(tmp_path):
         from PIL import Image
 
         buf = BytesIO()
-        Image.open(BytesIO(screen(seed=4))).save(buf, format="BMP")
+        Image.open(BytesIO(screen(seed=4))).save(buf, format="PNG", compress_level=1)
+        assert buf.getvalue() != screen(seed=4)
         assert c.post("/v1/images", json={"image": b64(buf.getvalue())}).json()["image_ref"] == ref
         sid = _start(c)
         r = _observe(c, sid, 0, image_ref=ref)
