@@ -44,9 +44,17 @@ class LimitsConfig:
     header_timeout_s: float = 10.0
     """Seconds a client has to send a request line and headers, from the connection opening (or
     the first byte of the next request on a kept-alive one); a late connection is closed."""
+    body_timeout_s: float = 10.0
+    """Seconds a client has to send a request body once its headers are in (408, closed)."""
+    max_header_bytes: int = 65536
+    """Largest request line plus headers, in bytes (431, closed); counted as they arrive."""
+    max_connections: int = 4096
+    """Open connections per process; more get 503 and are closed at once. Lowered at start to
+    fit the process's open-file limit (``ulimit -n``), so accepting never runs out of files."""
 
     def __post_init__(self) -> None:
         names = ("max_body_bytes", "max_image_bytes", "max_image_pixels", "max_queue")
+        names += ("body_timeout_s", "max_header_bytes", "max_connections")
         for name in (*names, "large_image_pixels", "large_image_lanes", "header_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"`limits.{name}` must be positive")
