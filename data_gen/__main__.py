@@ -18,10 +18,12 @@ import sys
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hivig.actions import PLATFORMS
 from hivig.config import screen_size
+from hivig.entry import DATA_IMPORTS, extras_of, prog_name, run_entry, unwritable
 from hivig.logging import configure_logging
 
 DESCRIPTION = """\
@@ -367,9 +369,21 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unwritable_out(command: str, out: str) -> int | None:
+    """Exit 2 with one line when ``--out`` cannot be written (checked before any work)."""
+    problem = unwritable(out)
+    if problem is None:
+        return None
+    print(f"{command}: --out {out}: {problem}; pass a folder you can write to", file=sys.stderr)
+    return 2
+
+
 def _split(args: argparse.Namespace) -> int:
     from data_gen.split import SplitConfig, SplitError, split
 
+    refused = _unwritable_out("split", args.out)
+    if refused is not None:
+        return refused
     try:
         cfg = SplitConfig(args.val, args.test, args.seed)
         stats = split(args.inp, args.out, cfg, progress=not args.quiet)
@@ -390,6 +404,9 @@ def _split(args: argparse.Namespace) -> int:
 def _make_sample(args: argparse.Namespace) -> int:
     from data_gen.sample_corpus import SampleConfig, make_sample
 
+    refused = _unwritable_out("make-sample", args.out)
+    if refused is not None:
+        return refused
     try:
         cfg = SampleConfig(
             trajectories=args.trajectories,
@@ -427,8 +444,72 @@ def _make_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Lenient(argparse.ArgumentParser):
+    """Reads ``--format``/``--root`` ahead of ``ingest-runs``; its own parser reports mistakes."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ValueError(message)
+
+
+def _has_runs(fmt: str, root: Path) -> bool:
+    """Whether ``root`` holds a run of ``fmt`` with at least one step (stops at the first)."""
+    from data_gen.runs._discover import discover
+
+    return any(run.steps for run in discover(fmt, root))
+
+
+def _no_runs(argv: list[str]) -> str | None:
+    """Why ``ingest-runs`` would find nothing to ingest, naming the formats that would match."""
+    from data_gen.runs import FORMATS
+
+    p = _Lenient(add_help=False)
+    p.add_argument("--format")
+    p.add_argument("--root")
+    try:
+        known, _ = p.parse_known_args(argv)
+    except ValueError:
+        return None
+    if known.format not in FORMATS or known.root is None or not Path(known.root).exists():
+        return None
+    root = Path(known.root)
+    if _has_runs(known.format, root):
+        return None
+    matching = [f for f in FORMATS if f != known.format and _has_runs(f, root)]
+    if matching:
+        return (
+            f"no {known.format} runs under {root}, but {', '.join(matching)} runs are there: "
+            f"pass --format {matching[0]}"
+        )
+    return (
+        f"no runs under {root} in any format ({', '.join(FORMATS)}); pass the runner's "
+        "results folder"
+    )
+
+
+def _ingest_runs(argv: list[str]) -> int:
+    """``ingest-runs``: refused in one line when ``--root`` holds nothing of ``--format``
+    (it would write an empty corpus and exit 0)."""
+    from data_gen.runs import main as ingest_runs_main
+
+    problem = _no_runs(argv)
+    if problem is not None:
+        print(f"ingest-runs: {problem}", file=sys.stderr)
+        return 2
+    return ingest_runs_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m data_gen`` and ``hivig-gen``; returns the exit status."""
+    """Entry point of ``python -m data_gen`` and ``hivig-gen``; returns the exit status.
+
+    Without the ``data`` extra (a runner's venv) the command says which extra to install.
+    """
+    args = None if argv is None else list(argv)
+    return run_entry(
+        prog_name("python -m data_gen"), _main, args, extras_of((DATA_IMPORTS, "data"))
+    )
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging()
     if argv and argv[0] == "run":
@@ -437,9 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_main(argv[1:])
     if argv and argv[0] == "ingest-runs":
-        from data_gen.runs import main as ingest_runs_main
-
-        return ingest_runs_main(argv[1:])
+        return _ingest_runs(argv[1:])
     args = build_parser().parse_args(argv)
     handlers = {"ingest": _ingest, "split": _split, "make-sample": _make_sample, "audit": _audit}
     return handlers[args.command](args)

@@ -83,7 +83,7 @@ def split(
         The stats written to ``split_stats.json``.
 
     Raises:
-        SplitError: The input file cannot be read.
+        SplitError: The input file cannot be read, or none of its lines is a trajectory.
     """
     try:
         lines = split_lines(Path(inp).read_text(encoding="utf-8"))
@@ -108,6 +108,13 @@ def split(
         ledger.kept += 1
         rows.append((obj, text))
     ledger.check()
+    if not rows:
+        # Empty splits from a file that is not trajectories.jsonl would pass for a result.
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(ledger.dropped.items())) or "empty"
+        raise SplitError(
+            f"nothing usable in {inp}: {ledger.lines} of {ledger.lines} lines dropped "
+            f"({reasons}); pass the trajectories.jsonl that `data_gen ingest` wrote"
+        )
     where = assign_episodes({o["episode_key"] for o, _ in rows}, cfg)
     buckets: dict[str, list[tuple[dict, str]]] = defaultdict(list)
     for obj, text in rows:

@@ -18,9 +18,17 @@ import sys
 from pathlib import Path
 
 from hivig.config import ConfigError, add_config_arguments, config_to_yaml, load_config
+from hivig.entry import GATEWAY_IMPORTS, extras_of, prog_name, run_entry
 from serve.config import ServeConfig
 
 logger = logging.getLogger("serve")
+
+MODEL_IMPORTS = ("torch", "torchvision", "transformers", "tokenizers", "pyarrow", "isal")
+"""Import names only the in-process model (``backend.kind: transformers``) needs: ``serve``."""
+EXTRAS = extras_of(
+    (GATEWAY_IMPORTS, "gateway"), (MODEL_IMPORTS, "serve"), (("playwright", "matplotlib"), "serve")
+)
+"""A missing import -> the extra that brings it (the gateway alone needs no torch)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,9 +39,11 @@ def _parser() -> argparse.ArgumentParser:
             "Subcommand: `diagnose TRACE_OR_TRAJECTORY --out DIR` finds the root cause of a "
             "failed episode (see `python -m serve diagnose --help`)."
         ),
-        epilog="Overrides for scripts: model=DIR host=H port=N (stable names).",
+        epilog="Overrides for scripts: model=DIR host=H port=N (stable names). Any other "
+        "key --dry-run prints takes an override too, e.g. critic.critique_deadline_s=4 "
+        "sessions.store=memory.",
     )
-    add_config_arguments(parser)
+    add_config_arguments(parser, example="critic.critique_deadline_s=4")
     return parser
 
 
@@ -123,7 +133,14 @@ def _check_store(cfg: ServeConfig) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m serve`` and ``hivig-serve``; returns the exit status."""
+    """Entry point of ``python -m serve`` and ``hivig-serve``; returns the exit status.
+
+    Without the gateway's stack (a runner's venv) the command says which extra to install.
+    """
+    return run_entry(prog_name("python -m serve"), _main, argv, EXTRAS)
+
+
+def _main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["diagnose"]:
         from serve.diagnose import main as diagnose_main

@@ -56,27 +56,46 @@ print(json.dumps({"executed": executed, "asked": len(agent.instructions), "heavy
 """.replace("HEAVY", repr(HEAVY))
 
 
-def test_runner_side_extra_runs_a_guarded_episode_without_the_training_stack(tmp_path):
+def _source_copy(tmp_path: Path) -> Path:
     # Built from a copy: pip writes build/ and *.egg-info into the source folder.
     src = tmp_path / "src"
-    for part in ("hivig", "data_gen", "train", "serve"):
+    for part in ("hivig", "data_gen", "train", "serve", "examples"):
         shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    venv = tmp_path / "agent-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    py = venv / "bin" / "python"
+    return src
+
+
+def _pip_install(py: Path, target: str) -> None:
+    """``pip install target`` as the documented line has it (skipped without a registry)."""
     pip = subprocess.run(
-        [str(py), "-m", "pip", "install", "--quiet", f"{src}[agent]"],
+        [str(py), "-m", "pip", "install", "--quiet", target],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     if pip.returncode != 0 and "No matching distribution" in pip.stderr:
         pytest.skip(f"no package registry here: {pip.stderr.strip()[-300:]}")
     assert pip.returncode == 0, pip.stderr[-3000:]
+
+
+def _agent_venv(tmp_path: Path, src: Path) -> Path:
+    """A fresh venv holding ``pip install "hivig[agent]"`` only; returns its python."""
+    venv = tmp_path / "agent-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    _pip_install(py, f"{src}[agent]")
+    return py
+
+
+def _installed(py: Path) -> set[str]:
     listed = subprocess.run(
         [str(py), "-m", "pip", "list", "--format=json"], capture_output=True, text=True
     )
-    installed = {p["name"].lower() for p in json.loads(listed.stdout)}
+    return {p["name"].lower() for p in json.loads(listed.stdout)}
+
+
+def test_runner_side_extra_runs_a_guarded_episode_without_the_training_stack(tmp_path):
+    py = _agent_venv(tmp_path, _source_copy(tmp_path))
+    installed = _installed(py)
     assert {"hivig", "numpy", "pillow", "httpx"} <= installed
     assert not installed & {"torch", "transformers", "deepspeed", "pyarrow", "fastapi"}
 
@@ -97,3 +116,50 @@ def test_runner_side_extra_runs_a_guarded_episode_without_the_training_stack(tmp
     assert result["executed"] == [["pyautogui.click(960, 540)"]] * 2
     assert result["asked"] == 4
     assert [kind for kind, _ in backend.calls].count("critique") >= 3
+
+
+# What a newcomer runs in that venv: each stage's console script (its stack is not there), and
+# the runner examples' self-test, before and after the documented `gateway` extra.
+_SCRIPTS = {
+    "hivig-gen": (["make-sample", "--out", "corpus", "--trajectories", "2"], "data"),
+    "hivig-train": (["--config", "train.yaml", "data=d", "out=o"], "train"),
+    "hivig-serve": (["--config", "serve.yaml", "model=ckpt"], "gateway"),
+}
+
+
+def _one_line_exit_2(run: subprocess.CompletedProcess, extra: str) -> None:
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert f'pip install "hivig[{extra}]"' in line, line
+
+
+def test_console_scripts_name_their_extra_and_the_selftests_pass_with_the_gateway_extra(tmp_path):
+    src = _source_copy(tmp_path)
+    py = _agent_venv(tmp_path, src)
+    work = tmp_path / "work"  # not the repository: only the installed package is importable
+    work.mkdir()
+    for script, (args, extra) in _SCRIPTS.items():
+        run = subprocess.run(
+            [str(py.parent / script), *args], capture_output=True, text=True, timeout=120, cwd=work
+        )  # fmt: skip
+        _one_line_exit_2(run, extra)
+    examples = sorted((src / "examples" / "runners").glob("[a-z]*.py"))
+    assert len(examples) == 5, examples
+    run = subprocess.run(
+        [str(py), str(examples[0]), "--selftest"], capture_output=True, text=True, timeout=120,
+        cwd=work,
+    )  # fmt: skip
+    _one_line_exit_2(run, "gateway")
+
+    # The documented line for the self-test: the torch-free gateway beside the agent side.
+    _pip_install(py, f"{src}[agent,gateway]")
+    assert not _installed(py) & {"torch", "transformers", "deepspeed", "pyarrow"}
+    for example in examples:
+        run = subprocess.run(
+            [str(py), str(example), "--selftest"], capture_output=True, text=True, timeout=300,
+            cwd=work,
+        )  # fmt: skip
+        assert run.returncode == 0, f"{example.name}: {run.stderr[-3000:]}"
+        summary = json.loads(run.stdout.strip().splitlines()[-1])
+        assert summary["rejected"] >= 1 and summary["executed"], (example.name, summary)

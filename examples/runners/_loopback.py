@@ -3,7 +3,8 @@
 ``--gateway URL`` uses a running gateway (``python -m serve --config configs/serve/local.yaml
 model=DIR``); ``--selftest`` starts one in this process on 127.0.0.1 with a scripted critic
 that answers Bad whenever the proposed action lands on ``BAD_POINT`` of the 0-1000 grid, so
-every example shows a rejection, the re-proposal and what finally ran.
+every example shows a rejection, the re-proposal and what finally ran. The self-test runs in
+a runner's venv with ``pip install "hivig[agent,gateway]"`` (the gateway without torch).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 BAD_POINT = "[250, 250]"
@@ -80,10 +82,22 @@ def gateway(args: argparse.Namespace) -> Iterator[Any]:
         with CriticClient(args.gateway) as client:
             yield client
         return
-    from hivig.config import load_config
-    from serve.app import create_app
-    from serve.config import ServeConfig
-    from serve.server import BackgroundServer
+    try:
+        from hivig.config import load_config
+        from serve.app import create_app
+        from serve.config import ServeConfig
+        from serve.server import BackgroundServer
+    except ModuleNotFoundError as exc:
+        # The runner side installs `hivig[agent]` only; the scripted gateway needs the
+        # torch-free `gateway` extra beside it.
+        from hivig.entry import GATEWAY_IMPORTS, extras_of, missing_stack
+
+        prog = f"{Path(sys.argv[0]).name} --selftest"
+        line = missing_stack(prog, exc, extras_of((GATEWAY_IMPORTS, "gateway")))
+        if line is None:
+            raise
+        sys.stderr.write(line + "\n")
+        sys.exit(2)
 
     with tempfile.TemporaryDirectory() as state:
         cfg = load_config(
