@@ -24,6 +24,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hivig.backends import InferenceBackend, build_backend
@@ -212,6 +213,13 @@ def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
         return error_response(
             500, "internal", f"{type(exc).__name__}: the gateway failed on this request"
         )
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client hung up mid-body, or the server cut a late body (408 sent already): not a
+        # bug, and nobody to answer (what is sent here is dropped).
+        logger.debug("client gone before its body was in on %s", request.url.path)
+        return error_response(400, "bad_request", "request body not received")
 
     @app.exception_handler(StarletteHTTPException)
     async def httperror_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:

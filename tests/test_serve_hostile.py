@@ -209,7 +209,7 @@ def test_a_typed_coordinate_that_is_not_a_number_is_the_clients_mistake(tmp_path
 def test_a_bad_image_message_shows_no_memory_address(tmp_path):
     with gateway_client(tmp_path) as c:
         sid = start_session(c)
-        r = observe(c, sid, 0, screenshot=b64(b"\x89PNG not really"))
+        r = observe(c, sid, 0, screenshot=b64(b"\x89PNG\r\n\x1a\n not really"))
     assert (r.status_code, _code(r)) == (400, "bad_image")
     assert " at 0x" not in r.json()["error"]["message"]
     assert "BytesIO" not in r.json()["error"]["message"]
