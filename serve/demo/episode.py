@@ -130,11 +130,15 @@ def run_episode(
         rewards.append(reward)
         return nxt["screenshot"]
 
+    outcome = None
     try:
         guard.run(execute, obs["screenshot"], max_steps)
         session_id = guard.session.session_id if guard.session is not None else None
+        # The environment's score, reported on close: the trace (and so the diagnosis) then
+        # knows the episode's outcome instead of assuming a failure.
+        outcome = "success" if _succeeded(rewards) else "failure"
     finally:
-        guard.close()
+        guard.close(outcome)
         client.close()
     return EpisodeResult(
         session_id=session_id,
@@ -142,5 +146,9 @@ def run_episode(
         r3_events=list(getattr(guard, "r3_events", [])),
         events=dict(guard.events),
         rewards=rewards,
-        success=bool(rewards and rewards[-1] >= 1.0),
+        success=_succeeded(rewards),
     )
+
+
+def _succeeded(rewards: list[float]) -> bool:
+    return bool(rewards and rewards[-1] >= 1.0)

@@ -9,7 +9,9 @@ Exit status: 0 on success, 2 on a user mistake (bad path, bad option), printed a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -112,6 +114,22 @@ def _fail(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def _unwritable(out: Path) -> str | None:
+    """Why ``out`` cannot take the outputs (checked before any work), or ``None``."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"--out {out} is not writable ({e.strerror or e}); pass a folder you can write to"
+    return None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
 def run_args(args: argparse.Namespace) -> int:
     """Run a diagnosis from parsed arguments; prints a short summary and returns the status."""
     from hivig.backends import BackendError, Sampling
@@ -128,6 +146,9 @@ def run_args(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         return _fail(f"--out {out} exists and is not a folder")
+    unwritable = _unwritable(out)
+    if unwritable is not None:
+        return _fail(unwritable)
     try:
         backend = _build_backend(args.backend)
     except (BackendSpecError, ConfigError) as e:
@@ -149,9 +170,18 @@ def run_args(args: argparse.Namespace) -> int:
         return _fail(str(e))
     except BackendError as e:
         return _fail(f"backend failed: {e}".splitlines()[0])
+    except OSError as e:
+        # Writing the outputs failed after the check above passed (the folder changed since).
+        if e.filename is None or not _inside(Path(e.filename), out):
+            raise
+        return _fail(f"cannot write {e.filename}: {e.strerror}; pass a folder you can write to")
     finally:
         if backend is not None:
             backend.close()
+    if result.root_cause_step is None and result.method == "run_succeeded":
+        print("the run succeeded: no root-cause step")
+        print(f"wrote {out / 'diagnosis.json'} and {out / 'diagnosis.html'}")
+        return 0
     err = result.error
     label = f"{err['l1']}/{err['l2']}" if err["l2"] else "unknown"
     dim = f" ({err['hivig_dimension']})" if err["hivig_dimension"] else ""

@@ -28,9 +28,12 @@ from serve.diagnose.inspection import Inspection, Inspector, step_text
 from serve.diagnose.loaders import load_run
 from serve.diagnose.run import Run, RunStep
 from serve.diagnose.screens import Change, Screens
-from serve.diagnose.signals import Candidate, guess_error, rank_candidates
+from serve.diagnose.signals import UNRESPONSIVE_CONTROL, Candidate, guess_error, rank_candidates
 
 SCHEMA_VERSION = "1"
+
+SUCCEEDED = "run_succeeded"
+"""``method`` of a run whose recorded outcome is success: it has no root-cause step."""
 
 CHEAP_CONFIDENCE_CAP = 0.45
 """Highest confidence a diagnosis from cheap signals alone can carry."""
@@ -44,14 +47,15 @@ class DiagnosisResult:
 
     Attributes:
         root_cause_step: The earliest step judged to have caused the failure (1-based, as in
-            ``steps``), ``None`` for a run without steps.
+            ``steps``), ``None`` for a run without steps or one that succeeded.
         error: CUADebug L1/L2 codes and names plus the critic's dimension (``None`` for system
             and unknown causes).
         evidence: Grounded evidence: step, image (``before``/``after``), box on the 0-1000 grid
             around the action's marker, text, and the source of the item.
         correction: What the agent should have done at the root-cause step.
         confidence: In [0, 1]; at most ``CHEAP_CONFIDENCE_CAP`` without a usable critic answer.
-        method: ``critic`` (confirmed by the critic) or ``cheap_signals``.
+        method: ``critic`` (confirmed by the critic), ``cheap_signals``, or ``run_succeeded``
+            (the recorded outcome is success: no root cause is named).
         per_step_summaries: Intent and outcome of each considered step.
         candidates_considered: The top-k steps, earliest first.
         ranking: Every step with a cheap signal, by score, with its signals.
@@ -285,6 +289,15 @@ def _decide(
     notes: list[str],
 ) -> _Decision:
     by_step = {s.step: s for s in run.steps}
+    if run.outcome == "success":
+        # Nothing failed, so no step caused a failure; the ranking still shows the mistakes
+        # the run recovered from.
+        strongest = f"; the strongest marks step {ranked[0].step}" if ranked else ""
+        notes.append(
+            "the run succeeded (its recorded outcome): no root-cause step; the signals below "
+            f"mark mistakes it recovered from{strongest}"
+        )
+        return _Decision(None, None, None, 0.0, SUCCEEDED, "the run succeeded")
     if not ranked:
         code = _run_error_code(run)
         notes.append("no cheap signal fired; the last step is reported with a minimal confidence")
@@ -415,6 +428,11 @@ _CORRECTIONS = {
         "Aim at the centre of the intended element; the point{at} hits no control. Check the "
         "marker against the element's visible bounds before clicking."
     ),
+    "unresponsive_control": (
+        "The point{at} is on a control that did not respond (it looks disabled or inert): "
+        "bring about what enables it first, or reach the goal another way; do not click it "
+        "again."
+    ),
     "procedural_prerequisite_neglect": (
         "First give the target field focus (click into it) or dismiss what blocks it, then "
         "type or press the keys."
@@ -441,6 +459,8 @@ _CORRECTIONS = {
 
 
 def _correction(step: RunStep | None, decision: _Decision, cand: Candidate | None) -> str:
+    if decision.method == SUCCEEDED:
+        return "None: the run succeeded."
     if step is None:
         return "No step to correct."
     if decision.dimension is None:
@@ -450,7 +470,10 @@ def _correction(step: RunStep | None, decision: _Decision, cand: Candidate | Non
     point = next((a.coordinate for a in step.actions or [] if hasattr(a, "coordinate")), None)
     at = f" at ({point[0]}, {point[1]}) on the 0-1000 grid" if point else ""
     why = f" ({step.parse_error})" if step.parse_error else ""
-    text = _CORRECTIONS[decision.dimension.key].format(at=at, why=why)
+    key = decision.dimension.key
+    if decision.why == UNRESPONSIVE_CONTROL:
+        key = "unresponsive_control"
+    text = _CORRECTIONS[key].format(at=at, why=why)
     if cand is not None and "recurrence_onset" in cand.names():
         text += (
             " After an attempt with no effect, change the target or the method; do not repeat it."

@@ -110,7 +110,7 @@ def _summary_table(doc: dict[str, Any]) -> str:
             "outcome",
             f"{inp['outcome']}" + (f" (score {inp['score']})" if inp["score"] is not None else ""),
         ),
-        ("root-cause step", doc["root_cause_step"]),
+        ("root-cause step", _root_text(doc)),
         ("error (CUADebug)", label),
         ("critic dimension", err["hivig_dimension"] or "-"),
         ("correction", doc["correction"]),
@@ -120,6 +120,12 @@ def _summary_table(doc: dict[str, Any]) -> str:
     ]
     body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     return f"<table>{body}</table>"
+
+
+def _root_text(doc: dict[str, Any]) -> object:
+    if doc["method"] == "run_succeeded":
+        return "none: the run succeeded"
+    return doc["root_cause_step"]
 
 
 def _ranking_table(doc: dict[str, Any]) -> str:

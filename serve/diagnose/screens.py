@@ -19,9 +19,61 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from hivig.actions import Action
 from hivig.screens import Screen, ScreenChange, compare, same_screen
 from hivig.vision import GridBox, ImageError, load_image
+
+_ELEMENT_WINDOW = 0.08
+"""Half side of the window searched around a point, as a share of the screen's longer side
+(about 100 px on a 1280-wide screen: wider than a button, narrower than most panels)."""
+_ELEMENT_TOLERANCE = 12
+"""Largest per-channel difference (0-255) of a pixel that still belongs to the seed's surface."""
+
+
+def on_element(path: Path | None, point: tuple[int, int]) -> bool | None:
+    """Whether the grid ``point`` lies on a bounded on-screen element (a button, a box, a label).
+
+    The surface of the pixel under the point (its colour, within a small tolerance) is grown
+    inside a window around it: an element's surface ends inside the window, the page or panel
+    background reaches its edge. A disabled control is an element like any other: it is drawn.
+
+    Args:
+        path: The screenshot the action was taken on.
+        point: ``(x, y)`` on the 0-1000 grid.
+
+    Returns:
+        ``True`` on an element, ``False`` on open background, ``None`` without a readable image.
+    """
+    try:
+        img = np.asarray(load_image(path), dtype=np.int16) if path is not None else None
+    except ImageError:
+        return None
+    if img is None:
+        return None
+    h, w = img.shape[:2]
+    px = min(w - 1, max(0, round(point[0] * w / 1000)))
+    py = min(h - 1, max(0, round(point[1] * h / 1000)))
+    r = max(16, round(_ELEMENT_WINDOW * max(w, h)))
+    x0, y0 = max(0, px - r), max(0, py - r)
+    crop = img[y0 : py + r + 1, x0 : px + r + 1]
+    seed = crop[py - y0, px - x0]
+    same = np.abs(crop - seed).max(axis=2) <= _ELEMENT_TOLERANCE
+    region = np.zeros_like(same)
+    region[py - y0, px - x0] = True
+    while True:
+        grown = region.copy()
+        grown[1:] |= region[:-1]
+        grown[:-1] |= region[1:]
+        grown[:, 1:] |= region[:, :-1]
+        grown[:, :-1] |= region[:, 1:]
+        grown &= same
+        if (grown == region).all():
+            break
+        region = grown
+    edge = region[0].any() or region[-1].any() or region[:, 0].any() or region[:, -1].any()
+    return not edge
 
 
 @dataclass(frozen=True)

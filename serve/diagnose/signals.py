@@ -15,6 +15,9 @@ Signals (name: weight):
 * ``no_effect`` 2.0 (first of a streak) / ``no_effect_repeat`` 0.75: identical or near-identical
   before/after screens for an action that should change the screen.
 * ``recurrence_onset`` 2.5 / ``recurrence_repeat`` 0.5: the same action on the same screen again.
+* ``typed_without_focus`` 2.5: typing with no effect where the step before it was no click (or
+  there was none): nothing gave a field the focus, so the keys went nowhere (the taxonomy's
+  Procedural Prerequisite Neglect by definition, not a guess from the symptom).
 * ``later_reverted`` 1.5: a later step returned to the screen this step left (backing out of a
   wrong page or dialog).
 * ``failed_last_action_result`` 1.5 (first of a streak) / 0.5, ``history_stall`` 0.75: the
@@ -46,7 +49,7 @@ from hivig.actions import (
 )
 from hivig.taxonomy import Dimension, lookup_dimension
 from serve.diagnose.run import Run, RunStep
-from serve.diagnose.screens import Change, Screens
+from serve.diagnose.screens import Change, Screens, on_element
 
 WEIGHTS: dict[str, float] = {
     "bad_verdict": 3.0,
@@ -58,6 +61,7 @@ WEIGHTS: dict[str, float] = {
     "no_effect_repeat": 0.75,
     "recurrence_onset": 2.5,
     "recurrence_repeat": 0.5,
+    "typed_without_focus": 2.5,
     "later_reverted": 1.5,
     "failed_last_action_result": 1.5,
     "failed_last_action_result_repeat": 0.5,
@@ -243,6 +247,28 @@ def _no_effect_signals(
         streak = True
 
 
+def _focus_signals(
+    run: Run, changes: dict[int, Change | None], signals: dict[int, list[Signal]]
+) -> None:
+    previous: RunStep | None = None
+    for s in run.steps:
+        change = changes.get(s.step)
+        typed = bool(s.actions) and any(isinstance(a, Type) for a in s.actions or [])
+        if typed and change is not None and change.no_effect:
+            clicked = previous is not None and any(
+                isinstance(getattr(a, "coordinate", None), tuple) for a in previous.actions or []
+            )
+            if not clicked:
+                before = "the run's first step" if previous is None else "no click before it"
+                _add(
+                    signals,
+                    s.step,
+                    "typed_without_focus",
+                    f"typing changed nothing and nothing gave a field the focus ({before})",
+                )
+        previous = s
+
+
 def _recurrence_signals(
     run: Run, screens: Screens, signals: dict[int, list[Signal]]
 ) -> dict[int, list[int]]:
@@ -359,6 +385,7 @@ def rank_candidates(run: Run, screens: Screens) -> tuple[list[Candidate], dict[i
     _verdict_signals(run, signals)
     _error_signals(run, signals)
     _no_effect_signals(run, changes, signals)
+    _focus_signals(run, changes, signals)
     _recurrence_signals(run, screens, signals)
     _reverted_signals(run, screens, changes, signals)
     _history_signals(run, signals)
@@ -384,6 +411,24 @@ def _by_action(step: RunStep) -> Dimension | None:
     return lookup_dimension("Grounding/Spatial Error")
 
 
+UNRESPONSIVE_CONTROL = "the click landed on an element that did not respond"
+"""``why`` of a click with no effect whose point is on a drawn element (a disabled or inert
+control): the point found a control, so it is not a grounding miss."""
+
+
+def _pointer_dimension(step: RunStep, why: str) -> tuple[Dimension | None, str]:
+    """``_by_action``, except that a click on a drawn element that did not respond is not a
+    grounding miss: the control was hit and refused (disabled, or its prerequisite unmet)."""
+    dim = _by_action(step)
+    if dim is None or dim.key != "grounding_spatial_error":
+        return dim, why
+    last = [a for a in step.actions or [] if not isinstance(a, (Wait, MouseMove))][-1]
+    point = getattr(last, "coordinate", None)
+    if isinstance(point, tuple) and on_element(step.before, point):
+        return lookup_dimension("Procedural Prerequisite Neglect"), UNRESPONSIVE_CONTROL
+    return dim, why
+
+
 def guess_error(step: RunStep, candidate: Candidate) -> tuple[Dimension | None, str | None, str]:
     """The most likely error of a candidate from its signals alone.
 
@@ -402,19 +447,22 @@ def guess_error(step: RunStep, candidate: Candidate) -> tuple[Dimension | None, 
             return dim, None, "the dimension the gateway's critic named"
     if "unparseable_action" in names:
         return lookup_dimension("Action Formulation Error"), None, "the action text is invalid"
+    if "typed_without_focus" in names:
+        dim = lookup_dimension("Procedural Prerequisite Neglect")
+        return dim, None, "the keys were typed with no field focused"
     if "premature_done" in names or "answer_on_failure" in names:
         return lookup_dimension("Termination Misjudgment"), None, "the agent ended a failed task"
     if names & {"no_effect", "failed_last_action_result"}:
-        dim = _by_action(step)
+        dim, why = _pointer_dimension(step, "an action that should change the screen had no effect")
         if dim is not None:
-            return dim, None, "an action that should change the screen had no effect"
+            return dim, None, why
     if "later_reverted" in names:
         # The action worked but led somewhere the agent had to back out of: a misread target.
         return lookup_dimension("Semantic Error"), None, "the step led to a screen later undone"
     if "recurrence_onset" in names:
-        dim = _by_action(step)
+        dim, why = _pointer_dimension(step, "the same action on the same screen was repeated")
         if dim is not None:
-            return dim, None, "the same action on the same screen was repeated"
+            return dim, None, why
     if "execution_error" in names:
         return None, "S5", "the runner reported an execution error"
     return None, None, "no signal names a specific error"
