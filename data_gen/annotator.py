@@ -33,7 +33,14 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from PIL import Image
 
 from data_gen.executor import atomic_write_text
-from hivig.backends import BackendError, InferenceBackend, PreparesImages, Sampling
+from hivig.backends import (
+    BackendError,
+    BackendErrorBody,
+    InferenceBackend,
+    PreparesImages,
+    RetriesExhausted,
+    Sampling,
+)
 from hivig.config import BackendConfig, FrameConfig
 from hivig.contracts import render_critique_target, render_history_target
 from hivig.logging import get_logger
@@ -288,9 +295,15 @@ def raw_answer(text: str, reasoning: str | None) -> str:
 
 
 TRANSIENT_REASONS = frozenset(
-    {"annotator_timeout", "annotator_transport", "annotator_http_unavailable"}
+    {
+        "annotator_timeout",
+        "annotator_transport",
+        "annotator_http_unavailable",
+        "annotator_error_body",
+    }
 )
-"""Drop reasons of endpoint failures that may pass (timeouts, dropped connections, 429, 5xx).
+"""Drop reasons of endpoint failures that may pass (timeouts, dropped connections, 429, 5xx, a
+200 carrying an error object).
 
 A stage with any of these is not committed, so a rerun retries its items; answers already
 received are in the request cache, so the rerun only pays for the failed requests.
@@ -302,7 +315,11 @@ def backend_error_reason(e: BackendError) -> str:
 
     HTTP 429 and 5xx (after the client's own retries) become ``annotator_http_unavailable``,
     a temporary condition; other statuses stay ``annotator_http_status``, a permanent refusal.
+    A 200 whose body is an error object is ``annotator_error_body``, temporary like a 5xx.
     """
+    last = e.last if isinstance(e, RetriesExhausted) else e
+    if isinstance(last, BackendErrorBody):
+        return "annotator_error_body"
     root = e.root_reason
     status = e.status or 0
     if root == "http_status" and (status == 429 or status >= 500):

@@ -3,7 +3,7 @@
 Each fault is scripted on a loopback OpenAI-compatible server and the annotator is driven
 through the real HTTP client: an outage shorter than the wait limit, an answer cut at
 ``max_tokens`` that still parses, a server that honours ``seed`` and so repeats a refused
-answer, and the server's token usage.
+answer, a 200 carrying an error body, and the server's token usage.
 """
 
 from __future__ import annotations
@@ -94,3 +94,18 @@ def test_the_servers_token_usage_is_summed(tmp_path):
         ann, result = _annotate(server, tmp_path)
     assert result.ok
     assert (ann.counts["prompt_tokens"], ann.counts["completion_tokens"]) == (200, 35)
+
+
+def test_a_200_error_body_is_a_failure_that_may_pass(tmp_path):
+    body = b'{"error": {"message": "The server is overloaded", "type": "server_error"}}'
+    with ScriptedServer(default=Reply(raw_body=body)) as server:
+        _, result = _annotate(server, tmp_path)
+    assert not result.ok and result.reason in TRANSIENT_REASONS
+    served = iter([Reply(raw_body=body), Reply(raw_body=body)])
+
+    def respond(_):
+        return next(served, GOOD)
+
+    with ScriptedServer(respond=respond) as server:
+        ann, result = _annotate(server, tmp_path, outage_wait_s=5.0)
+    assert result.ok and ann.counts["outage_waits"] == 2

@@ -216,6 +216,15 @@ class BackendBadResponse(BackendError):
     reason: ErrorReason = "bad_response"
 
 
+class BackendErrorBody(BackendBadResponse):
+    """The server answered 200 with an error object instead of a completion.
+
+    Servers and proxies do this for overload and upstream failures that other servers report
+    as 5xx, so it is retried like one; its ``reason`` stays ``bad_response`` once retries are
+    exhausted, so counters keep their codes.
+    """
+
+
 class BackendBadRequest(BackendError):
     """The request itself cannot be served (e.g. messages the model cannot encode); not retried."""
 

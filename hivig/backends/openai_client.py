@@ -40,6 +40,7 @@ from hivig import jsonio
 from hivig.backends.base import (
     BackendBadResponse,
     BackendError,
+    BackendErrorBody,
     BackendHTTPError,
     BackendTimeout,
     BackendTransportError,
@@ -712,7 +713,7 @@ def parse_chat_completion(
             f"body is a {type(data).__name__}, not an object", attempts=attempts
         )
     if "error" in data and "choices" not in data:
-        raise BackendBadResponse(f"server reported an error: {data['error']!r}", attempts=attempts)
+        raise BackendErrorBody(f"server reported an error: {data['error']!r}", attempts=attempts)
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise BackendBadResponse("body has no choices", attempts=attempts)
@@ -739,7 +740,7 @@ def parse_chat_completion(
 
 
 def _retryable(error: BackendError) -> bool:
-    if isinstance(error, (BackendTimeout, BackendTransportError)):
+    if isinstance(error, (BackendTimeout, BackendTransportError, BackendErrorBody)):
         return True
     if isinstance(error, BackendHTTPError):
         return error.status == 429 or (error.status or 0) >= 500
