@@ -71,13 +71,15 @@ def read_webarena(folder: Path) -> FolderRun:
     frame = _resized(screen, WEBARENA_PIXELS)
     steps: list[FolderStep] = []
     for k, text in enumerate(actions_text):
-        if not _text(text):
-            skipped.append((f"result.json actions[{k}]", "no_action", repr(text)[:80]))
-            continue
         if shots[k] is None:
             notes.append(f"trajectory/{k}.png is missing")
         kw = {"coord_space": "resized_px", "frame": frame} if frame else {}
-        actions, error = _parsed(text, "scalecua", "web", screen, **kw)
+        if _text(text):
+            actions, error = _parsed(text, "scalecua", "web", screen, **kw)
+        else:
+            # The step still ran: with no <action> the runner executes its own fallback wait.
+            actions, error = None, "no_action: the agent wrote no <action>; the runner waited"
+            text = text if isinstance(text, str) else ""
         calls = None
         if actions is not None and frame is not None:
             calls = pixel_calls(text, "scalecua", _frame_ratio(screen, frame))
