@@ -206,7 +206,8 @@ def test_osworld_stop_returns_fail_and_three_tuples_pass_through():
     guarded = GuardedOSWorldAgent(
         agent, make_client(gw), screen=(1920, 1080), config=GuardConfig(on_exhausted="stop")
     )
-    assert guarded.predict("t", obs_of("A")) == ("r", ["FAIL"], {"usage": 7})
+    # The stop keeps the agent's shape but nothing of the rejected proposals.
+    assert guarded.predict("t", obs_of("A")) == ("", ["FAIL"], {})
     gw.judge = judge_raw(set())
     assert guarded.predict("t", obs_of("B")) == ("r", ["pyautogui.click(1, 1)"], {"usage": 7})
 

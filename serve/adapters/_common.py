@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -25,7 +26,7 @@ from hivig.actions import (
     render_tool_calls,
     space_for_platform,
 )
-from serve.guard import CriticGuard, PolicyContext
+from serve.guard import CriticGuard, GuardConfig, PolicyContext
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,24 @@ def scalecua_intent(response: Any) -> str | None:
         return None
     op = first_block(response, "operation")
     return op.strip() if op and op.strip() else None
+
+
+INJECT_HISTORY = False
+"""The runner adapters' default for ``inject_history``: the agent's prompt is the harness' own
+unless the critic acts on the step (feedback on a rejected proposal, a recovery brief, an R3
+reroute). HiViG's history injection (the gateway's progress summary added to every prompt) is
+opt-in, per adapter, as it changes what the agent is asked on every step."""
+
+
+def runner_config(config: GuardConfig | None, inject_history: bool) -> GuardConfig:
+    """A runner adapter's guard settings: ``config`` with the adapter's ``inject_history``.
+
+    The adapter's argument decides (a visible setting of each wrapper); ``config.inject_history``
+    is overwritten by it.
+    """
+    if not isinstance(inject_history, bool):
+        raise ValueError(f"inject_history must be True or False, got {inject_history!r}")
+    return dataclasses.replace(config or GuardConfig(), inject_history=inject_history)
 
 
 def default_prompt(base: str, ctx: PolicyContext) -> str:

@@ -34,6 +34,7 @@ its text, ``verbatim``, so the critic judges it as the unrunnable text it is.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import base64
 import logging
@@ -46,12 +47,14 @@ from typing import Any
 
 from hivig.actions import first_block
 from serve.adapters._common import (
+    INJECT_HISTORY,
     VERBATIM,
     GuardedAgent,
     PromptHook,
     action_payload,
     default_prompt,
     png_size,
+    runner_config,
     scalecua_intent,
 )
 from serve.adapters._presets import ANDROIDLAB, RunnerPreset
@@ -160,7 +163,19 @@ def read_prompt(messages: list[dict[str, Any]]) -> _Prompt | None:
 
 
 def with_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """``messages`` with the last user message's (last) text part replaced; not in place."""
+    """``messages`` with the guard's version of the step's prompt text; not in place.
+
+    * OpenAI-style typed parts (the InternVL-style agents send them as they are): the last text
+      part is replaced.
+    * ``QwenAgent``'s untyped parts: its ``format_message`` overwrites the FIRST text part with
+      the system prompt before sending, so text put there never reaches the model. The first
+      part is left to that overwrite and the text is added as a part of its own, after the
+      screenshot (the model then gets the system prompt, the screenshot and this text).
+    * Plain string content is replaced.
+
+    Every part is copied, so an agent that edits its messages in place (``QwenAgent`` does)
+    never edits the harness' own or another proposal's.
+    """
     idx = _user_index(messages)
     out = list(messages)
     if idx is None:
@@ -169,14 +184,48 @@ def with_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]
     if not isinstance(content, list):
         out[idx] = {**out[idx], "content": text}
         return out
-    parts = list(content)
-    last = max((i for i, p in enumerate(parts) if _is_text(p)), default=None)
-    if last is None:
+    parts = [dict(p) if isinstance(p, dict) else p for p in content]
+    texts = [i for i, p in enumerate(parts) if _is_text(p)]
+    if not texts:
         parts.append({"type": "text", "text": text})
+    elif parts[texts[-1]].get("type") is None:
+        parts.append({"text": text})
     else:
-        parts[last] = {**parts[last], "text": text}
+        parts[texts[-1]]["text"] = text
     out[idx] = {**out[idx], "content": parts}
     return out
+
+
+_SECTION = re.compile(r"<(think|operation|action)>(.*?)</\1>", re.DOTALL)
+
+
+def harness_action(rsp: str) -> str | None:
+    """The ``<action>`` text AndroidLab's harness reads of a response (``None``: none).
+
+    As the harness reads its sections: lower-case tags, the LAST ``<action>`` block wins (its
+    sections dict keeps the last match), stripped; a section tag inside another's block is part
+    of that block.
+    """
+    found = {m.group(1): m.group(2).strip() for m in _SECTION.finditer(rsp)}
+    return found.get("action")
+
+
+def unrunnable_payload(text: str, intent: str | None) -> dict[str, Any]:
+    """The API action for ``<action>`` text AndroidLab's executor cannot run: the text itself,
+    with no call read into it and no marker.
+
+    ``verbatim`` alone is not enough: the gateway's ScaleCUA reader is not AndroidLab's
+    executor and reads a call in most of this text (``clicks=1``, a ``long_press`` with its
+    default duration, two calls), which the critic would then judge as clean tool calls with a
+    marker. So the text goes under the critic's own tool-call format, which it is not written
+    in: the gateway finds no ``<tool_call>`` block and shows the critic the text as written
+    (text that holds such a block goes under ``scalecua``, whose reader cannot read it).
+    """
+    fmt = "scalecua" if "<tool_call" in text.lower() else "qwen"
+    payload: dict[str, Any] = {"raw": text, "format": fmt, VERBATIM: True}
+    if intent:
+        payload["intent"] = intent
+    return payload
 
 
 class GuardedAndroidLabAgent(GuardedAgent):
@@ -194,6 +243,9 @@ class GuardedAndroidLabAgent(GuardedAgent):
         config: Guard settings (K, on_exhausted, R3, recovery).
         prompt_hook: ``(user_text, ctx) -> user_text``: how the guard's history and feedback
             reach the agent (default: appended to the step's prompt text).
+        inject_history: Add the gateway's progress summary to the prompt text of every step
+            (HiViG's history injection; sets ``config.inject_history``). Off by default: the
+            messages are the harness' own unless the critic rejected a proposal of the step.
     """
 
     def __init__(
@@ -204,11 +256,12 @@ class GuardedAndroidLabAgent(GuardedAgent):
         preset: RunnerPreset = ANDROIDLAB,
         config: GuardConfig | None = None,
         prompt_hook: PromptHook = default_prompt,
+        inject_history: bool = INJECT_HISTORY,
     ) -> None:
         self.agent = agent
         self.client = client
         self.preset = preset
-        self.config = config or GuardConfig()
+        self.config = runner_config(config, inject_history)
         self.prompt_hook = prompt_hook
         self._lock = threading.Lock()
         self._episodes: dict[int, _Episode] = {}
@@ -289,13 +342,11 @@ class GuardedAndroidLabAgent(GuardedAgent):
     # -- the step -----------------------------------------------------------------------
 
     def _to_action(self, rsp: Any, screen: tuple[int, int], frame: tuple[int, int]) -> dict:
-        block = first_block(rsp, "action") if isinstance(rsp, str) else None
-        text = block.strip() if block and block.strip() else rsp
+        text = harness_action(rsp) if isinstance(rsp, str) else None
+        text = text if text else rsp
         if isinstance(text, str) and not runs_on_androidlab(text):
             log.info("AndroidLab's executor cannot run this action: judged as written")
-            payload: dict[str, Any] = {"raw": text, "format": "scalecua", VERBATIM: True}
-            intent = scalecua_intent(rsp)
-            return {**payload, "intent": intent} if intent else payload
+            return unrunnable_payload(text, scalecua_intent(rsp))
         return action_payload(
             text,
             "scalecua",
@@ -329,6 +380,8 @@ class GuardedAndroidLabAgent(GuardedAgent):
 
         def policy(ctx: PolicyContext) -> Any:
             text = self._text_for(prompt, ep, ctx)
+            if text == prompt.text:
+                return self.agent.act(messages, *args, **kwargs)  # as the harness built them
             return self.agent.act(with_text(messages, text), *args, **kwargs)
 
         guard.policy = policy
@@ -359,36 +412,141 @@ def describe(rsp: Any) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # What AndroidLab's executor runs
+#
+# The harness maps the stripped ``<action>`` text to a ``do(...)`` command by matching the WHOLE
+# text against one pattern per call, in a fixed order (the first match wins), and pastes the
+# matched text into the command as it is; anything else becomes ``do(message="Unrecognized
+# call: ...")``. The executor then runs the command with ``exec`` (after dropping leading zeros
+# of numbers) and its ``do`` asserts a known ``action``. The patterns below state the same
+# rules, in the same order.
 
-_NUM = r"\s*[-+]?(?:\d+(?:\.\d*)?|\.\d+)\s*"
-_PAIR = rf"[\(\[]{_NUM},{_NUM}[\)\]]\s*"
-_TEXT = r"""(?P<q>["'])[^"\n]+?(?P=q)"""  # re-quoted with double quotes in the command
-_RUNNABLE = tuple(
-    re.compile(p)
-    for p in (
-        rf"click\(\s*x={_NUM},\s*y={_NUM}\)",
-        rf"long_press\(\s*x={_NUM},\s*y={_NUM},\s*duration={_NUM}\)",
-        rf"swipe\(\s*from_coord=\s*{_PAIR},\s*to_coord=\s*{_PAIR}(?:,\s*[^=,]+=[^,)]*)*\)",
-        rf"swipe\(\s*direction={_TEXT}\s*,\s*amount={_NUM}\)",
-        rf"write\(\s*message={_TEXT}\)",
-        rf"open_app\(\s*app_name={_TEXT}\)",
-        rf"wait\(\s*seconds={_NUM}\)",
-        rf"response\(\s*answer={_TEXT}\)",
-        r"""terminate\(\s*status=(["'])[^\n]+?\1\s*(?:,\s*info=(["'])[^"\n]+?\2)?\s*\)""",
-        r"(?:navigate_home|navigate_back|enter|call_user)\(\)",
+_Q = r"""(["'])"""  # an opening quote; the same quote must close the value
+_CALLS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), command)
+    for pattern, command in (
+        (r"click\(\s*x=([^,]+),\s*y=([^)]+)\)", 'do(action="Tap", element=[{0}, {1}])'),
+        (
+            r"long_press\(\s*x=([^,]+),\s*y=([^,]+),\s*duration=([^)]+)\)",
+            'do(action="Long Press", element=[{0}, {1}], duration={2})',
+        ),
+        (
+            r"swipe\(\s*from_coord=\s*[(\[]\s*([^,]+)\s*,\s*([^,)\]]+)\s*[)\]]\s*,\s*"
+            r"to_coord=\s*[(\[]\s*([^,]+)\s*,\s*([^,)\]]+)\s*[)\]](?:\s*,\s*[^=]+=[^,)]*)*\s*\)",
+            'do(action="Swipe Precise", start=[{0}, {1}], end=[{2}, {3}])',
+        ),
+        (
+            rf"swipe\(\s*direction={_Q}(.+?)\1\s*,\s*amount=([^)]+)\)",
+            'do(action="Swipe", direction="{1}", dist={2})',
+        ),
+        (rf"write\(\s*message={_Q}(.+?)\1\)", 'do(action="Type", text="{1}")'),
+        (rf"open_app\(\s*app_name={_Q}(.+?)\1\)", 'do(action="Launch", app="{1}")'),
+        (r"navigate_home\(\)", 'do(action="Home")'),
+        (r"navigate_back\(\)", 'do(action="Back")'),
+        (r"enter\(\)", 'do(action="Enter")'),
+        (r"wait\(\s*seconds=([^)]+)\)", 'do(action="Wait", seconds={0})'),
+        (r"call_user\(\)", 'do(action="Call_API")'),
+        (rf"response\(\s*answer={_Q}(.+?)\1\)", 'do(message="{1}")'),
+        (
+            rf"terminate\(\s*status={_Q}(?:.*?)\1\s*,\s*info=([\"'])(.+?)\2\)",
+            'do(action="finish", message="{2}")',
+        ),
+        (rf"terminate\(\s*status={_Q}(.+?)\1\s*\)", 'do(action="finish")'),
     )
 )
+"""``(pattern, command)`` per call, in the harness' order. A quoted value (``.``) stops at a line
+break; ``[^,]+`` and ``[^)]+`` spans do not, as in the harness."""
+
+_FENCE = re.compile(r"```.*?([\s\S]+?)```")
+_LEADING_ZEROS = re.compile(r"(?<![\d.])\b0+(\d+)")
+_POINTS = {"Tap": ("element",), "Long Press": ("element",), "Swipe Precise": ("start", "end")}
+_DIRECTIONS = ("up", "down", "left", "right")
+
+
+def androidlab_command(action: str) -> str | None:
+    """The ``do(...)`` command AndroidLab's harness makes of an ``<action>`` text, or ``None``
+    when no call pattern matches the whole text (the harness' "Unrecognized call")."""
+    text = action.strip()
+    for pattern, command in _CALLS:
+        match = pattern.fullmatch(text)
+        if match is not None:
+            return command.format(*(g.strip() if g else g for g in match.groups()))
+    return None
+
+
+def _executed_code(command: str) -> str:
+    """What the executor passes to ``exec``: the fenced line (if any), zeros dropped."""
+    fence = _FENCE.search(command)
+    if fence is not None:
+        command = fence.group(1).strip().split("\n")[-1]
+    lines = command.split("\n")
+    if len(lines) > 1:
+        command = next((line for line in lines if "Action: " in line), command)
+    return _LEADING_ZEROS.sub(r"\1", command.strip())
+
+
+def _do_arguments(code: str) -> dict[str, Any] | None:
+    """The keyword values of a ``do(...)`` call that ``exec`` runs, or ``None`` when it
+    cannot run (a syntax error, a name it does not know, anything but one ``do`` call)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
+        return None
+    call = tree.body[0].value
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+        return None
+    if call.func.id != "do" or call.args or any(k.arg is None for k in call.keywords):
+        return None
+    try:
+        return {k.arg: ast.literal_eval(k.value) for k in call.keywords}  # type: ignore[misc]
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _point(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) in (2, 4)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    )
+
+
+def _executor_runs(args: dict[str, Any]) -> bool:
+    """Whether the executor's ``do`` carries the command out without raising."""
+    action = args.get("action")
+    if action in _POINTS:
+        return all(_point(args.get(name)) for name in _POINTS[action])
+    if action == "Swipe":
+        # The device controller sizes a swipe from an int or a word; a float amount (ScaleCUA's
+        # documented 0-1 fraction) leaves its distance unset and raises.
+        dist = args.get("dist", "medium")
+        dist_ok = isinstance(dist, str) or (isinstance(dist, int) and not isinstance(dist, bool))
+        return args.get("direction") in _DIRECTIONS and dist_ok
+    if action == "Type":
+        return isinstance(args.get("text"), str)
+    if action == "Launch":
+        return isinstance(args.get("app"), str)
+    # No action (``response``: a message only) fails the executor's assertion; ``Call_API``
+    # (``call_user``) calls a method the pixel-level executor does not have.
+    return action in ("Enter", "Home", "Back", "Wait", "finish")
 
 
 def runs_on_androidlab(action: str) -> bool:
     """Whether AndroidLab's harness turns this ``<action>`` text into a command that runs.
 
-    The harness matches the whole (stripped) text against one anchored pattern per call and
-    pastes the matched values into a ``do(...)`` command. So: exactly one call; every argument
-    its pattern names, in that order, and no other (``click(x=.., y=.., clicks=1)`` would paste
-    ``1064, clicks=1`` in as the y value); numbers where the command needs numbers; text
-    arguments on one line without a double quote (the command re-quotes them with double
-    quotes). Anything else becomes "Unrecognized call" and ends the task.
+    Mirrors the harness (see above): exactly one call the patterns know, its matched values
+    pasted into a ``do(...)`` command that must parse and name only literal values
+    (``click(x=.., y=.., clicks=1)`` pastes ``20, clicks=1`` in as the y value: a syntax error;
+    ``long_press`` without ``duration`` and two calls match no pattern); text values re-quoted
+    with double quotes (``write(message="say \"hi\"")`` runs, ``write(message='say "hi"')``
+    does not); then what the executor's ``do`` accepts (no ``response`` or ``call_user``, a
+    swipe direction and an int or word amount). Anything else ends the task with an exception.
     """
-    text = action.strip()
-    return any(p.fullmatch(text) for p in _RUNNABLE)
+    if not isinstance(action, str):
+        return False
+    command = androidlab_command(action)
+    if command is None:
+        return False
+    args = _do_arguments(_executed_code(command))
+    return args is not None and _executor_runs(args)

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from serve.adapters._common import (
+    INJECT_HISTORY,
     MEMORY_ATTRS,
     NO_ACTION,
     EpisodeMemory,
@@ -60,6 +61,7 @@ from serve.adapters._common import (
     png_size,
     prompt_for,
     rgb_png,
+    runner_config,
 )
 from serve.client import CriticClient
 from serve.guard import CriticGuard, GuardConfig, Review
@@ -319,6 +321,9 @@ class GuardedAndroidWorldAgent(GuardedAgent):
         feedback_hook: ``(agent, text) -> None``: hand them over another way instead.
         memory_attrs: The agent's memory attributes to snapshot (M3A/T3A keep ``history``).
         screenshot: ``env -> PNG bytes`` (default: ``env.get_state().pixels`` encoded).
+        inject_history: Add the gateway's progress summary to the goal of every step
+            (HiViG's history injection; sets ``config.inject_history``). Off by default: the
+            goal is the harness' own unless the critic rejected a proposal of the step.
     """
 
     def __init__(
@@ -333,12 +338,13 @@ class GuardedAndroidWorldAgent(GuardedAgent):
         feedback_hook: FeedbackHook | None = None,
         memory_attrs: Iterable[str] = MEMORY_ATTRS,
         screenshot: Callable[[Any], bytes] = default_screenshot,
+        inject_history: bool = INJECT_HISTORY,
     ) -> None:
         self.agent = agent
         self.client = client
         self.screen = screen
         self.coord_space = coord_space
-        self.config = config or GuardConfig()
+        self.config = runner_config(config, inject_history)
         self.prompt_hook = prompt_hook
         self.feedback_hook = feedback_hook
         self.memory = EpisodeMemory(agent, memory_attrs)

@@ -21,16 +21,19 @@ from hivig.actions import coordinate_values, first_block, parse_scalecua_calls
 from hivig.run_folders import QWEN25_FACTOR
 from serve.adapters._common import (
     DEFAULT_SCREEN,
+    INJECT_HISTORY,
     MEMORY_ATTRS,
     VERBATIM,
     EpisodeMemory,
     FeedbackHook,
     GuardedAgent,
     PromptHook,
+    StepProposals,
     action_payload,
     decide_step,
     default_prompt,
     png_size,
+    runner_config,
     scalecua_intent,
 )
 from serve.client import CriticClient
@@ -83,6 +86,7 @@ class _PredictWrapper(GuardedAgent):
         feedback_hook: FeedbackHook | None = None,
         memory_attrs: Iterable[str] = MEMORY_ATTRS,
         arity: int = DEFAULT_ARITY,
+        inject_history: bool = INJECT_HISTORY,
     ) -> None:
         if not isinstance(arity, int) or arity < 2:
             raise ValueError(f"arity must be an int >= 2 (the agent's tuple length), got {arity!r}")
@@ -94,7 +98,7 @@ class _PredictWrapper(GuardedAgent):
         self.screen = screen
         self.coord_space = coord_space
         self.frame = frame
-        self.config = config or GuardConfig()
+        self.config = runner_config(config, inject_history)
         self.prompt_hook = prompt_hook
         self.feedback_hook = feedback_hook
         self.memory = EpisodeMemory(agent, memory_attrs)
@@ -182,24 +186,32 @@ class _PredictWrapper(GuardedAgent):
             return out
 
         decision, step = decide_step(self, guard, instruction, call)
-        return self._result(decision, step.outputs, step.after)
+        return self._result(decision, step)
 
     def stop_value(self) -> tuple[Any, ...]:
         """What ``predict`` returns when the guard stops the episode (explicit settings only).
 
-        ``(response, ["FAIL"], *rest)`` in the shape of the agent's latest output of the episode
-        (its response and any further items kept); before the agent has answered,
-        ``("", ["FAIL"])`` padded with empty dicts to ``arity`` items (the extra items of
-        OpenCUA's and WAA's tuples are info/log dicts).
+        ``("", ["FAIL"], *rest)``: the agent's tuple length (its latest output of the episode,
+        else ``arity``) with every item but the actions empty, of the same kind as the agent's
+        (an info/log dict is ``{}``; before the agent has answered, the extra items of OpenCUA's
+        and WAA's tuples are empty dicts). Nothing of a rejected proposal is handed back: the
+        harness writes these items next to the ``FAIL`` step (WAA's ``traj.jsonl``), and the
+        proposal never ran.
         """
         last = self.last_output
-        if last is not None:
-            return (last[0], list(STOP_ACTIONS), *last[2:])
-        return ("", list(STOP_ACTIONS), *({} for _ in range(self.arity - 2)))
+        rest = tuple(_empty_like(v) for v in last[2:]) if last is not None else None
+        if rest is None:
+            rest = tuple({} for _ in range(self.arity - 2))
+        return ("", list(STOP_ACTIONS), *rest)
 
-    def _result(self, decision: Decision, outputs: list[Any], after: list[dict]) -> Any:
+    def _result(self, decision: Decision, step: StepProposals) -> Any:
         if decision.stop:
+            # The step's rejected proposals leave no trace either: the agent's memory goes back
+            # to the step's start, so its history (WAA's ``traj.jsonl`` prompt lines, OSWorld's
+            # ``thoughts``/``actions``) never lists a proposal that did not run.
+            self.memory.put(step.start)
             return self.stop_value()
+        outputs, after = step.outputs, step.after
         chosen = next((i for i, o in enumerate(outputs) if o is decision.proposal), None)
         if chosen is not None and chosen != len(outputs) - 1:
             self.memory.put(after[chosen])  # execute_first / best-of-N: that proposal's memory
@@ -215,6 +227,14 @@ def scalecua_frame(screen: tuple[int, int]) -> tuple[int, int]:
         screen[1], screen[0], SCALECUA_FACTOR, SCALECUA_MIN_PIXELS, SCALECUA_MAX_PIXELS
     )
     return (w, h)
+
+
+def _empty_like(value: Any) -> Any:
+    """An empty value of ``value``'s kind (a dict, list, tuple or str), else ``None``."""
+    for kind in (dict, list, tuple, str):
+        if isinstance(value, kind):
+            return kind()
+    return None
 
 
 def _is_pair(output: Any) -> bool:
@@ -244,6 +264,9 @@ class GuardedOSWorldAgent(_PredictWrapper):
         arity: The agent's tuple length, for a stop before it has answered in the episode
             (default 2; OpenCUA's agent returns 3, WAA's 4). Stopping happens only with
             ``on_exhausted: stop`` or ``r3.on_failure: terminate``; the defaults fail open.
+        inject_history: Add the gateway's progress summary to the instruction of every step
+            (HiViG's history injection; sets ``config.inject_history``). Off by default: the
+            instruction is the harness' own unless the critic rejected a proposal of the step.
     """
 
     fmt = "osworld"

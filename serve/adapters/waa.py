@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from serve.adapters._common import (
+    INJECT_HISTORY,
     MEMORY_ATTRS,
     FeedbackHook,
     PromptHook,
@@ -51,6 +52,9 @@ class GuardedWAAAgent(_PredictWrapper):
         feedback_hook: ``(agent, text) -> None``: hand them over another way instead.
         memory_attrs: The agent's memory attributes to snapshot (ScaleCUA and Navi keep
             ``history``).
+        inject_history: Add the gateway's progress summary to the instruction of every step
+            (HiViG's history injection; sets ``config.inject_history``). Off by default: the
+            instruction is the harness' own unless the critic rejected a proposal of the step.
     """
 
     fmt = "osworld"
@@ -65,6 +69,7 @@ class GuardedWAAAgent(_PredictWrapper):
         prompt_hook: PromptHook = default_prompt,
         feedback_hook: FeedbackHook | None = None,
         memory_attrs: Iterable[str] = MEMORY_ATTRS,
+        inject_history: bool = INJECT_HISTORY,
     ) -> None:
         super().__init__(
             agent,
@@ -75,6 +80,7 @@ class GuardedWAAAgent(_PredictWrapper):
             prompt_hook=prompt_hook,
             feedback_hook=feedback_hook,
             memory_attrs=memory_attrs,
+            inject_history=inject_history,
             # The harness unpacks four values, also from a stop before the agent answered.
             arity=4,
         )

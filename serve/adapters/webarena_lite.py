@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from serve.adapters._common import (
+    INJECT_HISTORY,
     MEMORY_ATTRS,
     EpisodeMemory,
     FeedbackHook,
@@ -32,6 +33,7 @@ from serve.adapters._common import (
     decide_step,
     default_prompt,
     png_size,
+    runner_config,
 )
 from serve.adapters._presets import WEBARENA_LITE, RunnerPreset
 from serve.client import CriticClient
@@ -125,6 +127,9 @@ class GuardedWebArenaLiteAgent(GuardedAgent):
             agent (default: appended to the instruction it formats into its prompt).
         feedback_hook: ``(agent, text) -> None``: hand them over another way instead.
         memory_attrs: The agent's memory attributes to snapshot.
+        inject_history: Add the gateway's progress summary to the instruction of every step
+            (HiViG's history injection; sets ``config.inject_history``). Off by default: the
+            instruction is the harness' own unless the critic rejected a proposal of the step.
     """
 
     def __init__(
@@ -137,11 +142,12 @@ class GuardedWebArenaLiteAgent(GuardedAgent):
         prompt_hook: PromptHook = default_prompt,
         feedback_hook: FeedbackHook | None = None,
         memory_attrs: Iterable[str] = WEBARENA_MEMORY_ATTRS,
+        inject_history: bool = INJECT_HISTORY,
     ) -> None:
         self.agent = agent
         self.client = client
         self.preset = preset
-        self.config = config or GuardConfig()
+        self.config = runner_config(config, inject_history)
         self.prompt_hook = prompt_hook
         self.feedback_hook = feedback_hook
         self.memory = EpisodeMemory(agent, memory_attrs)
