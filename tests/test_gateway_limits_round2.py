@@ -9,12 +9,18 @@ bounded number of connections and sub-second or few-second deadlines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import io
 import json
 import logging
+import os
 import socket
-import threading
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +32,7 @@ from hivig.backends import BackendError, OpenAIClient, Sampling
 from hivig.backends.openai_client import response_limit
 from hivig.messages import ChatMessage, TextPart
 from serve.app import create_app
+from serve.server import limit_accept_errors
 from tests.fakes.gateway import (
     CLICK,
     GOOD,
@@ -103,30 +110,33 @@ def _answer_by_kind(critique: bytes, history: bytes | None = None):
     ],
 )
 def test_a_usage_count_that_is_not_a_count_is_treated_as_absent(usage, caplog):
-    with ScriptedServer([Reply(raw_body=_completion("Good", **usage))]) as server:
-        with caplog.at_level(logging.WARNING, logger="hivig.backends.openai_client"):
-            gen = _generate(OpenAIClient(server.base_url, "m", **FAST))
+    reply = Reply(raw_body=_completion("Good", **usage))
+    with (
+        ScriptedServer([reply]) as server,
+        caplog.at_level(logging.WARNING, logger="hivig.backends.openai_client"),
+    ):
+        gen = _generate(OpenAIClient(server.base_url, "m", **FAST))
     assert (gen.text, gen.usage.prompt_tokens, gen.usage.completion_tokens) == ("Good", 0, 5)
     assert "usage.prompt_tokens" in caplog.text and "treated as absent" in caplog.text
 
 
 def test_a_usage_count_past_64_bits_gives_a_normal_verdict_and_commits_the_step(tmp_path):
-    huge = _completion(GOOD, prompt_tokens=10**30, completion_tokens=10**30)
-    with ScriptedServer(respond=_answer_by_kind(huge, huge.replace(GOOD.encode(), b""))) as srv:
-        # The history answer carries the same usage: both routes must survive it.
-        with _openai_gateway(tmp_path, srv) as c:
-            sid = start_session(c)
-            r = c.post(f"/v1/sessions/{sid}/observe", json={"step_idx": 0, "screenshot": _png()})
-            assert r.status_code == 200, r.text
-            r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
-            assert r.status_code == 200, r.text
-            assert r.json()["verdict"] == "good" and r.json()["usage"]["prompt"] == 0
-            assert c.get(f"/v1/sessions/{sid}").json()["step_idx"] == 0
-            stateless = c.post(
-                "/v1/critique", json={**session_body(), "screenshot": _png(), "action": CLICK}
-            )
-            assert stateless.status_code == 200, stateless.text
-            assert stateless.json()["verdict"] == "good"
+    huge = {"prompt_tokens": 10**30, "completion_tokens": 10**30}
+    # The history answer carries the same usage: both routes must survive it.
+    respond = _answer_by_kind(_completion(GOOD, **huge), _completion(SUMMARY, **huge))
+    with ScriptedServer(respond=respond) as srv, _openai_gateway(tmp_path, srv) as c:
+        sid = start_session(c)
+        r = c.post(f"/v1/sessions/{sid}/observe", json={"step_idx": 0, "screenshot": _png()})
+        assert r.status_code == 200, r.text
+        r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
+        assert r.status_code == 200, r.text
+        assert r.json()["verdict"] == "good" and r.json()["usage"]["prompt"] == 0
+        assert c.get(f"/v1/sessions/{sid}").json()["step_idx"] == 0
+        stateless = c.post(
+            "/v1/critique", json={**session_body(), "screenshot": _png(), "action": CLICK}
+        )
+        assert stateless.status_code == 200, stateless.text
+        assert stateless.json()["verdict"] == "good"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,16 +165,19 @@ def test_the_default_size_limit_follows_the_token_cap():
 
 def test_an_oversized_backend_answer_makes_the_verdict_abstain(tmp_path):
     big = _completion("<criticism>" + "z" * 400_000, prompt_tokens=1, completion_tokens=1)
-    with ScriptedServer(respond=_answer_by_kind(big)) as server:
-        with _openai_gateway(tmp_path, server, "backend.max_response_bytes=200000") as c:
-            sid = start_session(c)
-            r = c.post(f"/v1/sessions/{sid}/observe", json={"step_idx": 0, "screenshot": _png()})
-            assert r.status_code == 200, r.text
-            before = server.request_count
-            r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
-            assert r.status_code == 200, r.text
-            assert r.json()["verdict"] == "abstain" and r.json()["status"] == "degraded"
-            assert server.request_count == before + 1
+    limit = "backend.max_response_bytes=200000"
+    with (
+        ScriptedServer(respond=_answer_by_kind(big)) as server,
+        _openai_gateway(tmp_path, server, limit) as c,
+    ):
+        sid = start_session(c)
+        r = c.post(f"/v1/sessions/{sid}/observe", json={"step_idx": 0, "screenshot": _png()})
+        assert r.status_code == 200, r.text
+        before = server.request_count
+        r = c.post(f"/v1/sessions/{sid}/critique", json={"step_idx": 0, "action": CLICK})
+        assert r.status_code == 200, r.text
+        assert r.json()["verdict"] == "abstain" and r.json()["status"] == "degraded"
+        assert server.request_count == before + 1
 
 
 def _png(size: tuple[int, int] = (320, 200)) -> str:
@@ -218,3 +231,223 @@ def test_an_image_with_png_magic_but_another_body_is_a_bad_image(tmp_path):
         fake = b"\x89PNG\r\n\x1a\n" + _encoded("BMP")
         up = c.post("/v1/images", json={"image": b64(fake)})
         assert (up.status_code, up.json()["error"]["code"]) == (400, "bad_image")
+
+
+# ---------------------------------------------------------------------------------------------
+# 14 and 16. Connections: body deadline, head size, connection cap
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _until_closed(sock: socket.socket, seconds: float) -> tuple[bytes, float | None]:
+    """What the server sends within ``seconds`` and when it closed (``None``: still open)."""
+    data, start = b"", time.monotonic()
+    while time.monotonic() - start < seconds:
+        sock.settimeout(max(0.01, seconds - (time.monotonic() - start)))
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return data, time.monotonic() - start
+        if not chunk:
+            return data, time.monotonic() - start
+        data += chunk
+    return data, None
+
+
+def _post_head(path: str, length: int, extra: bytes = b"") -> bytes:
+    return (
+        (
+            f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n"
+        ).encode()
+        + extra
+        + b"\r\n"
+    )
+
+
+@pytest.fixture
+def limited(tmp_path):
+    cfg = serve_config(
+        tmp_path / "state",
+        "limits.body_timeout_s=1.0",
+        "limits.header_timeout_s=5.0",
+        "limits.max_header_bytes=8192",
+        "limits.max_connections=80",
+    )
+    with LiveServer(create_app(cfg, ScriptedBackend())) as srv:
+        yield srv
+
+
+def test_fifty_unfinished_bodies_are_cut_with_408_and_healthz_keeps_answering(limited, caplog):
+    socks = [_connect(limited.url) for _ in range(50)]
+    try:
+        start = time.monotonic()
+        for sock in socks:
+            sock.sendall(_post_head("/v1/sessions", 1000) + b'{"task": ')  # never finished
+        with httpx.Client(base_url=limited.url, timeout=5) as c:
+            for _ in range(3):
+                assert c.get("/healthz").status_code == 200
+        for sock in socks:
+            data, closed_after = _until_closed(sock, 4.0)
+            assert data.startswith(b"HTTP/1.1 408"), data[:80]
+            assert b'"code":"request_timeout"' in data
+            assert closed_after is not None
+        assert 0.9 <= time.monotonic() - start < 4.0
+        with httpx.Client(base_url=limited.url, timeout=5) as c:
+            assert c.get("/healthz").status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+    # A cut body is the client's doing, not the gateway's failing: no error lines.
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_trickled_body_is_cut_at_the_deadline_and_a_slow_one_in_time_is_served(limited):
+    body = json.dumps(session_body()).encode()
+    slow = _connect(limited.url)
+    trickle = _connect(limited.url)
+    try:
+        slow.sendall(_post_head("/v1/sessions", len(body)))
+        trickle.sendall(_post_head("/v1/sessions", 10_000))
+        for piece in (body[:20], body[20:40], body[40:]):
+            time.sleep(0.25)  # 0.75 s for the body in all: within the 1 s
+            slow.sendall(piece)
+            trickle.sendall(b" " * 10)
+        assert _until_closed(slow, 2.0)[0].startswith(b"HTTP/1.1 201")
+        start = time.monotonic()
+        for _ in range(20):  # a byte every 0.1 s does not extend the deadline
+            try:
+                trickle.sendall(b" ")
+            except OSError:
+                break
+            time.sleep(0.1)
+        data, _ = _until_closed(trickle, 2.0)
+        assert data.startswith(b"HTTP/1.1 408") and time.monotonic() - start < 1.5
+    finally:
+        slow.close()
+        trickle.close()
+
+
+def test_a_head_over_the_size_limit_is_answered_431_and_closed(limited):
+    sock = _connect(limited.url)
+    try:
+        head = b"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Pad: " + b"a" * 200_000 + b"\r\n\r\n"
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for i in range(0, len(head), 16384):
+                sock.sendall(head[i : i + 16384])
+        data, closed_after = _until_closed(sock, 3.0)
+        assert data.startswith(b"HTTP/1.1 431"), data[:80]
+        assert closed_after is not None
+    finally:
+        sock.close()
+
+
+def test_a_head_near_the_limit_with_a_body_in_the_same_packets_is_served(limited):
+    upload = json.dumps({"image": _png((640, 400))}).encode()
+    head = _post_head("/v1/images", len(upload), b"X-Pad: " + b"p" * 7000 + b"\r\n")
+    assert len(head) < 8192 < len(head) + len(upload)
+    for split in (len(head) - 2, len(head) - 1, len(head) + 5):
+        sock = _connect(limited.url)
+        try:
+            whole = head + upload
+            sock.sendall(whole[:split])  # the head's end straddles two packets
+            time.sleep(0.05)
+            sock.sendall(whole[split:])
+            data, _ = _until_closed(sock, 3.0)
+            assert data.startswith(b"HTTP/1.1 201"), (split, data[:80])
+        finally:
+            sock.close()
+
+
+def test_connections_past_the_cap_get_503_and_the_gateway_recovers(limited):
+    socks = [_connect(limited.url) for _ in range(95)]
+    try:
+        refused = 0
+        for sock in socks[80:]:
+            data, closed_after = _until_closed(sock, 2.0)
+            refused += data.startswith(b"HTTP/1.1 503") and closed_after is not None
+        assert refused >= 10  # the first 80 (less /healthz's own) are held, the rest refused
+    finally:
+        for sock in socks:
+            sock.close()
+    time.sleep(0.2)
+    with httpx.Client(base_url=limited.url, timeout=5) as c:
+        assert c.get("/healthz").status_code == 200
+
+
+def test_failed_accepts_are_logged_once_per_period(caplog):
+    loop = asyncio.new_event_loop()
+    try:
+        limit_accept_errors(loop, every_s=60.0)
+        fail = OSError(errno.EMFILE, "Too many open files")
+        with caplog.at_level(logging.ERROR):
+            for _ in range(2000):
+                loop.call_exception_handler(
+                    {"message": "socket.accept() out of system resource", "exception": fail}
+                )
+            loop.call_exception_handler({"message": "something else", "exception": fail})
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("cannot accept" in line for line in lines) == 1
+    assert sum("something else" in line for line in lines) == 1  # other errors as before
+
+
+_CHILD = """
+import sys, time
+sys.path.insert(0, {root!r})
+from serve.app import create_app
+from tests.fakes.gateway import LiveServer, ScriptedBackend, serve_config
+cfg = serve_config({state!r}, "limits.body_timeout_s=1.0", "limits.header_timeout_s=5.0")
+with LiveServer(create_app(cfg, ScriptedBackend())) as srv:
+    print(srv.port, flush=True)
+    time.sleep(30)
+"""
+
+
+def _low_fd_limit() -> None:
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="open-file limits as on Linux")
+def test_more_slow_bodies_than_open_files_neither_floods_the_log_nor_stops_healthz(tmp_path):
+    """A gateway allowed 256 open files, 300 connections sending headers and never a body:
+    the connection cap (fitted under the limit) refuses the excess, so accept never runs out of
+    files; once the slow ones are cut, /healthz answers."""
+    root = str(Path(__file__).resolve().parents[1])
+    script = _CHILD.format(root=root, state=str(tmp_path / "state"))
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_low_fd_limit,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    socks: list[socket.socket] = []
+    try:
+        port = int(child.stdout.readline())
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            sock = _connect(url)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(_post_head("/v1/sessions", 1000))
+            socks.append(sock)
+        time.sleep(2.5)  # past the 1 s body deadline, and a few accept retries
+        with httpx.Client(base_url=url, timeout=5) as c:
+            assert c.get("/healthz").status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+        child.terminate()
+        _, err = child.communicate(timeout=30)
+    text = err.decode(errors="replace")
+    assert text.count("Too many open files") <= 2, text[-2000:]
+    assert len(text) < 20_000, text[-2000:]
