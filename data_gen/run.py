@@ -693,9 +693,13 @@ def merge(
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Command-line arguments of ``python -m data_gen run``."""
     parser = argparse.ArgumentParser(
-        prog="python -m data_gen run", description=__doc__.split("\n")[0]
+        prog="python -m data_gen run",
+        description=__doc__.split("\n")[0],
+        epilog="example: python -m data_gen run --config configs/data_gen/demo.yaml "
+        "corpus=CORPUS out=OUT annotator.backend.concurrency=16 (--dry-run prints every key "
+        "and the annotator requests the run will send)",
     )
-    add_config_arguments(parser)
+    add_config_arguments(parser, example="annotator.backend.concurrency=16")
     parser.add_argument("--shard", default=None, help="run shard i of N (i/N); default: all, 0/1")
     parser.add_argument(
         "--merge", action="store_true", help="only merge finished shards and export"

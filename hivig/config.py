@@ -219,7 +219,9 @@ def _merge_file(base: Any, path: Path) -> Any:
 def _merge_override(base: Any, override: str) -> Any:
     OmegaConf, OmegaConfBaseException = _omegaconf()
     if "=" not in override or not override.split("=", 1)[0].strip():
-        raise ConfigError(f"override {override!r} is not KEY=VALUE (e.g. optim.lr=5e-6)")
+        raise ConfigError(
+            f"override {override!r} is not KEY=VALUE (a dotted key as --dry-run prints it)"
+        )
     try:
         return OmegaConf.merge(base, OmegaConf.from_dotlist([override]))
     except OmegaConfBaseException as e:
@@ -240,9 +242,16 @@ def config_to_yaml(cfg: Any) -> str:
 
 
 def add_config_arguments(
-    parser: argparse.ArgumentParser, default_config: str | None = None
+    parser: argparse.ArgumentParser,
+    default_config: str | None = None,
+    *,
+    example: str = "optim.lr=5e-6",
 ) -> None:
-    """Add ``--config``, ``--dry-run`` and positional ``key=value`` overrides to a parser."""
+    """Add ``--config``, ``--dry-run`` and positional ``key=value`` overrides to a parser.
+
+    ``example`` is the override the help shows: a key of this tool's own config (the default
+    is training's), since a key from another stage's config is refused by this one.
+    """
     parser.add_argument(
         "--config",
         default=default_config,
@@ -257,7 +266,7 @@ def add_config_arguments(
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="dotlist overrides applied after the YAML, e.g. optim.lr=5e-6",
+        help=f"dotlist overrides applied after the YAML, e.g. {example}",
     )
 
 
