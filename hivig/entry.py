@@ -88,9 +88,9 @@ def run_entry(
 def unwritable(path: str | Path) -> str | None:
     """Why the folder ``path`` (to be created or filled) cannot be written; ``None`` if it can.
 
-    Written for real (a temporary file in the folder, or in the nearest existing parent the
-    folder will be created in): permission bits alone miss a read-only mount, an immutable
-    folder or a process running as root.
+    Tested by writing a temporary file in the folder, or in the nearest existing parent it
+    will be created in: what the command will do, whatever refuses it (permissions, a
+    read-only mount, an immutable folder, an ACL).
     """
     target = Path(path)
     existing = next((p for p in (target, *target.parents) if p.exists()), None)

@@ -16,8 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-# Only the light signal module at import: the preemption handler must be in place before torch
-# and transformers take their seconds to import.
+# Only light modules at import (the signal module, a stdlib helper): the preemption handler
+# must be in place before torch and transformers take their seconds to import.
+from hivig.entry import unwritable
 from train.signals import PreemptionFlag
 
 
@@ -34,6 +35,12 @@ def merge_main(argv: list[str]) -> int:
     adapter_config = Path(args.adapter) / "adapter_config.json"
     if args.base is None and not adapter_config.is_file():
         print(f"error: --adapter: no adapter_config.json in {args.adapter}", file=sys.stderr)
+        return 2
+    problem = unwritable(args.out)
+    if problem is not None:  # before the minutes of loading and merging the weights
+        print(
+            f"error: --out {args.out}: {problem}; pass a folder you can write to", file=sys.stderr
+        )
         return 2
     from hivig.logging import configure_logging
     from train.merge import merge_lora

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,6 @@ from accelerate.utils import DistributedType, set_seed
 
 from hivig.config import ConfigError
 from hivig.distributed import rank_and_world
-from hivig.entry import unwritable
 from hivig.logging import get_logger
 from hivig.models.qwen_vl import (
     AttentionBackendError,
@@ -280,10 +280,9 @@ def check_inputs(cfg: TrainConfig) -> None:
 
 
 def _check_writable(out: Path) -> None:
-    # Written for real: permission bits miss a read-only mount, an immutable folder or root.
-    problem = unwritable(out)
-    if problem is not None:
-        raise ConfigError(f"`out`: cannot write to {out}: {problem} (check the path)")
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"`out`: cannot write to {out} (check the path and its permissions)")
 
 
 def image_root(cfg: TrainConfig) -> Path:

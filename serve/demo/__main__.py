@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from hivig.config import ConfigError, load_config
+from hivig.entry import unwritable
 from serve.config import ServeConfig
 
 log = logging.getLogger("serve.demo")
@@ -129,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     for path, what in ((report, "data report"), (metrics, "training metrics")):
         if not path.is_file():
             return _fail(f"{what} not found: {path} (run the data and training steps first)")
+    problem = unwritable(out)
+    if problem is not None:  # before the gateway, the browser and the episode
+        return _fail(f"--out {out}: {problem}; pass a folder you can write to")
     try:
         cfg = _gateway_config(args, out)
     except ConfigError as e:
