@@ -94,6 +94,11 @@ def test_demo_pages_and_everything_they_link(tmp_path):
         assert path.is_file() and path.stat().st_size > 0, path
     text = episode.read_text()
     assert "R3 trigger" in text  # the no-effect repeat was caught
+    # Beside the random model's abstentions, the labelled scripted-critic run with its Bad.
+    scripted = demo / "episode_scripted.html"
+    assert scripted in links
+    assert "<span class='tag bad'>" in scripted.read_text()
+    assert "re-proposal after the Bad verdict" in scripted.read_text()
     assert "carries no meaning" in index.read_text()
     # 5/5: the episode's trace back through ingest-runs and data_gen, shown on the index.
     fw = demo / "flywheel"
@@ -160,3 +165,24 @@ def test_run_folder_carries_the_runners_outcome_and_ingest_runs_reads_it(tmp_pat
     assert "success" not in stats["outcomes"], stats
     with pytest.raises(ValueError, match="outcome"):
         write_run_folder(trace, state, folder, "unknown")
+
+
+def test_the_scripted_critic_run_shows_a_bad_verdict_and_its_reproposal(tmp_path):
+    # The random model abstains at every step; the demo's second run, judged by a labelled
+    # scripted rule, shows the path a trained critic drives: Bad, explanation, re-proposal.
+    import argparse
+
+    from serve.demo.__main__ import _scripted_run
+
+    page, fact = _scripted_run(argparse.Namespace(env="synthetic"), tmp_path, "a drawn desk")
+    html = page.read_text()
+    assert page.name == "episode_scripted.html"
+    assert "Scripted critic: a fixed rule, not a model." in html
+    assert "<span class='tag bad'>bad" in html and "Procedural Prerequisite Neglect" in html
+    assert "re-proposal after the Bad verdict" in html
+    assert "rejected → accepted" in html  # the guard log: the re-proposal ran
+    assert "R3 trigger" in html  # the no-effect repeat is still the recurrence detector's
+    assert "1 proposal(s) rejected and re-proposed" in fact and "task done" in fact
+    for path in _links(page):
+        if path.name != "index.html" and path.name != "episode.html":
+            assert path.is_file() and path.stat().st_size > 0, path

@@ -117,6 +117,33 @@ def flywheel_main(argv: list[str]) -> int:
     return 0
 
 
+def _scripted_run(args: argparse.Namespace, out: Path, env_name: str) -> tuple[Path, str]:
+    """The same episode once more, judged by the scripted critic (``serve.demo.scripted``) on
+    its own gateway and state folder: the Bad verdict and the re-proposal the random model
+    never shows. Returns the page and its one-line fact for the index."""
+    from serve.app import create_app
+    from serve.demo.episode import run_episode
+    from serve.demo.pages import episode_page
+    from serve.demo.scripted import ScriptedDemoCritic
+    from serve.server import BackgroundServer
+
+    state = out / "serve_scripted"
+    cfg = load_config(ServeConfig, None, [f"sessions.state_dir={state}", "warmup=false"])
+    env, _ = _environment(args.env)
+    with BackgroundServer(create_app(cfg, ScriptedDemoCritic())) as srv, env:
+        result = run_episode(env, srv.url, heed_feedback=True)
+    trace = state / "traces" / f"{result.session_id}.jsonl"
+    page = episode_page(trace, state, result.log, out, env_name, scripted=True)
+    rulings = [p.get("ruling") for row in result.log for p in row.get("proposals") or []]
+    fact = (
+        f"Scripted critic (a fixed rule, not a model): {rulings.count('rejected')} proposal(s) "
+        f"rejected and re-proposed, {len(result.log)} guarded steps, task "
+        f"{'done' if result.success else 'not done'}."
+    )
+    print(f"demo: {fact} -> {page}")
+    return page, fact
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -175,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"the diagnosis job did not finish ({job.reason or job.status})")
     diagnosis = Path(cfg.sessions.state_dir) / "diagnoses" / str(job.job_id) / "diagnosis.html"
     episode = episode_page(trace, Path(cfg.sessions.state_dir), result.log, out, env_name)
+    scripted_page, scripted_fact = _scripted_run(args, out, env_name)
     root = job.result.get("root_cause_step")
     facts = {
         "data": f"Generated corpus, data_gen with the offline annotator: {data}",
@@ -184,11 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         "episode": f"{len(result.log)} guarded steps in {env_name}; R3 events: "
         f"{len(result.r3_events)}; trace {trace}",
         "diagnosis": f"Root-cause step {root}, from the episode's trace ({trace.name}).",
+        "episode_scripted": scripted_fact,
     }
     links = {
         "data_report": report,
         "training_curve": out / "training_curve.png",
         "episode": episode,
+        "episode_scripted": scripted_page,
         "diagnosis": diagnosis,
     }
     index = index_page(out, links, facts)

@@ -36,6 +36,9 @@ class ScriptedPolicy:
     plan: list[Planned]
     reroute_to: int
     env: Any = None
+    heed_feedback: bool = False
+    """Re-propose the next planned step when the critic rejected this one (the scripted-critic
+    run); off, the policy proposes the same step again, as a policy deaf to feedback would."""
     cursor: int = 0
     calls: list[str] = field(default_factory=list)
     _issued: dict[int, int] = field(default_factory=dict)
@@ -43,6 +46,8 @@ class ScriptedPolicy:
     def __call__(self, ctx: PolicyContext) -> dict[str, Any]:
         self.calls.append(ctx.mode)
         i = self.reroute_to if ctx.mode == "reroute" else min(self.cursor, len(self.plan) - 1)
+        if self.heed_feedback and ctx.feedback and ctx.mode == "normal":
+            i = min(i + 1, len(self.plan) - 1)  # the rejected step is dropped from the plan
         action = self._place(self.plan[i])
         self._issued[id(action)] = i
         return action
@@ -97,12 +102,21 @@ class EpisodeResult:
 
 
 def run_episode(
-    env: Any, gateway_url: str, *, deadline_s: float = 300.0, max_steps: int = 12
+    env: Any,
+    gateway_url: str,
+    *,
+    deadline_s: float = 300.0,
+    max_steps: int = 12,
+    heed_feedback: bool = False,
 ) -> EpisodeResult:
-    """Run the scripted episode through the gateway at ``gateway_url``."""
+    """Run the scripted episode through the gateway at ``gateway_url``.
+
+    ``heed_feedback``: after a Bad verdict the policy re-proposes the next planned step
+    (``ScriptedPolicy.heed_feedback``).
+    """
     obs = env.reset("dark_mode")
     plan, reroute_to = demo_plan()
-    policy = ScriptedPolicy(plan, reroute_to, env)
+    policy = ScriptedPolicy(plan, reroute_to, env, heed_feedback=heed_feedback)
     config = ClientConfig(
         base_url=gateway_url,
         observe_deadline_s=deadline_s,

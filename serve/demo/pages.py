@@ -115,10 +115,51 @@ def _verdict_tag(v: dict[str, Any] | None) -> str:
     return f"<span class='tag {_e(verdict)}'>{_e(verdict)}{dim}{why}</span>"
 
 
+_RANDOM_NOTE = (
+    "<p class='note'>The critic here is a tiny random-weight model: its verdicts and summaries "
+    "carry no meaning (most answers do not parse, so the gateway abstains and the guard fails "
+    "open). The recurrence signals and R3 are deterministic and do not depend on it. "
+    "<a href='episode_scripted.html'>The same episode with a scripted critic</a> shows what the "
+    "guard does with a Bad verdict.</p>"
+)
+_SCRIPTED_NOTE = (
+    "<p class='note'><b>Scripted critic: a fixed rule, not a model.</b> It answers Bad to "
+    "typing while no field has the focus (the injected mistake) and Good to every other step, so "
+    "this page shows the path a trained critic drives: the Bad verdict, its explanation handed "
+    "to the policy, and the policy's re-proposal. Its Good verdicts judge nothing; the no-effect "
+    "repeat is caught by the recurrence detector, not by the rule. <a href='episode.html'>The "
+    "same episode with the demo's random model</a>.</p>"
+)
+
+
+def _reproposal_tags(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
+    """A tag for each critique that re-judges a step right after a Bad verdict on it."""
+    tags, previous = [], None
+    for event, _obs in pairs:
+        rejected = previous is not None and previous["step_idx"] == event["step_idx"]
+        rejected = rejected and any(v.get("verdict") == "bad" for v in previous["verdicts"])
+        tags.append(
+            " <span class='tag r3'>re-proposal after the Bad verdict</span>" if rejected else ""
+        )
+        previous = event
+    return tags
+
+
 def episode_page(
-    trace: Path, state_dir: Path, log: list[dict[str, Any]], out_dir: Path, env_name: str
+    trace: Path,
+    state_dir: Path,
+    log: list[dict[str, Any]],
+    out_dir: Path,
+    env_name: str,
+    *,
+    scripted: bool = False,
 ) -> Path:
-    """``episode.html``: every critique with its marked screenshot, verdict, history and signals."""
+    """``episode.html``: every critique with its marked screenshot, verdict, history and signals.
+
+    ``scripted``: the run judged by ``serve.demo.scripted`` (``episode_scripted.html``, labelled
+    as a scripted critic on the page).
+    """
+    name = "episode_scripted" if scripted else "episode"
     events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
     # Each critique pairs with the observe just before it: after an R3 Restore the gateway's
     # step numbers go back, so they are not unique within a trace.
@@ -132,18 +173,19 @@ def episode_page(
         elif e["event"] == "critique":
             pairs.append((e, last_observe))
     cards = []
+    reproposed = _reproposal_tags(pairs)
     for n, (event, obs) in enumerate(pairs):
         k = event["step_idx"]
         shots = []
         for i, (action, marks) in enumerate(zip(event["actions"], event["marks"], strict=True)):
-            name = _shot(
-                state_dir, event["image_ref"], _marks(marks), out_dir / "episode" / f"c{n}_{i}.png"
+            shot = _shot(
+                state_dir, event["image_ref"], _marks(marks), out_dir / name / f"c{n}_{i}.png"
             )
             verdict = event["verdicts"][i] if i < len(event["verdicts"]) else None
             intent = _e(action.get("intent") or "(no intent)")
             explanation = _e((verdict or {}).get("explanation") or "—")
             shots.append(
-                f"<div><img src='episode/{name}' alt='step {k} proposal'><p>"
+                f"<div><img src='{name}/{shot}' alt='step {k} proposal'><p>"
                 f"{_verdict_tag(verdict)}<br><b>Proposed:</b> {intent}"
                 f"<pre>{_e(action.get('action_text'))}</pre>"
                 f"<b>Critic explanation:</b> {explanation}</p></div>"
@@ -162,7 +204,8 @@ def episode_page(
             r3 += " <span class='tag r3'>after R3 Restore: history re-seeded, no loop</span>"
         stale = ", stale" if hist.get("stale") else ""
         cards.append(
-            f"<div class='card'><h3>Gateway step {k}{r3}</h3><div class='grid'>{''.join(shots)}"
+            f"<div class='card'><h3>Gateway step {k}{reproposed[n]}{r3}</h3>"
+            f"<div class='grid'>{''.join(shots)}"
             f"<div><b>Macro history</b> (v{_e(hist.get('version'))}{stale})"
             f"<p>{_e(hist.get('progress_summary'))}</p><b>Last action result</b><p>"
             f"{_e(hist.get('last_action_result'))}</p><b>Recurrence signals</b><p>{signals}<br>"
@@ -172,24 +215,24 @@ def episode_page(
         )
     guard_rows = "".join(
         f"<tr><td>{_e(r.get('step_idx'))}</td><td>{_e(r.get('mode'))}</td><td>{_e(r.get('outcome'))}</td>"
+        f"<td>{_e(' → '.join(str(x.get('ruling')) for x in r.get('proposals') or []))}</td>"
         f"<td>{_e(json.dumps(r.get('r3'))) if r.get('r3') else ''}</td></tr>"
         for r in log
     )
+    title = "The agent episode, scripted critic" if scripted else "The agent episode"
     body = (
-        "<p><a href='index.html'>← demo index</a></p><h1>The agent episode</h1>"
+        f"<p><a href='index.html'>← demo index</a></p><h1>{title}</h1>"
         "<p class='sub'>Task: <i>Turn on dark mode in the settings.</i> "
         f"Environment: {_e(env_name)}. "
         "A scripted policy behind <code>CriticGuard</code>: one injected Bad step (typing with no "
         "field focused), then the disabled <i>Publish</i> button clicked twice (a no-effect "
         "repeat the recurrence detector flags, so R3 reroutes), then the real path.</p>"
-        "<p class='note'>The critic here is a tiny random-weight model: its verdicts and summaries "
-        "carry no meaning (most answers do not parse, so the gateway abstains and the guard fails "
-        "open). The recurrence signals and R3 are deterministic and do not depend on it.</p>"
-        f"{''.join(cards)}<h2>Guard log</h2><table><tr><th>guard step</th><th>mode</th>"
-        f"<th>outcome</th><th>R3</th></tr>{guard_rows}</table>"
+        f"{_SCRIPTED_NOTE if scripted else _RANDOM_NOTE}{''.join(cards)}"
+        "<h2>Guard log</h2><table><tr><th>guard step</th><th>mode</th>"
+        f"<th>outcome</th><th>proposals</th><th>R3</th></tr>{guard_rows}</table>"
     )
-    out = out_dir / "episode.html"
-    out.write_text(_page("hivig demo: episode", body), encoding="utf-8")
+    out = out_dir / f"{name}.html"
+    out.write_text(_page(f"hivig demo: {title.lower()}", body), encoding="utf-8")
     return out
 
 
@@ -229,7 +272,17 @@ def index_page(
         f"<img src='{rel(curve)}' alt='training curve'><p>Metrics: <code>"
         f"{_e(facts.get('metrics'))}</code></p></div>"
         f"<div class='card'><h2>3. Serving and the agent loop</h2><p>{_e(facts.get('episode'))}</p>"
-        f"<p><a href='{rel(links['episode'])}'>The episode, step by step</a></p></div>"
+        f"<p><a href='{rel(links['episode'])}'>The episode, step by step</a> (the random "
+        "model: every verdict an abstention)</p>"
+        + (
+            f"<p>{_e(facts.get('episode_scripted'))}</p><p><a href='"
+            f"{rel(links['episode_scripted'])}'>The same episode with a scripted critic</a> "
+            "(a fixed rule, not a model: the Bad verdict, its explanation and the re-proposal)"
+            "</p>"
+            if "episode_scripted" in links
+            else ""
+        )
+        + "</div>"
         f"<div class='card'><h2>4. Diagnosis</h2><p>{_e(facts.get('diagnosis'))}</p>"
         f"<p><a href='{rel(links['diagnosis'])}'>Diagnosis page</a></p></div>"
         f"{flywheel or _NO_FLYWHEEL}"
