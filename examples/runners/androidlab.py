@@ -65,11 +65,18 @@ def run_task(agent: GuardedAndroidLabAgent, instruction: str) -> list[Any]:
 
 def main() -> None:
     """Two tasks at once through one guarded agent."""
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument(
+        "--inject-history",
+        action="store_true",
+        help="add the critic's progress summary to every prompt (off: the prompt changes only "
+        "after a rejection)",
+    )
+    args = cli.parse_args()
     with gateway(args) as client:
         # The with block closes every thread's last episode (the harness never says a task
         # ended).
-        agent = GuardedAndroidLabAgent(AgentStandIn(), client)
+        agent = GuardedAndroidLabAgent(AgentStandIn(), client, inject_history=args.inject_history)
         with agent, ThreadPoolExecutor(max_workers=2) as pool:
             futures = [pool.submit(run_task, agent, t) for t in ("Open the clock", "Open Maps")]
             taps = [f.result() for f in futures]

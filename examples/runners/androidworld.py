@@ -92,10 +92,19 @@ class M3AStandIn:
 
 def main() -> None:
     """Run one step of a task through the guarded agent."""
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument(
+        "--inject-history",
+        action="store_true",
+        help="add the critic's progress summary to every prompt (off: the prompt changes only "
+        "after a rejection)",
+    )
+    args = cli.parse_args()
     env = DeviceStandIn()
     with gateway(args) as client:
-        agent = GuardedAndroidWorldAgent(M3AStandIn(env), client, screen=(W, H))
+        agent = GuardedAndroidWorldAgent(
+            M3AStandIn(env), client, screen=(W, H), inject_history=args.inject_history
+        )
         agent.reset()
         agent.step("Confirm the dialog")
         report(rejected(agent.log), env.executed)

@@ -42,10 +42,17 @@ class ScaleCUAStandIn:
 
 def main() -> None:
     """Run one short task through the guarded agent."""
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument(
+        "--inject-history",
+        action="store_true",
+        help="add the critic's progress summary to every prompt (off: the prompt changes only "
+        "after a rejection)",
+    )
+    args = cli.parse_args()
     executed: list[str] = []
     with gateway(args) as client:
-        agent = GuardedWAAAgent(ScaleCUAStandIn(), client)
+        agent = GuardedWAAAgent(ScaleCUAStandIn(), client, inject_history=args.inject_history)
         agent.reset()
         done = False
         for step in range(5):

@@ -45,10 +45,19 @@ class NativeAgentStandIn:
 
 def main() -> None:
     """Run one short task through the guarded agent."""
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument(
+        "--inject-history",
+        action="store_true",
+        help="add the critic's progress summary to every prompt (off: the prompt changes only "
+        "after a rejection)",
+    )
+    args = cli.parse_args()
     executed: list[Any] = []
     with gateway(args) as client:
-        agent = GuardedWebArenaLiteAgent(NativeAgentStandIn(), client)
+        agent = GuardedWebArenaLiteAgent(
+            NativeAgentStandIn(), client, inject_history=args.inject_history
+        )
         agent.reset()
         for idx in range(5):
             obs = {"screenshot": screen_png(1280, 720, seed=idx)}
