@@ -218,7 +218,7 @@ def test_every_error_code(tmp_path):
         assert _code(c.post("/v1/sessions", content=b"not json")) == "bad_request"
         sid = _start(c)
         r = _observe(c, sid, 0, screenshot=b64(b"definitely not a png"))
-        assert (r.status_code, _code(r)) == (400, "bad_image")
+        assert (r.status_code, _code(r)) == (415, "bad_image")  # neither PNG nor JPEG
         r = _observe(c, sid, 0, screenshot="%%%")
         assert (r.status_code, _code(r)) == (400, "bad_image")
         r = _observe(c, sid, 0, screenshot=b64(b"\0" * 300_000))
