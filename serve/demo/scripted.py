@@ -25,8 +25,8 @@ _BAD = (
     "must be clicked first, or the settings opened directly.\n</criticism>"
 )
 _GOOD = (
-    "<criticism>\nOverall Grading: Good\nExplanation: The step acts on a visible control on the "
-    "way to the settings.\n</criticism>"
+    "<criticism>\nOverall Grading: Good\nExplanation: No objection from the scripted rule (it "
+    "checks only for typing with no field focused).\n</criticism>"
 )
 _SUMMARY = (
     "<summary>\nProgress Summary: The agent is working towards the dark mode setting.\n"
