@@ -272,8 +272,8 @@ def index_page(
         f"<img src='{rel(curve)}' alt='training curve'><p>Metrics: <code>"
         f"{_e(facts.get('metrics'))}</code></p></div>"
         f"<div class='card'><h2>3. Serving and the agent loop</h2><p>{_e(facts.get('episode'))}</p>"
-        f"<p><a href='{rel(links['episode'])}'>The episode, step by step</a> (the random "
-        "model: every verdict an abstention)</p>"
+        f"<p><a href='{rel(links['episode'])}'>The episode, step by step</a> (judged by the "
+        "served critic)</p>"
         + (
             f"<p>{_e(facts.get('episode_scripted'))}</p><p><a href='"
             f"{rel(links['episode_scripted'])}'>The same episode with a scripted critic</a> "
