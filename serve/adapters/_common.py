@@ -59,9 +59,11 @@ ScaleCUA's agents: ``history_instruction`` (list of operations, its OSWorld agen
 ``repeat_time`` (its repeat detector) in its AndroidWorld agent."""
 
 VERBATIM = "verbatim"
-"""Payload key: judge the text as it was written (no repair, no marker). Set when the adapter's
-reading needed a repair the harness' own executor would not make, or when the coordinates cannot
-be what the session's space says."""
+"""Payload key: judge the text as it was written (no repair). Set when the adapter's reading
+needed a repair the harness' own executor would not make, or when the coordinates cannot be what
+the session's space says. The gateway still reads the text with its format's strict reader and
+draws a marker when that reads a call; text that must reach the critic with no call read into it
+is sent under a format that finds none (``androidlab.unrunnable_payload``)."""
 
 _SYNTAX_REASONS = frozenset({"bad_syntax", "bad_key", "unknown_action", "no_tool_call", "empty"})
 """Strict-parser failures that say the text is not well-formed in its format (as opposed to a

@@ -23,9 +23,13 @@ The critic judges what the executor can run. The harness maps the response's ``<
 to its ``do(...)`` command by matching the WHOLE text against one anchored pattern per call
 (``click(x=.., y=..)``, ``long_press(x=.., y=.., duration=..)``, ...) and pasting the matched
 values into the command; anything else becomes an "Unrecognized call" message and the task
-fails. ``runs_on_androidlab`` mirrors those rules; a response they refuse (two calls, a
-missing ``duration``, an extra argument the pattern would paste into the command) is sent as
-its text, ``verbatim``, so the critic judges it as the unrunnable text it is.
+fails; so does a command ``exec`` or the executor's ``do`` cannot run. ``runs_on_androidlab``
+follows those rules; a response they refuse (two calls, a missing ``duration``, an extra
+argument the pattern pastes into the command) reaches the critic as its text, with no call read
+into it and no marker (``unrunnable_payload``), so the critic judges the unrunnable text it is.
+
+With ``QwenAgent``'s untyped parts the guard's text goes into a part of its own: that agent
+overwrites the first text part with the system prompt before sending (``with_text``).
 
     from serve.adapters import GuardedAndroidLabAgent
     agent = GuardedAndroidLabAgent(get_agent(name, **args), CriticClient(url))
