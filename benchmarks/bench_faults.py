@@ -40,7 +40,7 @@ from serve.server import BackgroundServer  # noqa: E402
 from tests.fakes.gateway import CLICK, GOOD, SUMMARY, b64, screen, serve_config  # noqa: E402
 from tests.fakes.openai_server import Reply, ScriptedServer, request_text  # noqa: E402
 
-DOCUMENTED = {200, 201, 400, 404, 409, 413, 422, 429, 503}
+DOCUMENTED = {200, 201, 400, 404, 409, 413, 415, 422, 429, 503}
 """Every status ``docs/serving.md`` documents for these routes."""
 
 
@@ -63,7 +63,12 @@ class Backend:
         if self.mode == "garbage":
             return Reply(raw_body=b"{not json")
         critique = "Current Proposed Step" in request_text(body)
-        return Reply(content=GOOD if critique else SUMMARY)
+        content = GOOD if critique else SUMMARY
+        if self.mode == "huge usage":  # a count past 64 bits once made every route a 500
+            return Reply(content=content, prompt_tokens=10**30)
+        if self.mode == "huge answer":  # past backend.max_response_bytes: abstain
+            return Reply(content=content + " " * 300_000)
+        return Reply(content=content)
 
 
 class _RefusingDisk:
@@ -125,6 +130,8 @@ def _faults(gateway: Any, backend: Backend, state: Path) -> dict[str, Callable[[
         "backend stalls": lambda: backend_mode("stall"),
         "backend fails (500)": lambda: backend_mode("flap"),
         "backend answers garbage": lambda: backend_mode("garbage"),
+        "backend usage past 64 bits": lambda: backend_mode("huge usage"),
+        "backend answer oversized": lambda: backend_mode("huge answer"),
         "store refuses writes": store_refuses_writes,
         "store file deleted": store_deleted,
         "traces/ refuses writes": lambda: folder_in_the_way("traces"),
@@ -196,6 +203,7 @@ def _hostile(url: str, tally: Tally, stop: threading.Event) -> None:
         "malformed body": None,
         "unknown field": {"image": "", "colour": "blue"},
         "step_idx past int64": {"step_idx": 2**63, "screenshot": "x"},
+        "screenshot neither PNG nor JPEG": {"image": b64(b"GIF89a" + bytes(64))},
     }
     with httpx.Client(base_url=url, timeout=30) as http:
         while not stop.is_set():
@@ -203,6 +211,12 @@ def _hostile(url: str, tally: Tally, stop: threading.Event) -> None:
                 s = socket.create_connection((host, int(port)))
                 s.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\n")  # never finished
                 tally.hostile["unfinished request head"] += 1
+                b = socket.create_connection((host, int(port)))  # headers, never the body: 408
+                b.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n")
+                tally.hostile["unfinished request body"] += 1
+                h = socket.create_connection((host, int(port)))  # over max_header_bytes: 431
+                h.sendall(b"GET /healthz HTTP/1.1\r\nX-Pad: " + b"a" * 100_000 + b"\r\n\r\n")
+                tally.hostile["oversized request head"] += 1
             for name, body in bodies.items():
                 path = "/v1/sessions/none/observe" if "step_idx" in name else "/v1/images"
                 r = (
@@ -237,6 +251,8 @@ def run(
             "critic.observe_deadline_s=0.5",
             "critic.critique_deadline_s=0.5",
             "limits.header_timeout_s=1.0",
+            "limits.body_timeout_s=1.0",
+            "backend.max_response_bytes=200000",
             "limits.max_queue=16",
         )
         app = create_app(cfg)

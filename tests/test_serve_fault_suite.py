@@ -19,6 +19,8 @@ def test_faults_under_concurrent_sessions_lose_nothing(tmp_path):
         "backend stalls",
         "backend fails (500)",
         "backend answers garbage",
+        "backend usage past 64 bits",
+        "backend answer oversized",
         "store refuses writes",
         "store file deleted",
         "traces/ refuses writes",
