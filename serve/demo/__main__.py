@@ -211,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         "metrics": str(metrics),
         "episode": f"{len(result.log)} guarded steps in {env_name}; R3 events: "
         f"{len(result.r3_events)}; trace {trace}",
-        "diagnosis": f"Root-cause step {root}, from the episode's trace ({trace.name}).",
+        "diagnosis": (
+            f"Root-cause step {root}, from the episode's trace ({trace.name})."
+            if root is not None
+            else f"The run succeeded: no root-cause step (trace {trace.name})."
+        ),
         "episode_scripted": scripted_fact,
     }
     links = {
