@@ -16,7 +16,8 @@ The export reads every shard's final stage output, sorts samples by id and write
 temporary location that is renamed into place, so its bytes depend neither on the shard count nor
 on crashes and resumes. ShareGPT image paths are relative to the dataset folder (LlamaFactory's
 ``media_dir``), corpus images included, so copying ``out/`` together with its corpus sibling keeps
-them valid.
+them valid. Registered in another ``dataset_info.json`` (LlamaFactory's own ``data/``), the
+training YAML sets ``media_dir`` to this folder: docs/data.md shows both registrations.
 """
 
 from __future__ import annotations

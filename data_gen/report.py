@@ -11,6 +11,7 @@ import html
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ def dataset_stats(
             for split in ("train", "val", "test")
         },
         "by_platform": dict(sorted(Counter(s["platform"] for s in specs).items())),
+        "kind_by_platform": _kind_by_platform(specs, platforms),
         "good": len(critique) - len(bad),
         "bad": len(bad),
         "good_bad_ratio": round((len(critique) - len(bad)) / len(bad), 4) if bad else None,
@@ -123,20 +125,71 @@ def dataset_stats(
     }
 
 
+def _kind_by_platform(specs: list[dict[str, Any]], platforms: list[str]) -> dict[str, Any]:
+    """Per platform: history samples, Good and Bad critiques (the report's platform plot)."""
+    out = {p: {"history": 0, "Good": 0, "Bad": 0} for p in platforms}
+    for s in specs:
+        key = "history" if s["kind"] == "history" else s["labels"]["verdict"]
+        out[s["platform"]][key] += 1
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # HTML
 
+# Readable widths: prose at most 80 characters, the contents in a sticky side column so every
+# section is one click away on a long page, cards two to a row (a Bad beside its Good).
 _CSS = """
-body{font-family:sans-serif;margin:2em;max-width:1500px}
-table{border-collapse:collapse;margin:1em 0}
-td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
-th:first-child,td:first-child{text-align:left}
-nav ul{columns:2}
-.pair{display:flex;gap:12px;align-items:flex-start;margin:1.5em 0}
-.card{border:1px solid #999;border-radius:6px;padding:1em;flex:1;min-width:0}
-.card img{max-width:100%;border:1px solid #ccc;cursor:zoom-in}
-pre{white-space:pre-wrap;background:#f6f6f6;padding:8px;font-size:12px}
+*{box-sizing:border-box}
+body{font:15px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;color:#1d2330;margin:0;
+  background:#f5f6f8}
+.layout{display:grid;grid-template-columns:230px minmax(0,1fr);gap:28px;max-width:1500px;
+  margin:0 auto;padding:24px}
+nav{position:sticky;top:16px;align-self:start;background:#fff;border:1px solid #dde1e8;
+  border-radius:8px;padding:12px 16px;font-size:14px}
+nav h2{font-size:13px;text-transform:uppercase;letter-spacing:.05em;color:#5b6475;margin:0 0 6px}
+nav ul{list-style:none;margin:0;padding:0}nav li{margin:5px 0}
+nav a{color:#2954c8;text-decoration:none}nav a:hover{text-decoration:underline}
+main{min-width:0}
+h1{font-size:24px;margin:0 0 4px}
+p,.note{max-width:80ch}
+.lede{color:#5b6475;margin:0 0 16px}
+section{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:4px 18px 10px;
+  margin:0 0 18px}
+summary{cursor:pointer}
+section>details>summary{list-style-position:outside;margin:10px 0}
+section>details>summary h2{display:inline;font-size:19px;margin:0}
+details.more>summary{color:#2954c8;font-size:14px;margin:8px 0}
+.tiles{display:flex;flex-wrap:wrap;gap:10px;margin:10px 0}
+.tile{border:1px solid #dde1e8;border-radius:6px;padding:6px 12px;min-width:110px}
+.tile b{display:block;font-size:20px}.tile span{color:#5b6475;font-size:13px}
+.row{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
+table{border-collapse:collapse;margin:8px 0;font-size:14px}
+td,th{border-bottom:1px solid #e4e7ec;padding:3px 10px;text-align:left;vertical-align:top}
+th{background:#f0f2f6;font-weight:600}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+tr:hover td{background:#f8f9fb}
+.stages{display:grid;grid-template-columns:repeat(auto-fill,minmax(280px,1fr));gap:0 20px}
+.stages h3{font-size:15px;margin:10px 0 0}
+figure{margin:10px 0}figure svg{max-width:100%;height:auto;display:block}
+figcaption{color:#5b6475;font-size:13px;max-width:80ch}
+.toolbar{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin:8px 0}
+.toolbar button{font:inherit;font-size:13px;padding:2px 10px}
+.cards{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));grid-auto-flow:row dense;
+  gap:14px;margin:10px 0}
+.pair{display:grid;grid-template-columns:minmax(0,1fr);gap:14px}
+.pair[data-n='2']{grid-column:1/-1;grid-template-columns:repeat(2,minmax(0,1fr))}
+.card{border:1px solid #cfd5df;border-radius:8px;padding:8px 12px;min-width:0;background:#fff}
+.card h3{font-size:16px;margin:4px 0}
+.meta{color:#5b6475;font-size:12.5px;margin:2px 0 8px;overflow-wrap:anywhere}
+.card img{display:block;max-width:100%;max-height:440px;margin:0 auto;border:1px solid #ccd;
+  cursor:zoom-in}
+.card details>summary{font-weight:600;font-size:14px;margin:6px 0}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f4f5f7;padding:8px;font-size:12px;
+  max-height:26em;overflow:auto;margin:4px 0}
 .bad{color:#b00}.good{color:#070}.fail{color:#b00;font-weight:bold}
+@media (max-width:900px){.layout{grid-template-columns:1fr}nav{position:static}
+  .cards,.pair[data-n='2']{grid-template-columns:minmax(0,1fr)}}
 """
 
 _FILTER_JS = """
@@ -147,15 +200,209 @@ function hivigFilter(){
     e.style.display=ok?'':'none';
   });
 }
+function hivigOpen(open){
+  document.querySelectorAll('.card details').forEach(function(e){e.open=open;});
+}
 """
+
+# --------------------------------------------------------------------------------------------
+# Plots: inline SVG written here, so the data extra needs no plotting library and the report
+# stays byte-identical from run to run (no renderer versions or timestamps in it).
+
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#b07aa1",
+    "#edc948",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+"""Series colours, in order (colour-blind friendly, Tableau 10)."""
+
+_CHAR_W = 7.0  # px per character of 12 px sans-serif text, for label widths
+_ROW_H = 22
+_PLOT_W = 420
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One row of a bar chart: a stacked bar of ``values`` (one per series)."""
+
+    label: str
+    values: tuple[float, ...]
+    marker: float | None = None  # a tick at this value (e.g. the planned target)
+    tip: str = ""  # hover text (an SVG <title>)
+
+
+def _nice_step(top: float) -> float:
+    """A 1/2/5 x 10^k grid step giving at most five grid lines up to ``top``."""
+    raw = max(top, 1.0) / 5
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}" if value != int(value) else str(int(value))
+
+
+def bar_chart(
+    bars: list[Bar], series: list[str], *, marker_name: str = "", colors: tuple = PALETTE
+) -> str:
+    """A horizontal stacked bar chart as inline SVG, with a legend of ``series`` on top."""
+    label_w = 12 + _CHAR_W * max((len(b.label) for b in bars), default=1)
+    legend = [*series, *([marker_name] if marker_name else [])]
+    legend_svg, legend_h = _legend(legend, colors, label_w + _PLOT_W + 60, bool(marker_name))
+    top = max([sum(b.values) for b in bars] + [b.marker or 0 for b in bars] + [1])
+    step = _nice_step(top)
+    span = step * math.ceil(top / step)
+    scale = _PLOT_W / span
+    y0 = legend_h + 6
+    width, height = label_w + _PLOT_W + 60, y0 + _ROW_H * len(bars) + 24
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0f}' height='{height}' "
+        f"viewBox='0 0 {width:.0f} {height}' "
+        f"role='img' font-family='sans-serif' font-size='12'>",
+        legend_svg,
+    ]
+    out += _grid(label_w, y0, len(bars), step, span, scale)
+    for i, bar in enumerate(bars):
+        out.append(_bar_row(bar, label_w, y0 + i * _ROW_H, scale, colors))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _legend(names: list[str], colors: tuple, width: float, marker: bool) -> tuple[str, int]:
+    """Legend entries left to right, wrapping; the last is a black tick when ``marker``."""
+    parts, x, y = [], 4.0, 4
+    for i, name in enumerate(names):
+        w = 22 + _CHAR_W * len(name)
+        if x + w > width and x > 4:
+            x, y = 4.0, y + 18
+        if marker and i == len(names) - 1:
+            swatch = f"<rect x='{x + 5:.0f}' y='{y}' width='2' height='12' fill='#111'/>"
+        else:
+            swatch = f"<rect x='{x:.0f}' y='{y + 1}' width='11' height='11' fill='{colors[i]}'/>"
+        parts.append(f"{swatch}<text x='{x + 16:.0f}' y='{y + 11}'>{html.escape(name)}</text>")
+        x += w + 10
+    return "<g class='legend'>" + "".join(parts) + "</g>", y + 18
+
+
+def _grid(label_w: float, y0: int, rows: int, step: float, span: float, scale: float) -> list:
+    bottom = y0 + _ROW_H * rows
+    out = []
+    for k in range(int(round(span / step)) + 1):
+        x = label_w + k * step * scale
+        out.append(
+            f"<line x1='{x:.1f}' y1='{y0}' x2='{x:.1f}' y2='{bottom}' stroke='#e3e6eb'/>"
+            f"<text x='{x:.1f}' y='{bottom + 15}' text-anchor='middle' fill='#5b6475'>"
+            f"{_fmt(k * step)}</text>"
+        )
+    return out
+
+
+def _bar_row(bar: Bar, label_w: float, y: int, scale: float, colors: tuple) -> str:
+    label = html.escape(bar.label)
+    out = [
+        f"<g><title>{html.escape(bar.tip or bar.label)}</title>"
+        f"<text x='{label_w - 8:.0f}' y='{y + 15}' text-anchor='end'>{label}</text>"
+    ]
+    x = label_w
+    for k, value in enumerate(bar.values):
+        if value > 0:
+            w = value * scale
+            out.append(
+                f"<rect x='{x:.1f}' y='{y + 4}' width='{w:.1f}' height='{_ROW_H - 8}' "
+                f"fill='{colors[k % len(colors)]}'/>"
+            )
+            x += w
+    out.append(f"<text x='{x + 4:.1f}' y='{y + 15}' fill='#333'>{_fmt(sum(bar.values))}</text>")
+    if bar.marker is not None:
+        mx = label_w + bar.marker * scale
+        out.append(
+            f"<rect x='{mx - 1:.1f}' y='{y + 1}' width='2' height='{_ROW_H - 2}' fill='#111'/>"
+        )
+    return "".join(out) + "</g>"
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure class='plot'>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
+
+
+def dimension_plot(stats: dict[str, Any]) -> str:
+    """Bad samples per error dimension, stacked by platform, with the planned target."""
+    dims = stats["dimension_by_platform"]
+    platforms = sorted({p for row in dims.values() for p in row})
+    shares = stats["dimension_target_vs_achieved"]
+    bars = [
+        Bar(
+            name,
+            tuple(float(row[p]) for p in platforms),
+            marker=shares[name]["target"] * stats["bad"] if stats["bad"] else None,
+            tip=f"{name}: " + ", ".join(f"{p} {row[p]}" for p in platforms),
+        )
+        for name, row in dims.items()
+    ]
+    return _figure(
+        bar_chart(bars, platforms, marker_name="planned target"),
+        "Bad samples per error dimension, by platform; the black tick is the planned target "
+        "share times the Bad samples exported.",
+    )
+
+
+def platform_plot(stats: dict[str, Any]) -> str:
+    """Samples per platform: history, Good and Bad critiques."""
+    kinds = ("history", "Good", "Bad")
+    rows = stats.get("kind_by_platform") or {}
+    bars = [Bar(p, tuple(float(row[k]) for k in kinds)) for p, row in rows.items()]
+    chart = bar_chart(bars, list(kinds), colors=("#4e79a7", "#59a14f", "#e15759"))
+    return _figure(chart, "Exported samples per platform and kind.")
+
+
+def _dropped(counts: dict[str, int]) -> dict[str, int]:
+    return {k[len("dropped_") :]: v for k, v in counts.items() if k.startswith("dropped_")}
+
+
+def stage_plot(counters: dict[str, dict[str, int]]) -> str:
+    """Per stage: items kept and dropped (the drop reasons on hover and in the tables)."""
+    bars = []
+    for stage, counts in counters.items():
+        dropped = _dropped(counts)
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) or "none dropped"
+        values = (float(counts.get("kept", 0)), float(sum(dropped.values())))
+        bars.append(Bar(stage, values, tip=f"{stage}: in {counts.get('in', 0)}; {reasons}"))
+    return _figure(
+        bar_chart(bars, ["kept", "dropped"], colors=("#59a14f", "#e15759")),
+        "Items each stage kept and dropped (hover a bar for the drop reasons).",
+    )
+
+
+def token_plot(stats: dict[str, Any]) -> str:
+    """Estimated tokens per sample, as a histogram."""
+    bars = [Bar(k, (float(v),)) for k, v in stats["token_length_histogram"].items()]
+    return _figure(
+        bar_chart(bars, ["samples"]),
+        f"Samples per estimated token length (longest: {stats['token_length_max']}).",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Tables, cards and sections
 
 
 def _table(rows: list[list[Any]], header: list[str]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_show(c))}</td>" for c in row) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value: Any) -> str:
+    """A table cell; numbers right-aligned so their digits line up."""
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return f"<td{' class=n' if numeric else ''}>{html.escape(_show(value))}</td>"
 
 
 def _show(value: Any) -> str:
@@ -167,8 +414,8 @@ def _stage_tables(counters: dict[str, dict[str, int]]) -> str:
     out = []
     for stage, counts in counters.items():
         rows = [[k, v] for k, v in counts.items()]
-        out.append(f"<h3>{html.escape(stage)}</h3>" + _table(rows, ["counter", "value"]))
-    return "".join(out)
+        out.append(f"<div><h3>{html.escape(stage)}</h3>{_table(rows, ['counter', 'value'])}</div>")
+    return f"<div class='stages'>{''.join(out)}</div>"
 
 
 def _card(spec: dict[str, Any], image_links: list[str]) -> str:
@@ -204,10 +451,12 @@ def _card(spec: dict[str, Any], image_links: list[str]) -> str:
         if m["role"] == "user"
         for p in m["content"]
     )
+    # Prompt and target fold away: open, a card is as long as its text (a whole page each).
     return (
-        f"<div class='card'><h3>{title}</h3><p>{meta}</p><div>{imgs}</div>"
-        f"<h4>Prompt (user turn)</h4><pre>{html.escape(user)}</pre>"
-        f"<h4>Target</h4><pre>{html.escape(spec['target'])}</pre></div>"
+        f"<div class='card'><h3>{title}</h3><p class='meta'>{meta}</p><div>{imgs}</div>"
+        f"<details><summary>Prompt (user turn)</summary><pre>{html.escape(user)}</pre></details>"
+        f"<details><summary>Target</summary><pre>{html.escape(spec['target'])}</pre></details>"
+        "</div>"
     )
 
 
@@ -326,17 +575,52 @@ _SECTIONS = (
 )
 
 
-def render_report(
-    stats: dict[str, Any], cards: list[tuple[dict[str, Any], list[str]]] | list[Any]
-) -> str:
-    """The whole ``report.html`` page.
+def _section(key: str, body: str, title: str | None = None) -> str:
+    """A section that folds away under its heading (open at first)."""
+    title = title or dict(_SECTIONS)[key]
+    return (
+        f"<section id='{key}'><details open><summary><h2>{html.escape(title)}</h2></summary>"
+        f"{body}</details></section>"
+    )
 
-    ``cards`` are ``(spec, image links)`` pairs, or groups of them (a Bad card beside its Good
-    counterpart), as ``card_groups`` arranges them.
-    """
+
+def _more(label: str, body: str) -> str:
+    """Detail kept folded (the numbers behind a plot)."""
+    return f"<details class='more'><summary>{html.escape(label)}</summary>{body}</details>"
+
+
+def _tiles(stats: dict[str, Any]) -> str:
+    figures = [
+        ("samples", stats["samples"]),
+        *[(k, v) for k, v in stats["by_kind"].items()],
+        ("Good", stats["good"]),
+        ("Bad", stats["bad"]),
+        ("Good/Bad", _show(stats["good_bad_ratio"])),
+    ]
+    return (
+        "<div class='tiles'>"
+        + "".join(
+            f"<div class='tile'><b>{html.escape(str(v))}</b><span>{html.escape(k)}</span></div>"
+            for k, v in figures
+        )
+        + "</div>"
+    )
+
+
+def _overview(stats: dict[str, Any]) -> str:
+    rows = [
+        ["critique intent-mask rate", stats["critique_intent_mask_rate"]],
+        ["history intent-mask rate", stats["history_intent_mask_rate"]],
+        ["annotator", stats["run"].get("annotator", {}).get("model")],
+        ["longest sample (estimated tokens)", stats["token_length_max"]],
+    ]
+    return _tiles(stats) + _table(rows, ["", "value"]) + platform_plot(stats)
+
+
+def _dimensions(stats: dict[str, Any]) -> str:
     dims = stats["dimension_by_platform"]
     platforms = sorted({p for row in dims.values() for p in row})
-    dim_rows = [
+    rows = [
         [
             name,
             *[row[p] for p in platforms],
@@ -346,57 +630,78 @@ def render_report(
         ]
         for name, row in dims.items()
     ]
-    overview = [
-        ["samples", stats["samples"]],
-        *[[f"kind: {k}", v] for k, v in stats["by_kind"].items()],
-        ["Good", stats["good"]],
-        ["Bad", stats["bad"]],
-        ["Good/Bad ratio", stats["good_bad_ratio"]],
-        ["critique intent-mask rate", stats["critique_intent_mask_rate"]],
-        ["history intent-mask rate", stats["history_intent_mask_rate"]],
-        ["annotator", stats["run"].get("annotator", {}).get("model")],
-    ]
+    table = _table(rows, ["dimension", *platforms, "total", "share", "target"])
+    return (
+        dimension_plot(stats)
+        + _bounds(stats.get("distribution_out_of_bounds"))
+        + _more("Table: dimension × platform", table)
+    )
+
+
+def _filters(stats: dict[str, Any]) -> str:
+    dims = stats["dimension_by_platform"]
+    platforms = sorted({p for row in dims.values() for p in row})
+    dim_options = "".join(
+        f"<option value='{html.escape(name)}'>{html.escape(name)}</option>" for name in dims
+    )
+    plat_options = "".join(f"<option>{html.escape(p)}</option>" for p in platforms)
+    return (
+        "<div class='toolbar'>Filter: <select id='fdim' onchange='hivigFilter()'>"
+        "<option value=''>every dimension</option><option value='Good'>Good</option>"
+        f"<option value='history'>history</option>{dim_options}</select> "
+        "<select id='fplat' onchange='hivigFilter()'><option value=''>every platform</option>"
+        f"{plat_options}</select> <button type='button' onclick='hivigOpen(true)'>open every "
+        "prompt and target</button><button type='button' onclick='hivigOpen(false)'>fold "
+        "them</button></div>"
+    )
+
+
+def render_report(
+    stats: dict[str, Any], cards: list[tuple[dict[str, Any], list[str]]] | list[Any]
+) -> str:
+    """The whole ``report.html`` page.
+
+    ``cards`` are ``(spec, image links)`` pairs, or groups of them (a Bad card beside its Good
+    counterpart), as ``card_groups`` arranges them.
+    """
     split_rows = [
         [s, *[c.get(k, 0) for k in ("history", "critique")]] for s, c in stats["by_split"].items()
     ]
     hist_rows = [[k, v] for k, v in stats["token_length_histogram"].items()]
     groups = [c if isinstance(c, list) else [c] for c in cards]
+    n_cards = sum(len(g) for g in groups)
     toc = "".join(f"<li><a href='#{key}'>{html.escape(title)}</a></li>" for key, title in _SECTIONS)
-    dim_options = "".join(
-        f"<option value='{html.escape(name)}'>{html.escape(name)}</option>" for name in dims
-    )
-    plat_options = "".join(f"<option>{html.escape(p)}</option>" for p in platforms)
-    filters = (
-        "<p>Filter: <select id='fdim' onchange='hivigFilter()'><option value=''>every dimension"
-        f"</option><option value='Good'>Good</option><option value='history'>history</option>"
-        f"{dim_options}</select> <select id='fplat' onchange='hivigFilter()'>"
-        f"<option value=''>every platform</option>{plat_options}</select></p>"
-    )
-    body = [
-        "<h1>hivig data_gen report</h1>",
-        f"<nav><h2>Contents</h2><ul>{toc}</ul></nav>",
-        "<h2 id='overview'>Overview</h2>",
-        _table(overview, ["", "value"]),
-        "<h2 id='splits'>Splits (by episode)</h2>",
-        _table(split_rows, ["split", "history", "critique"]),
-        "<h2 id='dimensions'>Bad samples: dimension × platform</h2>",
-        _table(dim_rows, ["dimension", *platforms, "total", "share", "target"]),
-        _bounds(stats.get("distribution_out_of_bounds")),
-        "<h2 id='audit'>Shortcut audit</h2>",
-        _audit_section(stats.get("shortcut_audit")),
-        "<h2 id='tokens'>Token lengths</h2>",
-        "<p>Estimated: text bytes / 4 + canonical-frame image tokens.</p>",
-        _table(hist_rows, ["tokens", "samples"]),
-        "<h2 id='stages'>Stages: counts and drop reasons</h2>",
-        _stage_tables(stats["stages"]),
-        f"<h2 id='cards'>Sample cards ({sum(len(g) for g in groups)})</h2>",
-        filters,
-        *[_pair(g) for g in groups],
+    sections = [
+        _section("overview", _overview(stats)),
+        _section("splits", _table(split_rows, ["split", "history", "critique"])),
+        _section("dimensions", _dimensions(stats)),
+        _section("audit", _audit_section(stats.get("shortcut_audit"))),
+        _section(
+            "tokens",
+            "<p>Estimated: text bytes / 4 + canonical-frame image tokens.</p>"
+            + token_plot(stats)
+            + _more("Table: token lengths", _table(hist_rows, ["tokens", "samples"])),
+        ),
+        _section(
+            "stages",
+            stage_plot(stats["stages"])
+            + _more("Counters per stage", _stage_tables(stats["stages"])),
+        ),
+        _section(
+            "cards",
+            _filters(stats) + "<div class='cards'>" + "".join(_pair(g) for g in groups) + "</div>",
+            f"Sample cards ({n_cards})",
+        ),
     ]
+    annotator = stats["run"].get("annotator", {}).get("model")
+    lede = f"{stats['samples']} samples" + (f", annotator {annotator}" if annotator else "")
     return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>hivig data_gen report</title>"
-        f"<style>{_CSS}</style><script>{_FILTER_JS}</script></head>"
-        f"<body>{''.join(body)}</body></html>\n"
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+        f"<title>hivig data_gen report</title><style>{_CSS}</style>"
+        f"<script>{_FILTER_JS}</script></head><body><div class='layout'>"
+        f"<nav><h2>Contents</h2><ul>{toc}</ul></nav><main><h1>hivig data_gen report</h1>"
+        f"<p class='lede'>{html.escape(lede)}</p>{''.join(sections)}</main></div></body></html>\n"
     )
 
 
@@ -421,5 +726,5 @@ def _pair(group: list[tuple[dict[str, Any], list[str]]]) -> str:
     cards = "".join(_card(spec, links) for spec, links in group)
     return (
         f"<div class='pair' data-dims='{html.escape('|'.join(dims))}' "
-        f"data-platform='{html.escape(platform)}'>{cards}</div>"
+        f"data-platform='{html.escape(platform)}' data-n='{len(group)}'>{cards}</div>"
     )

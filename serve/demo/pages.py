@@ -51,31 +51,47 @@ def _e(value: Any) -> str:
 
 def training_curve(metrics_jsonl: Path, out_png: Path) -> dict[str, Any]:
     """Plot loss (and lr) per step from a training run's ``metrics.jsonl``; a short summary."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "loss" in r and "step" in r]
     if not rows:
         raise ValueError(f"{metrics_jsonl} has no loss rows")
-    steps = [r["step"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
-    ax.plot(steps, [r["loss"] for r in rows], marker="o", color="#2954c8", label="train loss")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (per supervised token)")
-    ax.grid(alpha=0.3)
-    if all("lr" in r for r in rows):
-        ax2 = ax.twinx()
-        ax2.plot(steps, [r["lr"] for r in rows], color="#c87a29", linestyle="--", label="lr")
-        ax2.set_ylabel("learning rate")
-    ax.set_title("Tiny random Qwen3-VL, a few steps on CPU")
-    fig.tight_layout()
+    fig = curve_figure(rows)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png)
     plt.close(fig)
     return {"steps": len(rows), "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"]}
+
+
+def curve_figure(rows: list[dict[str, Any]]) -> Any:
+    """The training-curve figure of ``metrics.jsonl`` rows: loss, and lr on a second axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    lines = ax.plot(
+        steps, [r["loss"] for r in rows], marker="o", color="#2954c8", label="train loss"
+    )
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # no step 1.25
+    ax.set_ylabel("loss (per supervised token)")
+    ax.grid(alpha=0.3)
+    if all("lr" in r for r in rows):
+        ax2 = ax.twinx()
+        lines += ax2.plot(
+            steps, [r["lr"] for r in rows], color="#c87a29", linestyle="--", label="lr"
+        )
+        ax2.set_ylabel("learning rate")
+    # One legend for both axes: the lr line lives on the twin axis, whose legend ax cannot see.
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper right", fontsize=9)
+    ax.set_title("Tiny random Qwen3-VL, a few steps on CPU")
+    fig.tight_layout()
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------
