@@ -154,6 +154,117 @@ def trace_events(path: Path) -> TraceEvents:
     return ev
 
 
+@dataclass
+class TraceSegment:
+    """The events of one gateway session in a trace file.
+
+    A session re-created from an echo (``reseeded``: R3's Restore, or the client re-creating a
+    lost session) goes on in the same file with the numbering the echo gives, so its step
+    indices repeat earlier ones; each segment is read on its own.
+
+    Attributes:
+        observes: The first ``observe`` per ``step_idx`` of this session.
+        critiques: Every ``critique`` per ``step_idx`` of this session, in file order.
+    """
+
+    observes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    critiques: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def last(self) -> int:
+        """The index of the last screen this session observed."""
+        return max(self.observes)
+
+
+def trace_segments(path: Path) -> list[TraceSegment]:
+    """The session segments of one trace file, in file order (those that observed anything).
+
+    A ``session`` event with ``"reseeded": true`` starts a new segment. Lines ``trace_events``
+    cannot use (bad JSON, bad ``step_idx``) are skipped here too; it records them.
+
+    Args:
+        path: The ``traces/<sid>.jsonl`` file.
+
+    Returns:
+        The segments; none for an unreadable file or one without observes.
+    """
+    segments = [TraceSegment()]
+    for _line, obj in _jsonl(path, []):
+        event, idx = obj.get("event"), obj.get("step_idx")
+        if event == "session" and obj.get("reseeded") is True:
+            segments.append(TraceSegment())
+        elif event in ("observe", "critique") and _valid_idx(idx):
+            seg = segments[-1]
+            if event == "observe":
+                seg.observes.setdefault(idx, obj)
+            else:
+                seg.critiques.setdefault(idx, []).append(obj)
+    return [s for s in segments if s.observes]
+
+
+def _valid_idx(idx: object) -> bool:
+    return isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0
+
+
+@dataclass(frozen=True)
+class TraceTransition:
+    """One executed step of a trace: a screen observed, then an action run on it.
+
+    Attributes:
+        before: The observe of the screen acted on (``None`` when it was not recorded).
+        after: The next observe: its ``prev_action`` is the action, its image the screen after.
+        critiques: The critiques at the screen acted on (the action's verdicts are among them).
+        source_ref: Where it is in the trace, e.g. ``trace step_idx 2 -> 3 (session 2)``.
+    """
+
+    before: dict[str, Any] | None
+    after: dict[str, Any]
+    critiques: list[dict[str, Any]]
+    source_ref: str
+
+
+def _action_key(obs: dict[str, Any]) -> tuple[str, object]:
+    """What identifies the transition an observe records: its action text and its screen."""
+    return trace_action(obs.get("prev_action"))[0], obs.get("image_ref")
+
+
+def trace_transitions(
+    segments: list[TraceSegment], skipped: list[tuple[str, str, str]]
+) -> list[TraceTransition]:
+    """The executed steps of a trace's segments, each once, in the order they ran.
+
+    Within a segment step ``k`` goes from observe ``k`` to observe ``k + 1``. A re-created
+    session's first observe either repeats the transition the previous segment ended on (R3's
+    Restore observes the accepted step again: same action, same screen) and is not a new step,
+    or records a new one whose before-screen is the previous segment's last.
+
+    Args:
+        segments: What ``trace_segments`` read.
+        skipped: Receives ``(where, "missing_observe", detail)`` for each gap in the indices.
+
+    Returns:
+        The transitions (the proposal critiqued at the last screen is not one of them).
+    """
+    out: list[TraceTransition] = []
+    for n, seg in enumerate(segments):
+        where = f" (session {n + 1})" if len(segments) > 1 else ""
+        first = min(seg.observes)
+        if n > 0:
+            prev = segments[n - 1]
+            head, tail = seg.observes[first], prev.observes[prev.last]
+            if _action_key(head) != _action_key(tail):
+                ref = f"trace step_idx {prev.last} -> {first}{where}"
+                out.append(TraceTransition(tail, head, prev.critiques.get(prev.last, []), ref))
+        for k in range(first, seg.last):
+            nxt = seg.observes.get(k + 1)
+            if nxt is None:
+                skipped.append((f"step_idx {k + 1}{where}", "missing_observe", "no observe event"))
+                continue
+            ref = f"trace step_idx {k} -> {k + 1}{where}"
+            out.append(TraceTransition(seg.observes.get(k), nxt, seg.critiques.get(k, []), ref))
+    return out
+
+
 def critique_pairs(crit: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
     """The ``(action, verdict)`` pairs of one critique event, in candidate order.
 
@@ -206,10 +317,12 @@ def read_trace(path: Path) -> FolderRun:
 
     Step ``k`` (screen ``k`` observed, then an action executed) takes its action from the
     ``prev_action`` of observe ``k + 1`` and its verdicts from the critiques at ``k`` of that
-    same action text. A critique at the last screen is a step only when its action ends the
-    task (``terminate``); otherwise whether it ran is unknown and it is skipped. The outcome is
-    the ``outcome`` a runner reported on the close event, else ``failure`` for a run that ends
-    in ``terminate(failure)``, else ``unknown``.
+    same action text. A session re-created in the same file (``reseeded``) is read as a further
+    segment (``trace_segments``, ``trace_transitions``), so every executed step is listed once,
+    in the order it ran. A critique at the last screen of the last segment is a step only when
+    its action ends the task (``terminate``); otherwise whether it ran is unknown and it is
+    skipped. The outcome is the ``outcome`` a runner reported on the close event, else
+    ``failure`` for a run that ends in ``terminate(failure)``, else ``unknown``.
 
     Args:
         path: The ``traces/<sid>.jsonl`` file.
@@ -221,47 +334,14 @@ def read_trace(path: Path) -> FolderRun:
     notes: list[str] = []
     images = path.parent.parent / "images"
     task, platform, screen = trace_session_fields(ev.session, notes)
-    steps: list[FolderStep] = []
-    last = max(ev.observes) if ev.observes else -1
-    for k in range(last):
-        nxt = ev.observes.get(k + 1)
-        if nxt is None:
-            ev.skipped.append((f"step_idx {k + 1}", "missing_observe", "no observe event"))
-            continue
-        raw, intent, actions, error = trace_action(nxt.get("prev_action"))
-        before = trace_image(images, (ev.observes.get(k) or {}).get("image_ref"))
-        steps.append(
-            FolderStep(
-                index=len(steps),
-                source_ref=f"trace step_idx {k} -> {k + 1}",
-                screenshot=before,
-                raw_action=raw,
-                actions=actions,
-                parse_error=error,
-                intent=intent,
-                verdicts=tuple(matching_verdicts(ev.critiques.get(k, []), raw)),
-            )
-        )
-    final = ev.critiques.get(last, []) if last >= 0 else []
-    if final:
-        raw, intent, actions, error = trace_action(final_action(final[-1])[0])
-        if actions and isinstance(actions[-1], Terminate):
-            shot = trace_image(images, final[-1].get("image_ref"))
-            steps.append(
-                FolderStep(
-                    index=len(steps),
-                    source_ref=f"trace step_idx {last} (last critique)",
-                    screenshot=shot or trace_image(images, ev.observes[last].get("image_ref")),
-                    raw_action=raw,
-                    actions=actions,
-                    parse_error=error,
-                    intent=intent,
-                    verdicts=tuple(matching_verdicts(final, raw)),
-                )
-            )
-        else:
-            why = "a proposal with no next screen"
-            ev.skipped.append((f"step_idx {last}", "not_executed", why))
+    segments = trace_segments(path)
+    steps = [
+        _folder_step(images, t, n) for n, t in enumerate(trace_transitions(segments, ev.skipped))
+    ]
+    if len(segments) > 1:
+        notes.append(f"the trace holds {len(segments)} sessions (re-created from an echo)")
+    if segments:
+        _final_step(images, segments[-1], steps, ev.skipped)
     reported = (ev.close or {}).get("outcome")
     outcome = reported if reported in _OUTCOMES else "unknown"
     if outcome == "unknown" and steps and steps[-1].actions:
@@ -271,3 +351,45 @@ def read_trace(path: Path) -> FolderRun:
     run.skipped, run.notes, run.finished = ev.skipped, notes, ev.close is not None
     run.model = _text((ev.session or {}).get("agent_model"))
     return run
+
+
+def _folder_step(images: Path, t: TraceTransition, index: int) -> FolderStep:
+    raw, intent, actions, error = trace_action(t.after.get("prev_action"))
+    return FolderStep(
+        index=index,
+        source_ref=t.source_ref,
+        screenshot=trace_image(images, (t.before or {}).get("image_ref")),
+        raw_action=raw,
+        actions=actions,
+        parse_error=error,
+        intent=intent,
+        verdicts=tuple(matching_verdicts(t.critiques, raw)),
+    )
+
+
+def _final_step(
+    images: Path, seg: TraceSegment, steps: list[FolderStep], skipped: list[tuple[str, str, str]]
+) -> None:
+    """The proposal critiqued at the last screen, appended when it ends the task."""
+    last = seg.last
+    final = seg.critiques.get(last, [])
+    if not final:
+        return
+    raw, intent, actions, error = trace_action(final_action(final[-1])[0])
+    if not actions or not isinstance(actions[-1], Terminate):
+        # Without a next screen, whether any other proposal ran is unknown.
+        skipped.append((f"step_idx {last}", "not_executed", "a proposal with no next screen"))
+        return
+    shot = trace_image(images, final[-1].get("image_ref"))
+    steps.append(
+        FolderStep(
+            index=len(steps),
+            source_ref=f"trace step_idx {last} (last critique)",
+            screenshot=shot or trace_image(images, seg.observes[last].get("image_ref")),
+            raw_action=raw,
+            actions=actions,
+            parse_error=error,
+            intent=intent,
+            verdicts=tuple(matching_verdicts(final, raw)),
+        )
+    )

@@ -17,7 +17,6 @@ holding many task folders raises it too, naming the task folders to pass.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,12 @@ from hivig.run_folders import (
     trace_image,
     trace_session_fields,
     trace_verdict,
+)
+from hivig.run_folders.trace import (
+    TraceSegment,
+    TraceTransition,
+    trace_segments,
+    trace_transitions,
 )
 from hivig.screens import volatile_boxes
 from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
@@ -203,115 +208,25 @@ def _history_fields(obs: dict[str, Any] | None) -> tuple[str | None, str | None]
     return _text(history.get("progress_summary")), _text(history.get("last_action_result"))
 
 
-@dataclass
-class _Segment:
-    """The events of one gateway session in a trace file.
-
-    A session re-created from an echo (``reseeded``: R3's Restore, or the client re-creating a
-    lost session) goes on in the same file with the numbering the echo gives, so its step
-    indices repeat earlier ones; each segment is read on its own.
-    """
-
-    observes: dict[int, dict[str, Any]] = field(default_factory=dict)
-    critiques: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-
-
-def _segments(path: Path) -> list[_Segment]:
-    """Observes (the first per index) and critiques of each session segment, in file order.
-
-    Lines ``trace_events`` cannot use are skipped here too (it records them).
-    """
-    segments = [_Segment()]
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return segments
-    for line in text.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        event, idx = obj.get("event"), obj.get("step_idx")
-        if event == "session" and obj.get("reseeded") is True:
-            segments.append(_Segment())
-        elif event in ("observe", "critique") and _valid_idx(idx):
-            seg = segments[-1]
-            if event == "observe":
-                seg.observes.setdefault(idx, obj)
-            else:
-                seg.critiques.setdefault(idx, []).append(obj)
-    return [s for s in segments if s.observes]
-
-
-def _valid_idx(idx: object) -> bool:
-    return isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0
-
-
-def _action_key(obj: dict[str, Any] | None) -> tuple[str, object]:
-    """What identifies the transition an observe records: its action text and its screen."""
-    raw = trace_action((obj or {}).get("prev_action"))[0]
-    return raw, (obj or {}).get("image_ref")
-
-
-def _trace_step(
-    images: Path,
-    before_obs: dict[str, Any] | None,
-    nxt: dict[str, Any],
-    critiques: list[dict[str, Any]],
-    ref: str,
-    number: int,
-) -> RunStep:
+def _trace_step(images: Path, t: TraceTransition, number: int) -> RunStep:
+    nxt = t.after
     raw, intent, actions, error = trace_action(nxt.get("prev_action"))
     progress, result = _history_fields(nxt)
     change = nxt.get("change") if isinstance(nxt.get("change"), dict) else None
     return RunStep(
         step=number,
-        source_ref=ref,
+        source_ref=t.source_ref,
         raw=raw,
         actions=actions,
         parse_error=error,
         intent=intent,
-        before=trace_image(images, (before_obs or {}).get("image_ref")),
+        before=trace_image(images, (t.before or {}).get("image_ref")),
         after=trace_image(images, nxt.get("image_ref")),
-        verdict=_matching_verdict(critiques, raw),
+        verdict=_matching_verdict(t.critiques, raw),
         last_action_result=result,
         progress_summary=progress,
         recorded_change=change,
     )
-
-
-def _segment_steps(
-    images: Path,
-    seg: _Segment,
-    where: str,
-    previous: tuple[_Segment, int] | None,
-    steps: list[RunStep],
-    skipped: list[Skipped],
-) -> None:
-    """Append the executed steps of one segment to ``steps``.
-
-    A re-created session's first observe either repeats the transition the previous segment
-    ended on (R3's Restore observes the accepted step again: same action, same screen) and is
-    not a new step, or records a new one whose before-screen is the previous segment's last.
-    """
-    first, last = min(seg.observes), max(seg.observes)
-    if previous is not None:
-        prev_seg, prev_last = previous
-        head, tail = seg.observes[first], prev_seg.observes[prev_last]
-        if _action_key(head) != _action_key(tail):
-            ref = f"trace step_idx {prev_last} -> {first}{where}"
-            crit = prev_seg.critiques.get(prev_last, [])
-            steps.append(_trace_step(images, tail, head, crit, ref, len(steps) + 1))
-    for k in range(first, last):
-        nxt = seg.observes.get(k + 1)
-        if nxt is None:
-            skipped.append(Skipped(f"step_idx {k + 1}{where}", "missing_observe", "no observe"))
-            continue
-        ref = f"trace step_idx {k} -> {k + 1}{where}"
-        crit = seg.critiques.get(k, [])
-        steps.append(_trace_step(images, seg.observes.get(k), nxt, crit, ref, len(steps) + 1))
 
 
 def load_trace(path: Path) -> Run:
@@ -321,7 +236,8 @@ def load_trace(path: Path) -> Run:
     ``k + 1``: its action is the ``prev_action`` of observe ``k + 1``, its screens the images of
     observes ``k`` and ``k + 1``, its verdict the critique at ``k`` of that same action. A
     critique at the last observed screen becomes a final step without an after-screen. A
-    session re-created in the same file (``reseeded``) is read as a further segment, so every
+    session re-created in the same file (``reseeded``) is read as a further segment
+    (``hivig.run_folders.trace.trace_segments``, ``trace_transitions``), so every
     executed step is listed once, in the order it ran.
 
     Args:
@@ -336,17 +252,15 @@ def load_trace(path: Path) -> Run:
     events = trace_events(path)
     skipped = [Skipped(where, reason, detail) for where, reason, detail in events.skipped]
     task, platform, screen = trace_session_fields(events.session, notes)
-    segments = _segments(path)
-    steps: list[RunStep] = []
-    previous: tuple[_Segment, int] | None = None
-    for n, seg in enumerate(segments):
-        where = f" (session {n + 1})" if len(segments) > 1 else ""
-        _segment_steps(images, seg, where, previous, steps, skipped)
-        previous = (seg, max(seg.observes))
+    segments = trace_segments(path)
+    found: list[tuple[str, str, str]] = []
+    transitions = trace_transitions(segments, found)
+    skipped += [Skipped(where, reason, detail) for where, reason, detail in found]
+    steps = [_trace_step(images, t, n) for n, t in enumerate(transitions, start=1)]
     if len(segments) > 1:
         notes.append(f"the trace holds {len(segments)} sessions (re-created from an echo)")
-    if previous is not None:
-        _final_step(images, *previous, steps)
+    if segments:
+        _final_step(images, segments[-1], steps)
     missing = sum(s.before is None for s in steps)
     if missing:
         notes.append(f"{missing} step(s) have no readable before-screenshot in {images}")
@@ -362,8 +276,9 @@ def load_trace(path: Path) -> Run:
     return Run("trace", path, task, platform, screen, steps, outcome, None, skipped, notes, regions)
 
 
-def _final_step(images: Path, seg: _Segment, last: int, steps: list[RunStep]) -> None:
+def _final_step(images: Path, seg: TraceSegment, steps: list[RunStep]) -> None:
     """The proposal critiqued at the last observed screen, as a final step without an after."""
+    last = seg.last
     final = seg.critiques.get(last, [])
     if not final:
         return
