@@ -112,3 +112,25 @@ def test_ingest_runs_keeps_every_executed_step(demo_state: tuple[Path, Path], tm
     assert stats["outcomes"] == {"success": 1}
     (images,) = (tmp_path / "corpus" / "data" / "gateway_trace").iterdir()
     assert len(list((images / "images").glob("*.png"))) == len(EXECUTED)
+
+
+def test_a_raw_line_separator_inside_an_event_loses_no_step(
+    demo_state: tuple[Path, Path], tmp_path: Path
+):
+    from serve.diagnose.loaders import load_trace
+
+    # A JSON writer may leave U+2028 raw inside a string (the gateway's traces do); it is not a
+    # line break of the trace, so the observe that holds it still counts.
+    state, trace = demo_state
+    lines = trace.read_text(encoding="utf-8").strip("\n").split("\n")
+    events = [json.loads(x) for x in lines]
+    last_observe = max(i for i, e in enumerate(events) if e["event"] == "observe")
+    events[last_observe]["reasoning"] = "a\u2028b"
+    lines[last_observe] = json.dumps(events[last_observe], ensure_ascii=False)
+    assert "\u2028" in lines[last_observe]
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "images").symlink_to(state / "images")
+    edited = tmp_path / "traces" / trace.name
+    edited.write_text("\n".join(lines), encoding="utf-8")
+    assert [s.intent for s in read_trace(edited).steps] == EXECUTED
+    assert [s.intent for s in load_trace(edited).steps] == EXECUTED
