@@ -5,9 +5,9 @@ short, stable reason code; none of them raises on any input string. They are tol
 models do to a format (a missing opening ``<think>``, tag case, code fences, markdown emphasis such
 as ``**Overall Grading:** good``) and strict about content (the verdict must be Good or Bad, a
 dimension must be one of the 12, required fields must be present and non-empty). Code-fence lines
-inside an answer block are layout and are dropped; chat-template tokens (``<|im_end|>``) and the
-contracts' own tags inside a block are refused (``stray_markup``), so what a parser accepts reads
-as the model meant it and can become a training target as is.
+inside an answer block are layout and are dropped; chat-template tokens (``<|im_end|>``) and
+reasoning tags inside a block are refused (``stray_markup``), so what a parser accepts reads as the
+model meant it and can become a training target as is.
 
 The target format is the published HiViG one::
 
@@ -333,10 +333,10 @@ def _think_and_answer(
 # block's body in one; the fence is layout, never content, and must not reach a training target.
 _FENCE_LINE = re.compile(r"^[ \t]*(?:`{3,}|~{3,})[ \t]*[\w.+-]*[ \t]*(?:\r?\n|$)", re.MULTILINE)
 # Markup that has no place inside an answer block: chat-template special tokens (<|im_end|>) and
-# the contracts' own tags (a block opened inside another one, reasoning tags after the answer).
-_STRAY_MARKUP = re.compile(
-    r"<\|[^|<>\n]{1,40}\|>|</?(?:think|summary|criticism|next_state)\s*>", re.IGNORECASE
-)
+# reasoning tags (special tokens of the chat template too). Other tag names stay content: a web
+# page's <summary> element is a fair thing for a criticism to name (a second block of the same
+# tag is refused as duplicate_tag anyway).
+_STRAY_MARKUP = re.compile(r"<\|[^|<>\n]{1,40}\|>|</?think\s*>", re.IGNORECASE)
 
 
 def _block(text: str, tag: str) -> str:

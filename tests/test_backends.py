@@ -366,10 +366,10 @@ def test_other_4xx_are_not_retried(status):
         b'{"choices": []}',
         b'{"choices": [{"finish_reason": "stop"}]}',
         b'{"choices": [{"message": {"content": 5}}]}',
-        b'{"error": {"message": "model overloaded"}}',
     ],
 )
 def test_malformed_bodies_are_bad_responses_without_retry(raw):
+    # A 200 carrying an error object is retried instead (see the test after this one).
     with ScriptedServer([Reply(raw_body=raw)], default=Reply(content="never")) as server:
         client = OpenAIClient(server.base_url, "m", max_retries=3, **FAST)
         with pytest.raises(BackendBadResponse) as info:
@@ -570,3 +570,22 @@ def test_server_routes_and_bad_requests():
         assert server.respond_errors == [
             "TypeError: a scripted answer must be a Reply or a str, got int"
         ]
+
+
+def test_a_200_error_body_is_retried_by_the_client():
+    body = b'{"error": {"message": "The server is overloaded", "type": "server_error"}}'
+    with ScriptedServer([Reply(raw_body=body), "ok"]) as server:
+        gen = _run(_generate(OpenAIClient(server.base_url, "m", max_retries=1, **FAST)))
+    assert gen.text == "ok" and gen.attempts == 2
+    with (
+        ScriptedServer(default=Reply(raw_body=body)) as server,
+        pytest.raises(RetriesExhausted) as info,
+    ):
+        _run(_generate(OpenAIClient(server.base_url, "m", max_retries=1, **FAST)))
+    assert info.value.root_reason == "bad_response" and info.value.attempts == 2
+
+
+def test_an_answer_nested_past_the_parsers_depth_is_a_bad_response():
+    server = ScriptedServer([Reply(raw_body=b"[" * 200_000)])
+    with server, pytest.raises(BackendBadResponse):
+        _run(_generate(OpenAIClient(server.base_url, "m", max_retries=0, **FAST)))

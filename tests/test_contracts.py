@@ -801,9 +801,7 @@ def test_a_fence_inside_a_json_value_is_layout_not_content():
     assert isinstance(out, ContractError) and out.reason == "bad_value"
 
 
-@pytest.mark.parametrize(
-    "junk", ["<|im_end|>", "<|endoftext|>", "<think>", "</summary>", "<criticism>", "<NEXT_STATE>"]
-)
+@pytest.mark.parametrize("junk", ["<|im_end|>", "<|endoftext|>", "<think>", "</THINK>"])
 def test_stray_markup_inside_a_block_is_refused_not_kept(junk):
     critique = f"<criticism>Overall Grading: Good\nExplanation: ok {junk}\n</criticism>"
     history = f"<summary>Progress Summary: a {junk}\nLast Action Result: b</summary>"
@@ -816,7 +814,14 @@ def test_stray_markup_inside_a_block_is_refused_not_kept(junk):
         {"better_candidate": "A", "predicted_error_dimension": "Invalid", "reasoning_summary": junk}
     )
     out = parse_judge(judge)
-    assert isinstance(out, ContractError) and out.reason in {"stray_markup", "unclosed_think"}, out
+    # Refused one way or another (a think tag in a JSON answer also breaks the reasoning split).
+    assert isinstance(out, ContractError), out
+
+
+def test_a_web_pages_summary_element_named_in_a_criticism_is_content():
+    text = "<criticism>Overall Grading: Good\nExplanation: It opens <summary>.\n</criticism>"
+    out = parse_critique(text)
+    assert isinstance(out, CritiqueOutput) and out.explanation == "It opens <summary>."
 
 
 def test_backticks_inside_a_sentence_are_content():

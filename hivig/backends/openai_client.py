@@ -368,13 +368,19 @@ class OpenAIClient:
         try:
             # The stdlib parser, as httpx's ``Response.json``: a number past 64 bits in a field
             # the client ignores must not cost the answer (``_count`` vets the ones it reads).
-            return json.loads(resp.content)
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            data = json.loads(resp.content)
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past reason
             raise BackendBadResponse(
                 f"body is not JSON: {resp.content[:200]!r}",
                 attempts=attempt,
                 status=resp.status_code,
             ) from e
+        if isinstance(data, dict) and "error" in data and "choices" not in data:
+            # Raised here, inside the retry loop, so it is retried like the 5xx it stands for.
+            raise BackendErrorBody(
+                f"server reported an error: {data['error']!r}", attempts=attempt, status=200
+            )
+        return data
 
     def _retry_delay(self, attempt: int, error: BackendError) -> float:
         retry_after = getattr(error, "retry_after_s", None)
