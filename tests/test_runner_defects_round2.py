@@ -527,6 +527,19 @@ def test_inject_history_setting_must_be_a_bool(gateway):
         GuardedOSWorldAgent(OSWorldAgent(), client, inject_history="yes")  # type: ignore[arg-type]
 
 
+def test_a_config_that_asks_for_injection_is_not_overruled_silently(gateway, caplog):
+    _, client = gateway
+    config = GuardConfig(inject_history=True)
+    with caplog.at_level("WARNING", logger="serve.adapters._common"):
+        wrapped = GuardedOSWorldAgent(OSWorldAgent(), client, config=config)
+    assert wrapped.config.inject_history is False
+    assert "pass inject_history=True to the adapter" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="serve.adapters._common"):
+        GuardedOSWorldAgent(OSWorldAgent(), client, config=config, inject_history=True)
+    assert "overrides" not in caplog.text
+
+
 # ---------------------------------------------------------------------------------------------
 # A stop rolls the rejected proposals back (OSWorld and WAA, as WebArenaLiteV2)
 

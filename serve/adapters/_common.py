@@ -228,10 +228,19 @@ def runner_config(config: GuardConfig | None, inject_history: bool) -> GuardConf
     """A runner adapter's guard settings: ``config`` with the adapter's ``inject_history``.
 
     The adapter's argument decides (a visible setting of each wrapper); ``config.inject_history``
-    is overwritten by it.
+    is overwritten by it, with a warning when the two differ, so a config that asked for the
+    injection (or kept ``GuardConfig``'s default, which is on) is not overruled silently.
     """
     if not isinstance(inject_history, bool):
         raise ValueError(f"inject_history must be True or False, got {inject_history!r}")
+    if config is not None and config.inject_history != inject_history:
+        log.warning(
+            "the runner adapter's inject_history=%s overrides the guard config's %s; pass "
+            "inject_history=%s to the adapter to keep the config's",
+            inject_history,
+            config.inject_history,
+            config.inject_history,
+        )
     return dataclasses.replace(config or GuardConfig(), inject_history=inject_history)
 
 
