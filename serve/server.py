@@ -163,6 +163,8 @@ def http_protocol(
         _body_timer: asyncio.TimerHandle | None = None
         _head_bytes = 0  # bytes of the current head so far
         _head_tail = b""  # the last bytes counted, where a head's end may begin
+        _head_started = False  # a request line has begun (blank lines before it skipped)
+        _frame_bytes = 0  # bytes of a body that are not body: chunk sizes, trailers
         _in_head = False  # the parser is between a request's first byte and its last header
         _in_body = False  # between a request's last header and the end of its body
 
@@ -183,7 +185,11 @@ def http_protocol(
         def data_received(self, data: bytes) -> None:
             if not self._in_body and self._head_too_long(data):
                 return
+            if self._in_body:
+                self._frame_bytes += len(data)  # less the body itself, in ``on_body``
             super().data_received(data)
+            if self._in_body and self._frame_too_long():
+                return
             # Bytes while nothing is served and no body is due: a head has begun (or blank
             # lines, which the parser skips). A pipelined head that arrives while an earlier
             # request is served is timed from that request's answer, as with h11: uvicorn reads
@@ -203,8 +209,18 @@ def http_protocol(
 
         def on_headers_complete(self) -> None:
             self._in_head, self._in_body = False, True
-            self._head_bytes, self._head_tail = 0, b""
+            self._head_bytes, self._head_tail, self._head_started = 0, b"", False
+            self._frame_bytes = 0
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            self._frame_bytes -= len(body)
+            super().on_body(body)
+
+        def on_chunk_complete(self) -> None:
+            # A chunk's size line is counted until its data is in; the last chunk (size 0)
+            # completes only after its trailers, which llhttp buffers whole like headers.
+            self._frame_bytes = 0
 
         def on_message_complete(self) -> None:
             self._in_body = False
@@ -233,6 +249,12 @@ def http_protocol(
             return self.cycle is not None and not self.cycle.response_complete
 
         def _head_too_long(self, data: bytes) -> bool:
+            if not self._head_started:
+                # The parser skips blank lines before a request line: counted, but no end of
+                # a head (``\r\n\r\n`` there ended the count before the head had begun).
+                rest = data.lstrip(b"\r\n")
+                self._head_bytes += len(data) - len(rest)
+                self._head_started, data = bool(rest), rest
             # Only the bytes up to the head's end count: a body may follow in the same chunk.
             window = self._head_tail + data if self._head_tail else data
             end = window.find(b"\r\n\r\n")
@@ -248,6 +270,23 @@ def http_protocol(
                         _answer(431, b"Request Header Fields Too Large", "bad_request", message)
                     )
                 self.transport.close()
+            return True
+
+        def _frame_too_long(self) -> bool:
+            # Chunk size lines with their extensions, and trailers, are held to the head's
+            # limit: llhttp buffers a trailer until it ends, as it does a header.
+            if self._frame_bytes <= self.limits[1] or self.transport.is_closing():
+                return False
+            self._stop_body_timer()
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_started:
+                cycle.disconnected = True  # the app reads a disconnect; the 431 is the answer
+                cycle.message_event.set()
+                message = f"chunk sizes or trailers over {self.limits[1]} bytes"
+                self.transport.write(
+                    _answer(431, b"Request Header Fields Too Large", "bad_request", message)
+                )
+            self.transport.close()
             return True
 
         def _refuse(self) -> None:
