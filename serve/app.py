@@ -25,7 +25,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hivig.backends import InferenceBackend, build_backend
 from hivig.checkpoint_files import CheckpointError, read_frame
@@ -109,7 +109,7 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
         app.state.gateway = gateway
         app.state.ready = not cfg.warmup
         app.state.ready_detail = "warming up" if cfg.warmup else "ready"
-        tasks = [asyncio.create_task(_expire_loop(gateway))]
+        tasks = [asyncio.create_task(_sweep_loop(gateway, cfg.retention.sweep_every_s))]
         if cfg.warmup:
             tasks.append(asyncio.create_task(_warm_up(app, gateway)))
         logger.info(
@@ -120,6 +120,7 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
         finally:
             for task in tasks:
                 task.cancel()
+            gateway.stop_sweeps()
             aclose = getattr(chosen, "aclose", None)
             if backend is None and aclose is not None:
                 await aclose()
@@ -136,7 +137,14 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
         resize_kernel()  # a misspelt HIVIG_RESIZE_KERNEL fails here, not in the first request
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    app = FastAPI(title="hivig critic gateway", version=SCHEMA_VERSION, lifespan=lifespan)
+    # No trailing-slash redirects: Starlette builds their Location from the request's Host
+    # header, so any client could make the gateway point elsewhere; ``/v1/info/`` is a 404.
+    app = FastAPI(
+        title="hivig critic gateway",
+        version=SCHEMA_VERSION,
+        lifespan=lifespan,
+        redirect_slashes=False,
+    )
     app.state.config = cfg
     token = os.environ.get(cfg.auth_token_env, "") if cfg.auth_token_env else ""
     _add_middleware(app, cfg, token)
@@ -200,19 +208,46 @@ class _Guard:
         return None
 
 
+class _Contain:
+    """A bug's exception ends in a 500 here, inside the app, and goes no further.
+
+    Starlette's outermost middleware answers an unhandled exception and then raises it again
+    for the server to log, and uvicorn closes the connection on any exception: the client's
+    next request on that kept-alive connection met a reset. Caught here, the 500 is answered
+    in the documented shape and the connection stays open.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            if started:  # half an answer is out: only closing the connection ends it
+                raise
+            # A bug must still answer in the documented shape (runners branch on the code).
+            logger.error("unhandled error on %s", scope.get("path", ""), exc_info=exc)
+            gateway = getattr(scope["app"].state, "gateway", None) if "app" in scope else None
+            if gateway is not None:
+                gateway.metrics.errors.labels("internal").inc()
+            message = f"{type(exc).__name__}: the gateway failed on this request"
+            await error_response(500, "internal", message)(scope, receive, send)
+
+
 def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
     app.add_middleware(_Guard, max_body=cfg.limits.max_body_bytes, token=token)
-
-    @app.exception_handler(Exception)
-    async def internalerror_response(request: Request, exc: Exception) -> JSONResponse:
-        # A bug must still answer in the documented shape (runners branch on the code).
-        logger.error("unhandled error on %s", request.url.path, exc_info=exc)
-        gateway = getattr(request.app.state, "gateway", None)
-        if gateway is not None:
-            gateway.metrics.errors.labels("internal").inc()
-        return error_response(
-            500, "internal", f"{type(exc).__name__}: the gateway failed on this request"
-        )
+    app.add_middleware(_Contain)  # added last: the outermost of ours
 
     @app.exception_handler(ClientDisconnect)
     async def gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
@@ -259,11 +294,11 @@ def _add_middleware(app: FastAPI, cfg: ServeConfig, token: str) -> None:
 # Background work
 
 
-async def _expire_loop(gateway: Gateway, every_s: float = 60.0) -> None:
+async def _sweep_loop(gateway: Gateway, every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         try:
-            gateway.expire()
+            await gateway.sweep()  # off the event loop: requests are answered meanwhile
         except StorageError as e:  # the disk, not a bug: one line, and the next sweep retries
             logger.warning("session expiry sweep failed: %s", e)
         except Exception:  # a failed sweep must not end the loop; the next one retries

@@ -129,6 +129,39 @@ class SessionsConfig:
 
 
 @dataclass
+class RetentionConfig:
+    """What the sweep removes from ``sessions.state_dir``, and how often it runs.
+
+    The sweep closes idle sessions and applies these limits off the event loop, a bounded slice
+    at a time, so requests keep being answered while it runs.
+    """
+
+    sweep_every_s: float = 60.0
+    """Seconds between sweeps (session expiry, trace retries and the removals below)."""
+    closed_keep_s: float = 86400.0
+    """A closed session (closed, or expired after ``sessions.ttl_s``) last seen this long ago is
+    removed from the store: ``GET /v1/sessions/{id}`` then answers 404, and a runner re-creates
+    it from its echo as for any lost session."""
+    closed_max: int = 5000
+    """Closed sessions kept at most, the most recently seen; older ones are removed first (about
+    50 KB each at 60 steps: this bounds the store at about 250 MB of closed sessions)."""
+    remove_traces: bool = False
+    """Also delete a removed session's trace (``traces/<id>.jsonl``, about 1 MB at 60 steps).
+    Off: traces are the input of ``diagnose`` and of new training data; collect them, then
+    delete them, or turn this on where nobody does."""
+    jobs_keep_s: float = 604800.0
+    """A diagnosis job's folder (``diagnoses/<id>/``: its state, report and HTML) is removed
+    this long after it finished (or after it was last written, for a job whose process died)."""
+
+    def __post_init__(self) -> None:
+        for name in ("sweep_every_s", "closed_keep_s", "jobs_keep_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"`retention.{name}` must be positive")
+        if self.closed_max < 0:
+            raise ConfigError("`retention.closed_max` must be >= 0")
+
+
+@dataclass
 class DiagnoseConfig:
     """``POST /v1/diagnose`` jobs."""
 
@@ -165,6 +198,7 @@ class ServeConfig:
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     warmup: bool = True
     """Run one history update and one verdict through the parser before ``/readyz`` is green."""
     graceful_timeout_s: float = 30.0

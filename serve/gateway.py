@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,10 @@ from serve.traces import TraceWriter, messages_json, valid_session_id
 logger = logging.getLogger(__name__)
 
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
+
+SWEEP_SLICE = 256
+"""Sessions (or lock files) one slice of the sweep handles: one transaction that holds the
+store for a few milliseconds, so a request waits at most that long behind the sweep."""
 
 SCHEMA_VERSION = "1"
 _RETRYABLE = ("timeout", "backend", "missing_image")
@@ -117,6 +124,9 @@ class Gateway:
         self.jobs: dict[str, dict[str, Any]] = {}
         self._job_tasks: set[asyncio.Task[None]] = set()
         self._job_slots = asyncio.Semaphore(cfg.diagnose.max_jobs)
+        # One thread for the sweep: its slices never take a place of the default executor,
+        # which model calls share, and two sweeps never overlap.
+        self._sweeper = ThreadPoolExecutor(1, thread_name_prefix="hivig-sweep")
         self.metrics.sessions_open.set(self.store.count_open())
 
     def close(self) -> None:
@@ -184,14 +194,6 @@ class Gateway:
                 yield
             finally:
                 os.close(fd)  # closing the descriptor releases the lock
-
-    def _prune_locks(self) -> None:
-        """Forget the locks of closed sessions nobody is waiting on."""
-        for sid, lock in list(self._locks.items()):
-            if not lock.locked():
-                state = self.store.load(sid)
-                if state is None or state.closed:
-                    del self._locks[sid]
 
     async def _cpu(self, fn: Any, *args: Any) -> Any:
         """Run image work (decode, resize, fingerprints) on the image threads."""
@@ -295,22 +297,130 @@ class Gateway:
         self._count_open()
         return answer
 
+    # -- the sweep: expiry and retention -------------------------------------------------------
+
+    async def sweep(self) -> list[str]:
+        """Close idle sessions and apply ``retention``, off the event loop; the expired ids.
+
+        The store and file work runs on a thread of its own, one bounded slice at a time (one
+        transaction of at most ``SWEEP_SLICE`` sessions): a request waits for the store at most
+        one slice, and nothing else waits at all.
+        """
+        loop = asyncio.get_running_loop()
+        steps = self._sweep()
+        done: Any = None
+        while True:
+            try:
+                work = steps.send(done)
+            except StopIteration as stop:
+                return stop.value
+            done = await loop.run_in_executor(self._sweeper, work)
+
+    def stop_sweeps(self) -> None:
+        """Wait for a sweep slice still running, and let the sweep thread go."""
+        self._sweeper.shutdown(wait=True)
+
     def expire(self) -> list[str]:
-        """Close sessions idle past the TTL (never one a request is being served for)."""
-        self.traces.flush()  # events a failing trace folder refused get written once it heals
-        busy = frozenset(sid for sid, lock in self._locks.items() if lock.locked())
-        gone = self.store.expire(now() - self.cfg.sessions.ttl_s, busy)
-        for sid in gone:
-            self.store.forget(sid)
-            self._trace(None, sid, "close", reason="ttl")
-        self._prune_locks()
+        """The same sweep, run here and now (tests, tools); the expired ids."""
+        steps = self._sweep()
+        done: Any = None
+        while True:
+            try:
+                work = steps.send(done)
+            except StopIteration as stop:
+                return stop.value
+            done = work()
+
+    def _sweep(self) -> Generator[Callable[[], Any], Any, list[str]]:
+        """The sweep's slices: each yielded callable is blocking work (run by ``sweep`` on the
+        sweep thread); what runs between them here is bookkeeping of this process's state."""
+        yield self.traces.flush  # events a failing trace folder refused, once it heals
+        idle_before = now() - self.cfg.sessions.ttl_s
+        gone: list[str] = []
+        while True:
+            busy = frozenset(sid for sid, lock in self._locks.items() if lock.locked())
+            batch = yield functools.partial(self._expire_slice, idle_before, busy)
+            gone += batch
+            if len(batch) < SWEEP_SLICE:
+                break
+        keep = self.cfg.retention
+        before = now() - keep.closed_keep_s
+        while True:
+            removed = yield functools.partial(self._purge_slice, before, keep.closed_max)
+            if len(removed) < SWEEP_SLICE:
+                break
+        still_open = yield functools.partial(self.store.open_among, list(self._locks))
+        for sid, lock in list(self._locks.items()):
+            if sid not in still_open and not lock.locked():
+                del self._locks[sid]  # a closed or removed session nobody is waiting on
+        if self._lock_dir is not None:
+            yield self._sweep_lock_files
         horizon = time.time() - self.cfg.sessions.ttl_s
         for job_id, job in list(self.jobs.items()):
             if job["status"] != "pending" and job.get("finished", 0) < horizon:
-                del self.jobs[job_id]
-        if gone:
-            self._count_open()
+                del self.jobs[job_id]  # still on disk (``_load_job``) until ``jobs_keep_s``
+        running = frozenset(j for j, job in self.jobs.items() if job["status"] == "pending")
+        yield functools.partial(self._sweep_jobs, running)
+        self.metrics.sessions_open.set((yield self.store.count_open))
         return gone
+
+    def _expire_slice(self, idle_before: float, busy: frozenset[str]) -> list[str]:
+        gone = self.store.expire(idle_before, busy, limit=SWEEP_SLICE)
+        for sid in gone:
+            self._trace(None, sid, "close", reason="ttl")
+        return gone
+
+    def _purge_slice(self, before: float, keep: int) -> list[str]:
+        removed = self.store.purge_closed(before, keep, SWEEP_SLICE)
+        for sid in removed:
+            if self._lock_dir is not None:
+                _remove_lock_file(self._lock_dir / f"{sid}.lock")
+            if self.cfg.retention.remove_traces:
+                with contextlib.suppress(OSError):
+                    self.traces.path(sid).unlink(missing_ok=True)
+        if removed:
+            logger.info("retention: removed %d closed sessions", len(removed))
+        return removed
+
+    def _sweep_lock_files(self) -> int:
+        """Remove the lock files of sessions that are not open (closed, removed, never made),
+        a slice at a time; how many were removed."""
+        assert self._lock_dir is not None
+        try:
+            names = [e.name for e in os.scandir(self._lock_dir) if e.name.endswith(".lock")]
+        except OSError as e:
+            logger.warning("lock files not swept: %s", e.strerror or e)
+            return 0
+        removed = 0
+        for i in range(0, len(names), SWEEP_SLICE):
+            chunk = names[i : i + SWEEP_SLICE]
+            still_open = self.store.open_among([n.removesuffix(".lock") for n in chunk])
+            for name in chunk:
+                if name.removesuffix(".lock") not in still_open:
+                    removed += _remove_lock_file(self._lock_dir / name)
+        return removed
+
+    def _sweep_jobs(self, running: frozenset[str]) -> int:
+        """Remove diagnosis job folders finished more than ``retention.jobs_keep_s`` ago (or,
+        never finished, last written that long ago: their process died); how many."""
+        root = Path(self.cfg.sessions.state_dir) / "diagnoses"
+        horizon = time.time() - self.cfg.retention.jobs_keep_s
+        removed = 0
+        try:
+            folders = [e for e in os.scandir(root) if _JOB_ID.fullmatch(e.name)]
+        except FileNotFoundError:
+            return 0
+        except OSError as e:
+            logger.warning("diagnosis jobs not swept: %s", e.strerror or e)
+            return 0
+        for folder in folders:
+            if folder.name in running or _job_time(Path(folder.path)) >= horizon:
+                continue
+            shutil.rmtree(folder.path, ignore_errors=True)
+            removed += 1
+        if removed:
+            logger.info("retention: removed %d diagnosis jobs", removed)
+        return removed
 
     # -- observe -------------------------------------------------------------------------------
 
@@ -969,6 +1079,16 @@ async def _lock_file(path: Path) -> int:
     While another process serves the session, the lock is polled from the event loop: a thread
     blocked in ``flock`` would hold a place of the default executor, which model calls share.
     """
+    while True:
+        fd = await _lock_open(path)
+        # The sweep removes the lock files of closed sessions (holding their lock): one locked
+        # after it was removed is no longer the session's, and a new one is made.
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)
+
+
+async def _lock_open(path: Path) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:  # the state folder refuses writes: the commit would fail as well
@@ -988,6 +1108,54 @@ async def _lock_file(path: Path) -> int:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _remove_lock_file(path: Path) -> int:
+    """Remove a session's lock file unless a request holds it (1 when removed).
+
+    The file is removed while its lock is held here, so a process that opened it before and
+    waits for it sees, once it has the lock, that the path names another file (``_lock_file``).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not _same_file(fd, path):
+            return 0
+        path.unlink()
+        return 1
+    except OSError:  # held by a request (BlockingIOError), or already gone: kept for now
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _job_time(folder: Path) -> float:
+    """When a diagnosis job finished; for one that never did, when its state was last written
+    (its folder's, for one with no state)."""
+    path = folder / "job.json"
+    try:
+        job = json.loads(path.read_bytes())
+        if job.get("status") != "pending" and job.get("finished"):
+            return float(job["finished"])
+        return path.stat().st_mtime
+    except (OSError, ValueError, TypeError, AttributeError):
+        try:
+            return folder.stat().st_mtime
+        except OSError:
+            return time.time()  # gone meanwhile, or unreadable: not removed now
 
 
 def _observe_key(req: Observe) -> str:

@@ -156,9 +156,21 @@ class SessionStore(Protocol):
         """A stored response, or ``None``."""
         ...
 
-    def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
+    def expire(
+        self, idle_before: float, busy: frozenset[str] = frozenset(), limit: int | None = None
+    ) -> list[str]:
         """Close sessions last seen before ``idle_before`` (epoch seconds), except ``busy`` ones
-        (a request is in flight); their ids."""
+        (a request is in flight), and drop their stored responses: at most ``limit`` of them
+        (the longest idle first), in one write; their ids."""
+        ...
+
+    def purge_closed(self, before: float, keep: int, limit: int) -> list[str]:
+        """Remove closed sessions last seen before ``before``, and the oldest closed ones past
+        the ``keep`` most recent: at most ``limit`` of them, in one write; their ids."""
+        ...
+
+    def open_among(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` name open sessions."""
         ...
 
     def forget(self, session_id: str) -> None:
@@ -212,17 +224,42 @@ class MemoryStore:
             text = self._responses.get((session_id, kind, step_idx, key))
         return _document(text) if text is not None else None
 
-    def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
+    def expire(
+        self, idle_before: float, busy: frozenset[str] = frozenset(), limit: int | None = None
+    ) -> list[str]:
         gone = []
         for sid in list(self._states):
+            if limit is not None and len(gone) >= limit:
+                break
             state = self.load(sid)
             if sid in busy:
                 continue
             if state is not None and not state.closed and state.last_seen < idle_before:
                 state.closed = True
                 self.save(state)
+                self.forget(sid)
                 gone.append(sid)
         return gone
+
+    def purge_closed(self, before: float, keep: int, limit: int) -> list[str]:
+        with self._lock:
+            closed = sorted(
+                (doc["last_seen"], sid)
+                for sid, doc in ((sid, jsonio.loads(t)) for sid, t in self._states.items())
+                if doc["closed"]
+            )
+            excess = len(closed) - keep
+            gone = [sid for i, (seen, sid) in enumerate(closed) if i < excess or seen < before]
+            for sid in gone[:limit]:
+                del self._states[sid]
+        for sid in gone[:limit]:
+            self.forget(sid)
+        return gone[:limit]
+
+    def open_among(self, ids: list[str]) -> set[str]:
+        with self._lock:
+            texts = {sid: self._states.get(sid) for sid in ids}
+        return {sid for sid, t in texts.items() if t is not None and not jsonio.loads(t)["closed"]}
 
     def forget(self, session_id: str) -> None:
         with self._lock:
@@ -246,7 +283,13 @@ CREATE TABLE IF NOT EXISTS responses (
     session_id TEXT NOT NULL, kind TEXT NOT NULL, step_idx INTEGER NOT NULL, key TEXT NOT NULL,
     body TEXT NOT NULL, PRIMARY KEY (session_id, kind, step_idx, key)
 );
+CREATE INDEX IF NOT EXISTS sessions_by_age ON sessions (closed, last_seen);
 """
+# The index lets the sweep and the open-sessions count read ids and ages without walking every
+# state document (the column after a large document lies in its overflow pages).
+
+_PARAMS = 500
+"""Ids bound in one ``IN (...)`` list (SQLite allows 32,766 from 3.32 on, 999 before)."""
 
 
 class SQLiteStore:
@@ -343,8 +386,15 @@ class SQLiteStore:
 
     def load(self, session_id: str) -> SessionState | None:
         with self._use("read") as db:
-            row = db.execute("SELECT state FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        return SessionState.from_json(row[0]) if row else None
+            row = db.execute(
+                "SELECT state, closed FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        if not row:
+            return None
+        state = SessionState.from_json(row[0])
+        # The column is the truth: the sweep closes sessions without rewriting their documents.
+        state.closed = bool(row[1])
+        return state
 
     def save(
         self,
@@ -399,31 +449,52 @@ class SQLiteStore:
             ).fetchone()
         return _document(row[0]) if row else None
 
-    def expire(self, idle_before: float, busy: frozenset[str] = frozenset()) -> list[str]:
+    def expire(
+        self, idle_before: float, busy: frozenset[str] = frozenset(), limit: int | None = None
+    ) -> list[str]:
         # A write check even when nothing expires: the sweep notices a deleted file on an idle
-        # gateway too.
-        with self._use("expiry", write=True) as db:
+        # gateway too. Only the ``closed`` column changes (``load`` reads it): no document is
+        # parsed or rewritten, so an unreadable one cannot stop the sweep either.
+        fetch = -1 if limit is None else limit + len(busy)
+        with self._use("expiry", write=True) as db, _transaction(db):
             rows = db.execute(
-                "SELECT id FROM sessions WHERE closed = 0 AND last_seen < ?", (idle_before,)
+                "SELECT id FROM sessions WHERE closed = 0 AND last_seen < ?"
+                " ORDER BY last_seen LIMIT ?",
+                (idle_before, fetch),
             ).fetchall()
-        gone = []
-        for (sid,) in rows:
-            if sid in busy:
-                continue
-            try:
-                state = self.load(sid)
-            except (ValueError, TypeError) as e:
-                # An unreadable document must not stop the sweep for every session after it.
-                logger.warning("session %s: unreadable state (%s); closed", sid, e)
-                with self._use("expiry", write=True) as db:
-                    db.execute("UPDATE sessions SET closed = 1 WHERE id = ?", (sid,))
-                gone.append(sid)
-                continue
-            if state is not None:
-                state.closed = True
-                self.save(state)
-                gone.append(sid)
+            gone = [sid for (sid,) in rows if sid not in busy][:limit]
+            for chunk in _chunks(gone):
+                marks = ",".join("?" * len(chunk))
+                db.execute(f"UPDATE sessions SET closed = 1 WHERE id IN ({marks})", chunk)
+                db.execute(f"DELETE FROM responses WHERE session_id IN ({marks})", chunk)
         return gone
+
+    def purge_closed(self, before: float, keep: int, limit: int) -> list[str]:
+        with self._use("retention", write=True) as db, _transaction(db):
+            (closed,) = db.execute("SELECT COUNT(*) FROM sessions WHERE closed = 1").fetchone()
+            excess = closed - keep
+            rows = db.execute(
+                "SELECT id, last_seen FROM sessions WHERE closed = 1 ORDER BY last_seen LIMIT ?",
+                (limit,),
+            ).fetchall()
+            # Oldest first, so the sessions to remove are a prefix of ``rows``.
+            gone = [sid for i, (sid, seen) in enumerate(rows) if i < excess or seen < before]
+            for chunk in _chunks(gone):
+                marks = ",".join("?" * len(chunk))
+                db.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk)
+                db.execute(f"DELETE FROM responses WHERE session_id IN ({marks})", chunk)
+        return gone
+
+    def open_among(self, ids: list[str]) -> set[str]:
+        found: set[str] = set()
+        for chunk in _chunks(ids):
+            marks = ",".join("?" * len(chunk))
+            with self._use("read") as db:
+                rows = db.execute(
+                    f"SELECT id FROM sessions WHERE closed = 0 AND id IN ({marks})", chunk
+                ).fetchall()
+            found.update(sid for (sid,) in rows)
+        return found
 
     def forget(self, session_id: str) -> None:
         with self._use("write", write=True) as db:
@@ -498,6 +569,24 @@ def _storage_fault(e: sqlite3.DatabaseError) -> bool:
     """A fault of the disk or the file (read-only, I/O, full, locked, corrupt), not of the code
     (an integrity or programming error stays a bug)."""
     return type(e) in (sqlite3.OperationalError, sqlite3.DatabaseError)
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction; ``IMMEDIATE`` takes the write lock before the first read, so
+    another process's sweep cannot pick the same sessions in between."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        _rollback(db)
+        raise
+
+
+def _chunks(ids: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(ids), _PARAMS):
+        yield ids[i : i + _PARAMS]
 
 
 def _rollback(db: sqlite3.Connection) -> None:
