@@ -179,7 +179,7 @@ def _main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from serve.app import create_app
-    from serve.server import http_protocol
+    from serve.server import GATEWAY_LOOP, http_protocol
 
     try:
         app = create_app(cfg)
@@ -192,6 +192,7 @@ def _main(argv: list[str] | None = None) -> int:
         log_level=cfg.log_level,
         timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
         http=http_protocol(cfg.limits.header_timeout_s),
+        loop=GATEWAY_LOOP,
     )
     return 0
 

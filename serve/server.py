@@ -105,6 +105,21 @@ def limit_accept_errors(loop: asyncio.AbstractEventLoop, every_s: float = 10.0) 
     loop.set_exception_handler(handler)
 
 
+GATEWAY_LOOP = "serve.server:gateway_loop"
+"""uvicorn's ``loop`` setting for every gateway server (``BackgroundServer``, ``python -m
+serve`` and its workers): its event loop, with ``limit_accept_errors``."""
+
+
+def gateway_loop() -> asyncio.AbstractEventLoop:
+    """uvicorn's own loop (``loop="auto"``) with the accept-error limiter installed before the
+    server listens: a process out of files before its first connection logs no flood either."""
+    from uvicorn.loops.auto import auto_loop_factory
+
+    loop = auto_loop_factory(use_subprocess=False)()
+    limit_accept_errors(loop)
+    return loop
+
+
 def _answer(status: int, reason: bytes, code: str, message: str, extra: bytes = b"") -> bytes:
     """A whole HTTP answer in the gateway's error shape, closing the connection."""
     body = b'{"error":{"code":"%s","message":"%s"}}' % (code.encode(), message.encode())
@@ -173,7 +188,7 @@ def http_protocol(
             cls = type(self)
             if cls.limits is None:
                 cls.limits = _resolve_limits(self.app, given)
-            limit_accept_errors(self.loop)
+            limit_accept_errors(self.loop)  # a no-op under GATEWAY_LOOP; for other servers
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -410,6 +425,7 @@ class BackgroundServer:
             log_level="warning",
             timeout_graceful_shutdown=int(graceful_s),
             lifespan="on",
+            loop=GATEWAY_LOOP,
             http=http_protocol(
                 header_timeout_of(app) if header_timeout_s is None else header_timeout_s
             ),

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from hivig.config import config_to_yaml, load_config
 from serve.config import ServeConfig
-from serve.server import http_protocol
+from serve.server import GATEWAY_LOOP, http_protocol
 
 CONFIG_ENV = "HIVIG_SERVE_WORKER_CONFIG"
 """Where a worker finds the resolved config (set by ``run`` before the workers start)."""
@@ -78,4 +78,5 @@ def run(cfg: ServeConfig) -> None:
         log_level=cfg.log_level,
         timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
         http="serve.workers:WorkerHTTP",
+        loop=GATEWAY_LOOP,
     )

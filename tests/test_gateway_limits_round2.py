@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -469,6 +470,25 @@ def test_failed_accepts_are_logged_once_per_period(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert sum("cannot accept" in line for line in lines) == 1
     assert sum("something else" in line for line in lines) == 1  # other errors as before
+
+
+def test_the_accept_error_limiter_is_on_before_the_first_connection(tmp_path, caplog):
+    """A process out of files before it ever accepted a connection logs one line, not a
+    traceback per failed accept: the limiter comes with the server's loop."""
+    cfg = serve_config(tmp_path / "state")
+    with LiveServer(create_app(cfg, ScriptedBackend())) as srv:
+        loop = srv.server.servers[0].get_loop()
+        fail = OSError(errno.EMFILE, "Too many open files")
+        context = {"message": "socket.accept() out of system resource", "exception": fail}
+        with caplog.at_level(logging.ERROR):
+            for _ in range(50):
+                loop.call_soon_threadsafe(loop.call_exception_handler, context)
+            done = threading.Event()
+            loop.call_soon_threadsafe(done.set)
+            assert done.wait(10)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert sum("cannot accept" in line for line in lines) == 1, lines[:3]
+    assert len(lines) == 1, lines[:3]
 
 
 _CHILD = """
