@@ -157,7 +157,8 @@ class ImageStore:
         """Decode, check and store an encoded screenshot; returns its reference.
 
         Raises:
-            ApiError: 413 ``image_too_large`` or 400 ``bad_image``.
+            ApiError: 413 ``image_too_large``, 415 ``bad_image`` (neither PNG nor JPEG) or
+                400 ``bad_image`` (empty, not decodable, or past the size checks).
         """
         if len(data) > self.max_bytes:
             raise ApiError(

@@ -22,7 +22,7 @@ MAX_DEPTH = 32
 """Deepest nesting of lists and objects a body may have."""
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorAnswer} for status in (400, 401, 404, 409, 413, 422, 429, 503)
+    status: {"model": ErrorAnswer} for status in (400, 401, 404, 409, 413, 415, 422, 429, 503)
 }
 """The error answers every ``/v1`` route documents (one shape for all)."""
 
