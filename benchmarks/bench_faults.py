@@ -9,7 +9,10 @@ sending again, ``unknown_session`` by re-creating the session from its echo. Mea
 switched on and off one after the other: the backend stalls, fails with 500s and answers garbage;
 the session store refuses writes and its file is deleted; ``traces/`` and ``images/`` refuse
 writes; and hostile clients send unfinished request heads, oversized screenshots and malformed,
-unknown-field or out-of-range bodies. The report counts faults tried and answers by status, and
+unknown-field or out-of-range bodies,
+a trailing slash with a forged ``Host``, bodies cut off by a client that leaves, and a request a
+bug answers 500 followed by another on the same connection; 3,000 idle sessions expire mid-run
+while ``/healthz`` is timed. The report counts faults tried and answers by status, and
 checks what must hold: the gateway stays up, every answer has a documented status, no step a
 client saw committed is lost, and every committed step is in the session's trace.
 """
@@ -37,6 +40,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from serve.app import create_app  # noqa: E402
 from serve.server import BackgroundServer  # noqa: E402
+from serve.sessions import SessionState  # noqa: E402
 from tests.fakes.gateway import CLICK, GOOD, SUMMARY, b64, screen, serve_config  # noqa: E402
 from tests.fakes.openai_server import Reply, ScriptedServer, request_text  # noqa: E402
 
@@ -126,7 +130,23 @@ def _faults(gateway: Any, backend: Backend, state: Path) -> dict[str, Callable[[
             folder.unlink()
             aside.rename(folder)
 
+    @contextlib.contextmanager
+    def idle_sessions_expire(n: int = 3000) -> Iterator[None]:
+        # Sessions another process left idle past the TTL: the next sweep (every 0.5 s here)
+        # closes them while the agents' requests go on (the prober times /healthz meanwhile).
+        old = time.time() - 2 * gateway.cfg.sessions.ttl_s
+        docs = [(f"idle{i}", SessionState(f"idle{i}", "t", "ubuntu", 320, 200).to_json(), old)
+                for i in range(n)]  # fmt: skip
+        with contextlib.suppress(sqlite3.OperationalError):  # no store file just now: skipped
+            db = sqlite3.connect(f"file:{state / 'sessions.sqlite'}?mode=rw", uri=True, timeout=30)
+            with db:  # one transaction, as another process would write them
+                db.execute("DELETE FROM sessions WHERE id LIKE 'idle%'")  # the last round's
+                db.executemany("INSERT INTO sessions VALUES (?, ?, ?, 0)", docs)
+            db.close()
+        yield
+
     return {
+        "3,000 idle sessions expire": idle_sessions_expire,
         "backend stalls": lambda: backend_mode("stall"),
         "backend fails (500)": lambda: backend_mode("flap"),
         "backend answers garbage": lambda: backend_mode("garbage"),
@@ -151,6 +171,8 @@ class Tally:
         self.statuses: Counter[int] = Counter()
         self.hostile: Counter[str] = Counter()
         self.committed: dict[str, int] = {}  # session id -> last step_idx observed with 200
+        self.broken: Counter[str] = Counter()  # hostile requests the gateway mishandled
+        self.healthz_max_s = 0.0  # the slowest /healthz, polled every 0.1 s through the run
 
     def count(self, status: int) -> None:
         with self.lock:
@@ -217,6 +239,16 @@ def _hostile(url: str, tally: Tally, stop: threading.Event) -> None:
                 h = socket.create_connection((host, int(port)))  # over max_header_bytes: 431
                 h.sendall(b"GET /healthz HTTP/1.1\r\nX-Pad: " + b"a" * 100_000 + b"\r\n\r\n")
                 tally.hostile["oversized request head"] += 1
+            with contextlib.suppress(OSError):  # the client hangs up mid-body: no bug, no 500
+                g = socket.create_connection((host, int(port)))
+                g.sendall(b"POST /v1/images HTTP/1.1\r\nHost: x\r\nContent-Length: 999\r\n\r\n{")
+                time.sleep(0.05)
+                g.close()
+                tally.hostile["client gone mid-body"] += 1
+            r = http.get("/v1/info/", headers={"Host": "evil.example"})  # no redirect there
+            tally.count(r.status_code)
+            tally.hostile["trailing slash, forged Host"] += 1
+            _bug_then_same_connection(http, tally)
             for name, body in bodies.items():
                 path = "/v1/sessions/none/observe" if "step_idx" in name else "/v1/images"
                 r = (
@@ -228,6 +260,35 @@ def _hostile(url: str, tally: Tally, stop: threading.Event) -> None:
                 with tally.lock:
                     tally.hostile[name] += 1
             stop.wait(0.3)
+
+
+BUG = "a bug's 500, then the same connection"
+
+
+def _bug_then_same_connection(http: httpx.Client, tally: Tally) -> None:
+    """A request a bug answers 500; the next one must be answered on the same connection."""
+    tally.hostile[BUG] += 1
+    try:
+        r = http.get("/v1/bug")
+        first = r.extensions["network_stream"].get_extra_info("client_addr")
+        again = http.get("/healthz")
+        same = again.extensions["network_stream"].get_extra_info("client_addr") == first
+        if r.status_code != 500 or again.status_code != 200 or not same:
+            tally.broken["connection dropped after a 500"] += 1
+    except httpx.TransportError:
+        tally.broken["connection dropped after a 500"] += 1
+
+
+def _probe(url: str, tally: Tally, stop: threading.Event) -> None:
+    with httpx.Client(base_url=url, timeout=60) as http:
+        while not stop.wait(0.1):
+            start = time.monotonic()
+            http.get("/healthz")
+            tally.healthz_max_s = max(tally.healthz_max_s, time.monotonic() - start)
+
+
+async def _bug() -> None:
+    raise RuntimeError("a bug")  # any route may have one; its 500 must not cost the connection
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,8 +315,10 @@ def run(
             "limits.body_timeout_s=1.0",
             "backend.max_response_bytes=200000",
             "limits.max_queue=16",
+            "retention.sweep_every_s=0.5",
         )
         app = create_app(cfg)
+        app.add_api_route("/v1/bug", _bug)
         with BackgroundServer(app) as server:
             gateway = app.state.gateway
             faults = _faults(gateway, backend, state)
@@ -268,7 +331,8 @@ def run(
                 for seed in range(sessions)
             ]
             attacker = threading.Thread(target=_hostile, args=(server.url, tally, stop))
-            for t in [*clients, attacker]:
+            prober = threading.Thread(target=_probe, args=(server.url, tally, stop))
+            for t in [*clients, attacker, prober]:
                 t.start()
             tried: list[str] = []
             # Every fault at least once, and faults for as long as any agent is at work.
@@ -283,6 +347,10 @@ def run(
                 t.join()
             stop.set()
             attacker.join()
+            prober.join()
+            internal = gateway.metrics.registry.get_sample_value(
+                "hivig_errors_total", {"code": "internal"}
+            )
             alive = httpx.get(f"{server.url}/healthz").status_code == 200
             kept = {sid: httpx.get(f"{server.url}/v1/sessions/{sid}").json()["step_idx"]
                     for sid in tally.committed}  # fmt: skip
@@ -298,6 +366,9 @@ def run(
         "hostile_requests": dict(tally.hostile),
         "answers_by_status": dict(sorted(tally.statuses.items())),
         "undocumented_statuses": sorted(set(tally.statuses) - DOCUMENTED),
+        "hostile_mishandled": dict(tally.broken),
+        "internal_errors_besides_the_bug": (internal or 0) - tally.hostile[BUG],
+        "healthz_max_s": round(tally.healthz_max_s, 3),
         "gateway_alive": alive,
         "committed_steps": sum(k + 1 for k in tally.committed.values()),
         "steps_lost": lost,

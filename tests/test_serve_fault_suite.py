@@ -16,6 +16,7 @@ import bench_faults  # noqa: E402
 def test_faults_under_concurrent_sessions_lose_nothing(tmp_path):
     report = bench_faults.run(tmp_path, sessions=4, steps=8, window_s=0.6, pace_s=0.2)
     assert set(report["fault_windows"]) == {
+        "3,000 idle sessions expire",
         "backend stalls",
         "backend fails (500)",
         "backend answers garbage",
@@ -29,6 +30,9 @@ def test_faults_under_concurrent_sessions_lose_nothing(tmp_path):
     assert all(n > 0 for n in report["hostile_requests"].values())
     assert report["gateway_alive"] is True
     assert report["undocumented_statuses"] == []
+    assert report["hostile_mishandled"] == {}  # a 500 kept its connection
+    assert report["internal_errors_besides_the_bug"] == 0  # a client gone mid-body is no bug
+    assert report["healthz_max_s"] < 1.0  # the expiry sweep of 3,000 sessions is off the loop
     assert report["committed_steps"] == 4 * 8
     assert report["steps_lost"] == 0
     assert report["committed_steps_missing_from_traces"] == 0
