@@ -295,6 +295,10 @@ def resize_kernel() -> str:
         raise ValueError(f"HIVIG_RESIZE_KERNEL must be one of {RESIZE_KERNELS}, got {kernel!r}")
     if kernel == "auto":
         return "torch" if "torch" in sys.modules else "numpy"
+    if kernel == "torch" and "torch" not in sys.modules:
+        # Chosen explicitly: import it at this check (the gateway's start-up calls it), not
+        # inside the first request's resize, which would then take a second or more.
+        import torch  # noqa: F401
     return kernel
 
 
