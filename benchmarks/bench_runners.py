@@ -42,7 +42,8 @@ from PIL import Image, ImageDraw
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+    # Appended: a PYTHONPATH naming another tree wins (to measure that tree's code).
+    sys.path.append(str(ROOT))
 
 HARNESSES = ("webarena", "waa", "osworld", "androidlab")
 SCREENS = {
