@@ -349,9 +349,11 @@ class Gateway:
             removed = yield functools.partial(self._purge_slice, before, keep.closed_max)
             if len(removed) < SWEEP_SLICE:
                 break
-        still_open = yield functools.partial(self.store.open_among, list(self._locks))
-        for sid, lock in list(self._locks.items()):
-            if sid not in still_open and not lock.locked():
+        asked = list(self._locks)
+        still_open = yield functools.partial(self.store.open_among, asked)
+        for sid in asked:
+            lock = self._locks.get(sid)
+            if lock is not None and sid not in still_open and not lock.locked():
                 del self._locks[sid]  # a closed or removed session nobody is waiting on
         if self._lock_dir is not None:
             yield self._sweep_lock_files
