@@ -278,6 +278,8 @@ def _string_constants(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", OWN_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_target_or_step_format_is_written_by_hand(path):
     for text in _string_constants(path):
+        # An HTML disclosure widget's <summary> (the data report) is markup, not a target.
+        text = re.sub(r"<details[^>]*><summary>", "<details>", text)
         for fragment in ("<think>", "</think>", "<summary>", "<criticism>", "Action: "):
             assert fragment not in text, f"{path.name} writes {fragment!r} itself: {text!r}"
 
