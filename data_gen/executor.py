@@ -209,6 +209,18 @@ class PipelineStep(Protocol[T]):
         ...
 
 
+class Flow(Protocol[T]):
+    """Several stages run together, each item passing to its next stage as soon as it can."""
+
+    def run(self, items: list[T], stats: dict[str, StageStats]) -> list[T]:
+        """Run the stages named in ``stats`` (in step order) over one shard's items."""
+        ...
+
+    def view(self, item: T, later: list[str]) -> T:
+        """The item as it leaves a stage, without what the ``later`` stages added."""
+        ...
+
+
 @dataclass
 class Codec(Generic[T]):
     """How the executor stores the items flowing between steps."""
@@ -271,32 +283,65 @@ class Executor(Generic[T]):
                 out[step.name] = json.loads(marker.read_text(encoding="utf-8"))["counts"]
         return out
 
-    def run_shard(self, shard: Shard, items: list[T]) -> list[T]:
+    def run_shard(self, shard: Shard, items: list[T], flow: Flow[T] | None = None) -> list[T]:
         """Run every unfinished stage of ``shard``; finished stages are loaded, not recomputed.
+
+        Without ``flow`` the stages run one after another. With it, the unfinished stages run
+        together through the flow, and are then committed in order, each with its own
+        counters and with the items as that stage left them.
 
         Raises:
             StageIncomplete: A stage dropped items for a reason in ``retry_reasons``; it and
                 the later stages stay unfinished.
         """
-        for step in self.steps:
-            if self.is_done(shard, step.name):
-                log.info("shard %s: %s already complete, skipping", shard.name, step.name)
-                items = self.load_output(shard, step.name)
-                continue
-            stats = StageStats(step.name)
-            started = time.perf_counter()
-            items = step.run(items, stats)
-            stats.check()
-            self._refuse_temporary_drops(shard, step.name, stats)
-            self._commit(shard, step.name, items, stats)
-            log.info(
-                "shard %s: %s done in %.1fs\n%s",
-                shard.name,
-                step.name,
-                time.perf_counter() - started,
-                summary_table({step.name: dict(sorted(stats.counts.items()))}),
-            )
+        todo = [step for step in self.steps if not self.is_done(shard, step.name)]
+        done = self.steps[: len(self.steps) - len(todo)]
+        if any(self.is_done(shard, step.name) for step in todo):
+            todo, done = self.steps, []  # a gap in the markers: nothing after it is trusted
+        for step in done:
+            log.info("shard %s: %s already complete, skipping", shard.name, step.name)
+        if done:
+            items = self.load_output(shard, done[-1].name)
+        if flow is None:
+            for step in todo:
+                items = self._run_one(shard, step, items)
+            return items
+        return self._run_flow(shard, todo, items, flow)
+
+    def _run_one(self, shard: Shard, step: PipelineStep[T], items: list[T]) -> list[T]:
+        stats = StageStats(step.name)
+        started = time.perf_counter()
+        items = step.run(items, stats)
+        stats.check()
+        self._refuse_temporary_drops(shard, step.name, stats)
+        self._commit(shard, step.name, items, stats)
+        self._log_done(shard, stats, time.perf_counter() - started)
         return items
+
+    def _run_flow(
+        self, shard: Shard, todo: list[PipelineStep[T]], items: list[T], flow: Flow[T]
+    ) -> list[T]:
+        if not todo:
+            return items
+        stats = {step.name: StageStats(step.name) for step in todo}
+        started = time.perf_counter()
+        items = flow.run(items, stats)
+        names = [step.name for step in todo]
+        for i, name in enumerate(names):
+            stats[name].check()
+            self._refuse_temporary_drops(shard, name, stats[name])
+            self._commit(shard, name, [flow.view(x, names[i + 1 :]) for x in items], stats[name])
+            self._log_done(shard, stats[name], time.perf_counter() - started)
+        return items
+
+    def _log_done(self, shard: Shard, stats: StageStats, seconds: float) -> None:
+        log.info(
+            "shard %s: %s done in %.1fs\n%s",
+            shard.name,
+            stats.stage,
+            seconds,
+            summary_table({stats.stage: dict(sorted(stats.counts.items()))}),
+        )
 
     def _refuse_temporary_drops(self, shard: Shard, stage: str, stats: StageStats) -> None:
         temporary = Counter(
@@ -314,7 +359,9 @@ class Executor(Generic[T]):
         atomic_write_text(
             self.output_path(shard, stage), dumps_jsonl(self.codec.to_json(i) for i in items)
         )
-        atomic_write_text(self.exclusion_path(shard, stage), dumps_jsonl(stats.exclusions))
+        # Sorted: items finish in whatever order the endpoint answers them.
+        rows = sorted(stats.exclusions, key=lambda r: (r["id"], r["reason"], r["message"]))
+        atomic_write_text(self.exclusion_path(shard, stage), dumps_jsonl(rows))
         marker = {"stage": stage, "shard": shard.name, "counts": dict(sorted(stats.counts.items()))}
         atomic_write_text(self.marker_path(shard, stage), json.dumps(marker, sort_keys=True) + "\n")
 

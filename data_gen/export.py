@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from data_gen.audit import AuditSettings, ShortcutAuditError, check_audit, shortcut_audit
 from data_gen.config import DataGenConfig
@@ -55,6 +55,8 @@ from hivig.records import (
     write_records,
 )
 from hivig.vision import FramePolicy, canonical_frame, encode_png
+
+T = TypeVar("T")
 
 
 def collect_specs(works: list[Work]) -> list[dict[str, Any]]:
@@ -109,13 +111,35 @@ def duplicate_samples(works: list[Work]) -> dict[str, tuple[str, str]]:
 
 
 def mix_surplus(specs: list[dict[str, Any]], ratio: float, seed: int) -> set[str]:
-    """History sample ids beyond ``ratio`` history samples per critique sample (hash order)."""
+    """History sample ids beyond ``ratio`` history samples per critique sample.
+
+    Whole chains are kept, trajectory by trajectory in a seeded order (``chains_within``), so
+    the run can plan the same cut before paying for a summary (``data_gen.run``): a chain cut
+    short loses its last pairs, and a chain never started costs nothing.
+    """
     if ratio <= 0:
         return set()
-    history = [s["id"] for s in specs if s["kind"] == "history"]
+    chains: dict[str, list[str]] = {}
+    for s in sorted(
+        (s for s in specs if s["kind"] == "history"), key=lambda s: (s["step_index"], s["id"])
+    ):
+        chains.setdefault(s["trajectory_id"], []).append(s["id"])
     quota = round(ratio * sum(1 for s in specs if s["kind"] == "critique"))
-    ranked = sorted(history, key=lambda i: stable_int(seed, i, "mix"))
-    return set(ranked[quota:])
+    kept = {i for chain in chains_within(chains, quota, seed).values() for i in chain}
+    return {i for chain in chains.values() for i in chain} - kept
+
+
+def chains_within(chains: dict[str, list[T]], quota: int, seed: int) -> dict[str, list[T]]:
+    """The leading part of each chain kept within ``quota`` items in all: whole chains in a
+    seeded order of their ids, the last one kept cut to fit."""
+    kept: dict[str, list[T]] = {}
+    room = quota
+    for key in sorted(chains, key=lambda k: (stable_int(seed, k, "mix"), k)):
+        if room <= 0:
+            break
+        kept[key] = chains[key][:room]
+        room -= len(kept[key])
+    return kept
 
 
 def _json(obj: Any) -> str:

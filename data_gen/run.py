@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,14 @@ from data_gen.executor import (
     merge_counts,
     summary_table,
 )
-from data_gen.export import ExportError, export_dataset
+from data_gen.export import ExportError, chains_within, export_dataset, out_of_bounds
 from data_gen.ingest import IngestConfig, IngestError, ingest, ingest_complete
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, plan_corpus
 from data_gen.perturb.grounding import ground_corpus
 from data_gen.perturb.plan import UnreachableDimensionError, target_shares
 from data_gen.perturb.semantic import ANNOTATOR_DIMENSIONS
 from data_gen.steps import STEP_CLASSES
+from data_gen.steps.flow import StreamedStages
 from data_gen.steps.work import (
     WORK_CODEC,
     Context,
@@ -283,6 +285,60 @@ def build_plan(
         good_bad_ratio=p.good_bad_ratio,
     )
     return keep_hard_goods(plan, works)
+
+
+class PlanOffTargetError(ValueError):
+    """The plan itself misses the dimension distribution the export is held to."""
+
+
+def check_plan(cfg: DataGenConfig, plan: dict[str, StepPlan]) -> None:
+    """Refuse, before any request is paid for, a plan whose Bad samples already miss the
+    distribution the export will be held to (``perturb.min_dimension_ratio`` and
+    ``max_dimension_ratio`` times each target share, with ``unreachable_dimension=error``).
+
+    Raises:
+        PlanOffTargetError: Naming the dimensions, their planned and target shares, and the fix.
+    """
+    p = cfg.perturb
+    if p.unreachable_dimension != "error":
+        return
+    counts = Counter(s.dimension for s in plan.values() if s.dimension is not None)
+    total = sum(counts.values())
+    targets = target_shares(p.weights_by_name(), p.min_share)
+    rows = {
+        d: {"target": round(t, 4), "achieved": round(counts[d] / total, 4) if total else 0.0}
+        for d, t in targets.items()
+    }
+    off = out_of_bounds(rows, p.min_dimension_ratio, p.max_dimension_ratio)
+    if off:
+        raise PlanOffTargetError(
+            "the plan already misses the dimension distribution, before any request ("
+            + "; ".join(
+                f"{d}: {r['achieved']:.3f} planned vs {r['target']:.3f}" for d, r in off.items()
+            )
+            + "); give those dimensions the weight this corpus can carry, or set "
+            "perturb.unreachable_dimension=warn to accept it"
+        )
+
+
+def plan_history(
+    cfg: DataGenConfig, works: list[Work], plan: dict[str, StepPlan]
+) -> dict[str, int]:
+    """Leading history pairs per trajectory that the export will keep, planned before any is
+    paid for: ``export.history_critique_ratio`` times the planned critique samples, taken in
+    whole chains as the export takes them (``data_gen.export.mix_surplus``). Identical in every
+    shard (the plan is corpus-wide). Empty when the ratio is 0 (every pair is kept)."""
+    ratio = cfg.export.history_critique_ratio
+    if ratio <= 0:
+        return {}
+    critiques = sum(1 for w in works if w.failed_run) + sum(
+        (p.good and p.repeat_of is None) + (p.dimension is not None)
+        for p in plan.values()
+        if p.critique
+    )
+    chains = {w.id: list(range(len(w.trajectory.steps) - 1)) for w in works if not w.failed_run}
+    kept = chains_within(chains, round(ratio * critiques), cfg.seed)
+    return {tid: len(kept.get(tid, ())) for tid in chains}
 
 
 def keep_hard_goods(plan: dict[str, StepPlan], works: list[Work]) -> dict[str, StepPlan]:
@@ -732,21 +788,25 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
     loop = LoopThread()
     try:
         elements = load_elements(cfg, works, annotator, loop)
+        plan = build_plan(cfg, works, elements, annotator.is_offline)
+        check_plan(cfg, plan)
         ctx = Context(
             cfg,
             Path(cfg.corpus),
             annotator,
             elements,
-            build_plan(cfg, works, elements, annotator.is_offline),
+            plan,
             gen_params(cfg),
             loop,
             resolve_profile(cfg.profile),
+            plan_history(cfg, works, plan),
         )
         executor: Executor[Work] = Executor(
             cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC, TRANSIENT_REASONS
         )
         if not merge_only:
-            executor.run_shard(shard, [w for w in works if shard.owns(w.id)])
+            mine = [w for w in works if shard.owns(w.id)]
+            executor.run_shard(shard, mine, StreamedStages(ctx))
         counts = {**annotator.counts, **annotator.frames.counts}
         annotator.frames.clear()  # the shard is done; the export reads no annotator frame
         stats = merge(cfg, executor, shard.count, annotator, len(quarantine))
@@ -859,7 +919,13 @@ def main(argv: list[str]) -> int:
         shard = Shard.parse(args.shard) if args.shard else None
         configure_logging()
         run(cfg, shard, args.merge)
-    except (ConfigError, ShardError, UnreachableDimensionError, IngestError) as e:
+    except (
+        ConfigError,
+        ShardError,
+        UnreachableDimensionError,
+        PlanOffTargetError,
+        IngestError,
+    ) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
     except ExportError as e:

@@ -117,8 +117,9 @@ def test_default_config_refuses_a_corpus_missing_a_dimension(corpus, tmp_path):
 def test_instruction_variants_leave_no_duplicate_bad_samples(one_shard):
     out, stats = one_shard
     # The corpus has instruction variants, which share screenshots and whole steps: the plan
-    # found repeated steps and gave them no critique samples, Good and Bad alike...
-    assert stats["stages"]["rationale"].get("dropped_repeated_step", 0) > 0
+    # found repeated steps and gave them no critique samples, Good and Bad alike (so no
+    # transition was paid for them either)...
+    assert stats["stages"]["transitions"].get("skipped_repeated_step", 0) > 0
     # ... and no two exported critique samples show the same screenshot with the same step.
     seen = set()
     for r in _records(out):

@@ -87,13 +87,19 @@ class HistoryStep:
 
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Run every trajectory's chain; chains run concurrently."""
-        # A failed run's summaries would describe a failing agent's steps as the way forward.
-        self.ctx.run_all([self._chain(w, stats) for w in items if not w.failed_run])
+        self.ctx.run_all([self.chain(w, stats) for w in items])
         return items
 
-    async def _chain(self, work: Work, stats: StageStats) -> None:
+    async def chain(self, work: Work, stats: StageStats) -> None:
+        """The trajectory's summaries in order, up to the last pair a planned sample needs."""
+        # A failed run's summaries would describe a failing agent's steps as the way forward.
+        if work.failed_run:
+            return
         traj = work.trajectory
-        pairs = range(len(traj.steps) - 1)
+        wanted = self.ctx.history_pairs.get(work.id, len(traj.steps) - 1)
+        if wanted < len(traj.steps) - 1:
+            stats.add("skipped_history_critique_ratio", len(traj.steps) - 1 - wanted)
+        pairs = range(wanted)
         stats.seen(len(pairs))
         # The first pair reads the profile's opening summary (hivig's own: INITIAL_SUMMARY).
         summary = (

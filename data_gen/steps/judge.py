@@ -53,14 +53,13 @@ class JudgeStep:
 
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Judge every Bad step of the shard."""
-        jobs = [
-            self._one(w, k, stats)
-            for w in items
-            for k, unit in enumerate(w.units)
-            if unit.get("bad") is not None
-        ]
-        self.ctx.run_all(jobs)
+        self.ctx.run_all([self.step(w, k, stats) for w in items for k in range(len(w.units))])
         return items
+
+    async def step(self, work: Work, k: int, stats: StageStats) -> None:
+        """Judge step ``k``'s Bad step, if it has one."""
+        if work.units[k].get("bad") is not None:
+            await self._one(work, k, stats)
 
     async def _one(self, work: Work, k: int, stats: StageStats) -> None:
         ctx, traj = self.ctx, work.trajectory

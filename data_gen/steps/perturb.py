@@ -114,18 +114,18 @@ class PerturbStep:
 
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Generate every planned Bad step of the shard."""
-        jobs = []
-        for work in items:
-            for k, unit in enumerate(work.units):
-                plan = self.ctx.plan.get(sample_id(work.id, k))
-                if unit.get("transition") is None or plan is None or not plan.critique:
-                    continue
-                if plan.dimension is None:
-                    stats.add("no_bad_planned")
-                    continue
-                jobs.append(self._one(work, k, plan.dimension, stats))
-        self.ctx.run_all(jobs)
+        self.ctx.run_all([self.step(w, k, stats) for w in items for k in range(len(w.units))])
         return items
+
+    async def step(self, work: Work, k: int, stats: StageStats) -> None:
+        """The Bad step planned for step ``k``, if any (once its transition is there)."""
+        plan = self.ctx.plan.get(sample_id(work.id, k))
+        if work.units[k].get("transition") is None or plan is None or not plan.critique:
+            return
+        if plan.dimension is None:
+            stats.add("no_bad_planned")
+            return
+        await self._one(work, k, plan.dimension, stats)
 
     async def _one(self, work: Work, k: int, dimension: str, stats: StageStats) -> None:
         ctx, traj = self.ctx, work.trajectory

@@ -10,6 +10,7 @@ expected verdict and dimension.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
@@ -189,27 +190,25 @@ class RationaleStep:
 
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Annotate every critique sample of the shard."""
-        jobs = []
-        for work in items:
-            for k, unit in enumerate(work.units):
-                if work.failed_run:
-                    # Only the real Bad at the root cause; its steps before are history only.
-                    if unit.get("bad") is None:
-                        continue
-                elif unit.get("transition") is None:
-                    continue
-                unit["critique"] = []
-                if not work.failed_run:
-                    jobs.append(self._good(work, k, stats))
-                judge = unit.get("judge")
-                if unit.get("bad") is not None and judge is not None and judge.get("accepted"):
-                    jobs.append(self._bad(work, k, stats))
-        self.ctx.run_all(jobs)
-        for work in items:
-            for unit in work.units:
-                if unit.get("critique"):
-                    unit["critique"].sort(key=lambda s: s["id"])
+        self.ctx.run_all([self.step(w, k, stats) for w in items for k in range(len(w.units))])
         return items
+
+    async def step(self, work: Work, k: int, stats: StageStats) -> None:
+        """The Good and Bad critique samples of step ``k`` (``unit["critique"]``, by id)."""
+        unit = work.units[k]
+        if work.failed_run:
+            # Only the real Bad at the root cause; its steps before are history only.
+            if unit.get("bad") is None:
+                return
+        elif unit.get("transition") is None:
+            return
+        unit["critique"] = []
+        jobs = [] if work.failed_run else [self._good(work, k, stats)]
+        judge = unit.get("judge")
+        if unit.get("bad") is not None and judge is not None and judge.get("accepted"):
+            jobs.append(self._bad(work, k, stats))
+        await asyncio.gather(*jobs)
+        unit["critique"].sort(key=lambda s: s["id"])
 
     async def _good(self, work: Work, k: int, stats: StageStats) -> None:
         ctx, traj = self.ctx, work.trajectory

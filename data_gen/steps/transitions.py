@@ -110,6 +110,24 @@ def _structural(pairs: list[list[str]], shown: set[str]) -> list[list[str]]:
     return out
 
 
+def unplanned_reason(ctx: Context, work: Work, k: int) -> str | None:
+    """Why step ``k`` has no planned sample that reads its transition, or ``None``.
+
+    A planned Bad reads it, and so does a Good the plan keeps. The reasons: ``repeated_step``
+    (an instruction variant's step on the same screen), ``platform_balance`` (no critique
+    sample planned for the step), ``good_bad_ratio`` (a Good beyond
+    ``perturb.good_bad_ratio``), ``no_sample`` (a final step that does not end the episode).
+    """
+    plan = ctx.plan.get(sample_id(work.id, k))
+    if plan is not None and plan.repeat_of is not None:
+        return "repeated_step"
+    if plan is None:
+        return "no_sample"  # a final step that does not end the episode: nothing to judge
+    if not plan.critique:
+        return "platform_balance"
+    return None if plan.dimension is not None or plan.good else "good_bad_ratio"
+
+
 class TransitionsStep:
     """State-transition annotation of every executed step."""
 
@@ -120,15 +138,20 @@ class TransitionsStep:
 
     def run(self, items: list[Work], stats: StageStats) -> list[Work]:
         """Annotate all steps of the shard concurrently."""
-        # A failed run's steps are only the history of its real Bad, which needs no transition.
-        jobs = [
-            self._one(w, k, stats)
-            for w in items
-            if not w.failed_run
-            for k in range(len(w.trajectory.steps))
-        ]
-        self.ctx.run_all(jobs)
+        self.ctx.run_all([self.step(w, k, stats) for w in items for k in range(len(w.units))])
         return items
+
+    async def step(self, work: Work, k: int, stats: StageStats) -> None:
+        """The transition of step ``k``, where a planned sample needs it."""
+        # A failed run's steps are only the history of its real Bad, which needs no transition.
+        if work.failed_run:
+            return
+        unplanned = unplanned_reason(self.ctx, work, k)
+        if unplanned is not None:
+            # Paying for it would buy nothing: the rationale prompts are its only reader.
+            stats.add(f"skipped_{unplanned}")
+            return
+        await self._one(work, k, stats)
 
     async def _one(self, work: Work, k: int, stats: StageStats) -> None:
         traj = work.trajectory

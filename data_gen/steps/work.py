@@ -155,6 +155,9 @@ class Context:
     loop: LoopThread
     profile: Profile = field(default_factory=default_profile)
     """The critic profile the samples are written in."""
+    history_pairs: dict[str, int] = field(default_factory=dict)
+    """Leading pairs of each trajectory's history chain that a planned sample needs (the
+    export's history:critique cap, planned); a trajectory not named needs all of them."""
 
     @property
     def critic_profile(self) -> Profile | None:

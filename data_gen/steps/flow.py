@@ -1,0 +1,87 @@
+"""The stages of one shard run together: each item moves on as soon as what it needs is done.
+
+Run one after another, behind a barrier each, the stages leave the annotator idle at every
+barrier while the slowest item of a stage finishes, and the history chains (one summary at a
+time per trajectory) run alone at the end of their stage. Here every trajectory runs as one
+task: its history chain beside its steps, and each step through transition, perturbation,
+judge and rationale in turn. All requests share the annotator's one concurrency budget, where
+a history request goes first (``data_gen.annotator.STAGE_PRIORITY``), so the longest chain
+sets the pace only when it is longer than the run itself.
+
+What each stage does, counts and drops is unchanged: the stages keep their own counters, and
+the executor commits them in order once the shard is done (``Executor.run_shard``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from data_gen.executor import StageStats
+from data_gen.steps.history import HistoryStep
+from data_gen.steps.judge import JudgeStep
+from data_gen.steps.perturb import PerturbStep
+from data_gen.steps.rationale import RationaleStep
+from data_gen.steps.transitions import TransitionsStep
+from data_gen.steps.work import Context, Work
+
+UNIT_KEYS = {
+    "transitions": ("transition",),
+    "history": ("history",),
+    "perturb": ("bad",),
+    "judge": ("judge",),
+    "rationale": ("critique",),
+}
+"""The unit keys each stage writes (see ``data_gen.steps.work``)."""
+
+
+class StreamedStages:
+    """The five annotation stages as one flow per trajectory (``Executor.run_shard``'s
+    ``flow``)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.transitions = TransitionsStep(ctx)
+        self.history = HistoryStep(ctx)
+        self.perturb = PerturbStep(ctx)
+        self.judge = JudgeStep(ctx)
+        self.rationale = RationaleStep(ctx)
+
+    def run(self, items: list[Work], stats: dict[str, StageStats]) -> list[Work]:
+        """Run the stages named in ``stats`` (the unfinished ones) over ``items``."""
+        self.ctx.loop.run(self._shard(items, stats))
+        return items
+
+    def view(self, item: Work, later: list[str]) -> Work:
+        """The item as it leaves a stage: without what the ``later`` stages wrote."""
+        drop = {k for name in later for k in UNIT_KEYS.get(name, ())}
+        units = [{k: v for k, v in u.items() if k not in drop} for u in item.units]
+        return dataclasses.replace(item, units=units)
+
+    async def _shard(self, items: list[Work], stats: dict[str, StageStats]) -> None:
+        # Trajectories enter a window as wide as the annotator's jobs in flight: each brings
+        # several requests at once, so the request slots stay full, while the prompts of the
+        # whole shard are never built (and held) before the first request goes out.
+        window = asyncio.Semaphore(max(1, self.ctx.annotator.jobs_in_flight))
+
+        async def one(work: Work) -> None:
+            async with window:
+                await self._trajectory(work, stats)
+
+        await asyncio.gather(*(one(w) for w in items))
+
+    async def _trajectory(self, work: Work, stats: dict[str, StageStats]) -> None:
+        jobs = [self._step(work, k, stats) for k in range(len(work.units))]
+        if "history" in stats:
+            jobs.append(self.history.chain(work, stats["history"]))
+        await asyncio.gather(*jobs)
+
+    async def _step(self, work: Work, k: int, stats: dict[str, StageStats]) -> None:
+        for name, stage in (
+            ("transitions", self.transitions),
+            ("perturb", self.perturb),
+            ("judge", self.judge),
+            ("rationale", self.rationale),
+        ):
+            if name in stats:
+                await stage.step(work, k, stats[name])
