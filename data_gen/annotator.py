@@ -154,6 +154,9 @@ class _Answer(NamedTuple):
     truncated: bool
     """The server stopped at ``max_tokens`` (``finish_reason == "length"``): a cut answer may
     still parse, and must not become a target."""
+    prompt_tokens: int = 0
+    """The server's usage for this answer (kept in the cache entry; 0 when not reported)."""
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,9 @@ class Annotation(Generic[R]):
         raw: Every raw answer, in order (goes to the exclusion file on failure).
         reason: Drop reason on failure (``contract_<code>`` or ``annotator_<code>``).
         message: Human-readable detail of the failure.
+        prompt_tokens: The server's prompt tokens over every answer (cached ones included:
+            what the answers cost when they were paid for).
+        completion_tokens: The same for the completions.
     """
 
     value: R | None
@@ -194,6 +200,8 @@ class Annotation(Generic[R]):
     raw: list[str] = field(default_factory=list)
     reason: str = ""
     message: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -489,9 +497,7 @@ class Annotator:
         result: Annotation[R] = Annotation(value=None)
         for attempt in range(self.max_attempts):
             try:
-                text, reasoning, rhash, truncated = await self._answer_through_outages(
-                    request, attempt
-                )
+                answer = await self._answer_through_outages(request, attempt)
             except BackendError as e:
                 self.counts["backend_errors"] += 1
                 result.reason = backend_error_reason(e)
@@ -503,7 +509,10 @@ class Annotator:
             except OfflineAnswerError as e:
                 result.reason, result.message = "offline_unrenderable", str(e)
                 return result
+            text, reasoning, rhash, truncated = answer[:4]
             result.attempts += 1
+            result.prompt_tokens += answer.prompt_tokens
+            result.completion_tokens += answer.completion_tokens
             result.request_hashes.append(rhash)
             result.raw.append(raw_answer(text, reasoning))
             result.text, result.reasoning = text, reasoning
@@ -565,7 +574,8 @@ class Annotator:
                 # The key, not the entry's stored hash: entries written by older versions hold
                 # the client's pixel hash, and records must name requests one way only.
                 truncated = hit.get("finish_reason") == "length"
-                return _Answer(hit["text"], hit.get("reasoning"), key, truncated)
+                used = hit.get("usage") or [0, 0]
+                return _Answer(hit["text"], hit.get("reasoning"), key, truncated, *used)
         if self.backend is None:
             assert self.offline_writer is not None
             try:
@@ -585,6 +595,7 @@ class Annotator:
                 "request_hash": answer.request_hash,
                 "model": self.model,
                 "finish_reason": finish,
+                "usage": [answer.prompt_tokens, answer.completion_tokens],
             }
             self.cache.put(key, entry)  # type: ignore[union-attr]
         return answer
@@ -647,7 +658,14 @@ class Annotator:
                 )
         self.counts["prompt_tokens"] += gen.usage.prompt_tokens
         self.counts["completion_tokens"] += gen.usage.completion_tokens
-        answer = _Answer(gen.text, gen.reasoning, gen.request_hash, gen.finish_reason == "length")
+        answer = _Answer(
+            gen.text,
+            gen.reasoning,
+            gen.request_hash,
+            gen.finish_reason == "length",
+            gen.usage.prompt_tokens,
+            gen.usage.completion_tokens,
+        )
         return answer, gen.finish_reason
 
     def _prepare(self, messages: list[ChatMessage]) -> list[ChatMessage]:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from data_gen.annotator import usable_cpus
 from hivig.logging import get_logger
 from hivig.records import SFTRecord, TextPart
 from hivig.taxonomy import DIMENSIONS, dimension_by_key
@@ -275,28 +276,32 @@ def shortcut_audit(
         "families": {},
         "failed": [],
     }
+    pending: list[tuple[dict[str, Any], str, tuple[Any, ...]]] = []
     for family, dims in families.items():
-        row = _audit_row(records, dims, settings, settings.min_samples)
-        for probe in PROBES:
-            auc = row[probe]["auc"]
-            if family in settings.gated and auc is not None and auc > settings.max_auc:
-                result["failed"].append(f"{family}/{probe}")
-        result["families"][family] = row
+        result["families"][family] = _audit_row(records, dims, settings.min_samples, pending)
     result["dimensions"] = {}
     for key, dims in DIMENSION_AUDITS.items():
-        row = _audit_row(records, dims, settings, settings.min_dimension_samples)
+        row = _audit_row(records, dims, settings.min_dimension_samples, pending)
         row["gated"] = key in settings.gated
+        result["dimensions"][key] = row
+    for (row, probe, _), scored in zip(pending, _run_probes(pending, settings), strict=True):
+        row[probe] = scored
+    for name, row in (*result["families"].items(), *result["dimensions"].items()):
+        gated = row.get("gated", name in settings.gated)
         for probe in PROBES:
             auc = row[probe]["auc"]
-            if row["gated"] and auc is not None and auc > settings.max_auc:
-                result["failed"].append(f"{key}/{probe}")
-        result["dimensions"][key] = row
+            if gated and auc is not None and auc > settings.max_auc:
+                result["failed"].append(f"{name}/{probe}")
     return result
 
 
 def _audit_row(
-    records: list[SFTRecord], dims: Sequence[str], settings: AuditSettings, floor: int
+    records: list[SFTRecord],
+    dims: Sequence[str],
+    floor: int,
+    pending: list[tuple[dict[str, Any], str, tuple[Any, ...]]],
 ) -> dict[str, Any]:
+    """A family's row, its probes to score appended to ``pending`` (row, probe, arguments)."""
     samples = family_samples(records, dims)
     bads = sum(y for _, y in samples)
     row: dict[str, Any] = {"dimensions": list(dims), "mask_rate": mask_rates(samples)}
@@ -307,10 +312,27 @@ def _audit_row(
             row[probe]["note"] = f"too few Bad samples to score (< {floor})"
             continue
         texts = [probe_text(r, probe) for r, _ in samples]
-        row[probe] = probe_auc(
-            texts, [y for _, y in samples], [r.episode_key for r, _ in samples], settings
-        )
+        labels = [y for _, y in samples]
+        pending.append((row, probe, (texts, labels, [r.episode_key for r, _ in samples])))
     return row
+
+
+def _run_probes(
+    pending: list[tuple[dict[str, Any], str, tuple[Any, ...]]], settings: AuditSettings
+) -> list[dict[str, Any]]:
+    """Score every pending probe, on every core this process may use.
+
+    The probes are independent and each is a few seconds of single-threaded work (n-gram
+    counting in Python, then the solver), so they run in worker processes; the results are
+    the same as one after another.
+    """
+    jobs = [args for _, _, args in pending]
+    workers = min(len(jobs), usable_cpus())
+    if workers < 2:
+        return [probe_auc(*args, settings) for args in jobs]
+    from joblib import Parallel, delayed
+
+    return Parallel(n_jobs=workers)(delayed(probe_auc)(*args, settings) for args in jobs)
 
 
 def check_audit(audit: Mapping[str, Any]) -> None:

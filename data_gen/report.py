@@ -121,8 +121,25 @@ def dataset_stats(
         "token_length_histogram": histogram(token_lengths.values()),
         "token_length_max": max(token_lengths.values(), default=0),
         "stages": counters,
+        "annotator_usage": annotator_usage(counters, len(specs)),
         "run": run,
     }
+
+
+USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens")
+
+
+def annotator_usage(counters: dict[str, dict[str, int]], exported: int) -> dict[str, Any]:
+    """Annotator answers and the server's token usage per stage, their totals, and the answers
+    per exported sample (what the dataset cost, cached answers counted as when first paid)."""
+    per_stage = {
+        stage: {k: counts.get(k, 0) for k in USAGE_KEYS}
+        for stage, counts in counters.items()
+        if counts.get("calls")
+    }
+    total = {k: sum(row[k] for row in per_stage.values()) for k in USAGE_KEYS}
+    per_sample = round(total["calls"] / exported, 3) if exported else None
+    return {"stages": per_stage, "total": total, "calls_per_exported_sample": per_sample}
 
 
 def _kind_by_platform(specs: list[dict[str, Any]], platforms: list[str]) -> dict[str, Any]:
@@ -502,6 +519,20 @@ def card_groups(
     return groups
 
 
+def _usage_table(usage: dict[str, Any] | None) -> str:
+    """Annotator answers and tokens per stage, with the answers per exported sample."""
+    if not usage or not usage["stages"]:
+        return ""
+    rows = [[stage, *(row[k] for k in USAGE_KEYS)] for stage, row in usage["stages"].items()]
+    rows.append(["total", *(usage["total"][k] for k in USAGE_KEYS)])
+    per = usage["calls_per_exported_sample"]
+    return (
+        f"<p>Annotator answers per exported sample: {per}. Tokens are the server's own usage "
+        "(0 for the offline annotator).</p>"
+        + _table(rows, ["stage", "answers", "prompt tokens", "completion tokens"])
+    )
+
+
 def _target_vs_achieved(
     totals: dict[str, int], bad: int, run: dict[str, Any]
 ) -> dict[str, dict[str, float]]:
@@ -685,6 +716,7 @@ def render_report(
         _section(
             "stages",
             stage_plot(stats["stages"])
+            + _usage_table(stats.get("annotator_usage"))
             + _more("Counters per stage", _stage_tables(stats["stages"])),
         ),
         _section(

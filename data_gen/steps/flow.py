@@ -18,12 +18,13 @@ import asyncio
 import dataclasses
 
 from data_gen.executor import StageStats
+from data_gen.progress import stage_bars
 from data_gen.steps.history import HistoryStep
 from data_gen.steps.judge import JudgeStep
 from data_gen.steps.perturb import PerturbStep
 from data_gen.steps.rationale import RationaleStep
-from data_gen.steps.transitions import TransitionsStep
-from data_gen.steps.work import Context, Work
+from data_gen.steps.transitions import TransitionsStep, unplanned_reason
+from data_gen.steps.work import Context, Work, sample_id
 
 UNIT_KEYS = {
     "transitions": ("transition",),
@@ -33,6 +34,29 @@ UNIT_KEYS = {
     "rationale": ("critique",),
 }
 """The unit keys each stage writes (see ``data_gen.steps.work``)."""
+
+
+def planned_items(ctx: Context, items: list[Work]) -> dict[str, int]:
+    """Items each stage will see for ``items``, from the plan (before any answer: a Bad the
+    perturbation or the judge drops never reaches the later stages, so those may see fewer)."""
+    out = dict.fromkeys(UNIT_KEYS, 0)
+    for w in items:
+        if w.failed_run:  # only its real Bad: judged, then a rationale
+            real = sum(1 for u in w.units if u.get("bad") is not None)
+            out["judge"] += real
+            out["rationale"] += real
+            continue
+        out["history"] += ctx.history_pairs.get(w.id, len(w.units) - 1)
+        for k in range(len(w.units)):
+            if unplanned_reason(ctx, w, k) is not None:
+                continue
+            out["transitions"] += 1
+            plan = ctx.plan[sample_id(w.id, k)]
+            bads = plan.dimension is not None
+            out["perturb"] += bads
+            out["judge"] += bads
+            out["rationale"] += bads + (plan.good and plan.repeat_of is None)
+    return out
 
 
 class StreamedStages:
@@ -49,7 +73,8 @@ class StreamedStages:
 
     def run(self, items: list[Work], stats: dict[str, StageStats]) -> list[Work]:
         """Run the stages named in ``stats`` (the unfinished ones) over ``items``."""
-        self.ctx.loop.run(self._shard(items, stats))
+        with stage_bars(stats, planned_items(self.ctx, items)):
+            self.ctx.loop.run(self._shard(items, stats))
         return items
 
     def view(self, item: Work, later: list[str]) -> Work:

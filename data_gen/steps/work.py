@@ -197,6 +197,12 @@ class Context:
         reads the reason from the result itself."""
         result = await self.annotator.annotate(request, validate)
         stats.add("llm_retries", result.retries)
+        # Answers (paid now or earlier, from the cache) and the server's token usage: what the
+        # stage's samples cost, the same on a rerun.
+        stats.add("calls", result.attempts)
+        if result.prompt_tokens or result.completion_tokens:
+            stats.add("prompt_tokens", result.prompt_tokens)
+            stats.add("completion_tokens", result.completion_tokens)
         if not result.ok:
             stats.drop(item_id, result.reason, result.message, result.raw)
         return result

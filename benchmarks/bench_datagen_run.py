@@ -1,0 +1,177 @@
+"""A whole ``data_gen run`` against a slow loopback annotator: throughput and calls per sample.
+
+Every annotator request of the run goes over HTTP to a loopback OpenAI-compatible server in a
+child process that answers after ``--latency`` seconds (1 s by default, a large Thinking model's
+pace), so the run pays for each request in time exactly as against a real endpoint: the frames
+are prepared, the payloads encoded, the slots held. The server's text is then replaced by the
+offline annotator's answer for the same request, so every stage gets contract-valid answers and
+the run exports what the offline demo would.
+
+Reported per run: wall-clock seconds of ``run()`` (ingest of the corpus excluded, the export
+included), paid requests, the ideal time (requests x latency / concurrency), the run's fraction
+of it, calls per exported sample, calls per stage, and the longest history chain (a chain's
+summaries are sequential, so the run can never take less than chain x latency).
+
+    python benchmarks/bench_datagen_run.py                      # concurrency 16 and 64, 3 runs
+    python benchmarks/bench_datagen_run.py --concurrency 16 --runs 5 --latency 1.0
+    PYTHONPATH=OTHER_TREE python benchmarks/bench_datagen_run.py  # another tree's code measured
+
+Prints one JSON object per run and a summary (medians) at the end; ``--json`` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # tests.fakes; a PYTHONPATH naming another tree still comes first
+
+import data_gen.run as run_module  # noqa: E402
+from data_gen.annotator import Annotator, offline_answer  # noqa: E402
+from data_gen.config import DataGenConfig  # noqa: E402
+from data_gen.ingest import IngestConfig, ingest  # noqa: E402
+from data_gen.sample_corpus import SampleConfig, make_sample  # noqa: E402
+from hivig.backends import OpenAIClient  # noqa: E402
+from hivig.config import load_config  # noqa: E402
+from tests.fakes.openai_server import Reply, ScriptedServer  # noqa: E402
+
+DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
+
+
+class ReplayingAnnotator(Annotator):
+    """Pays a real request to the loopback server for every answer, then answers as the
+    offline annotator would (the plan and oracles are the offline ones)."""
+
+    stages: Counter[str]
+
+    @property
+    def is_offline(self) -> bool:
+        return True
+
+    async def _send(self, request: Any, key: str, attempt: int) -> Any:
+        answer, finish = await super()._send(request, key, attempt)
+        self.stages[request.stage] += 1
+        text, reasoning = offline_answer(request.stage, request.oracle, attempt)
+        return answer._replace(text=text, reasoning=reasoning), finish
+
+
+def _serve(latency_s: float, urls: mp.Queue, stop: Any) -> None:
+    with ScriptedServer(default=Reply(content="ok"), latency_s=latency_s, lifetime_s=3600) as s:
+        urls.put(s.base_url)
+        stop.wait()
+
+
+def _annotator_factory(url: str, concurrency: int, made: list[ReplayingAnnotator]) -> Any:
+    def build(cfg: DataGenConfig) -> Annotator:
+        a = cfg.annotator
+        client = OpenAIClient(url, "scripted", concurrency=concurrency, max_retries=0)
+        client.image_format = "jpeg"  # the annotator's default transport
+        ann = ReplayingAnnotator(
+            a.backend,
+            cfg.frame,
+            Path(cfg.corpus),
+            Path(cfg.out) / "cache",
+            a.max_attempts,
+            backend=client,
+        )
+        ann.stages = Counter()
+        made.append(ann)
+        return ann
+
+    return build
+
+
+def one_run(corpus: Path, trajs: Path, out: Path, url: str, args: argparse.Namespace, c: int):
+    cfg = load_config(
+        DataGenConfig,
+        DEMO,
+        [
+            f"corpus={corpus}",
+            f"out={out}",
+            f"trajectories={trajs}",
+            f"annotator.backend.concurrency={c}",
+            "export.audit_max_auc=1.0",  # the audit is not what is measured here
+        ],
+    )
+    made: list[ReplayingAnnotator] = []
+    run_module.build_annotator = _annotator_factory(url, c, made)
+    t0 = time.perf_counter()
+    stats = run_module.run(cfg, None)
+    seconds = time.perf_counter() - t0
+    ann = made[0]
+    requests = ann.counts["requests"]
+    exported = stats["samples"]
+    works, _ = run_module.load_work(cfg)
+    chain = max(len(w.trajectory.steps) - 1 for w in works)
+    ideal = requests * args.latency / c
+    return {
+        "concurrency": c,
+        "latency_s": args.latency,
+        "seconds": round(seconds, 2),
+        "requests": requests,
+        "ideal_s": round(ideal, 2),
+        "fraction_of_ideal": round(ideal / seconds, 3),
+        "longest_chain_s": round(chain * args.latency, 2),
+        "exported": exported,
+        "calls_per_sample": round(requests / exported, 3),
+        "calls_by_stage": dict(sorted(ann.stages.items())),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--episodes", type=int, default=30)
+    parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=None, help="folder for corpus and runs")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_datagen_run_"))
+    corpus = work / f"corpus{args.episodes}"
+    if not corpus.exists():
+        make_sample(corpus, SampleConfig(trajectories=args.episodes, seed=0), progress=False)
+    trajs = work / "ingest"
+    if not (trajs / "trajectories.jsonl").exists():
+        ingest(corpus, trajs, IngestConfig(), progress=False)
+    urls: mp.Queue = mp.Queue()
+    stop = mp.Event()
+    server = mp.Process(target=_serve, args=(args.latency, urls, stop), daemon=True)
+    server.start()
+    url = urls.get(timeout=60)
+    rows: list[dict[str, Any]] = []
+    try:
+        for i in range(args.runs):
+            for c in args.concurrency:
+                out = work / f"run-{c}-{i}-{time.time_ns()}"
+                row = one_run(corpus, trajs / "trajectories.jsonl", out, url, args, c)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        stop.set()
+        server.join(timeout=10)
+    summary = {
+        str(c): {
+            key: statistics.median(r[key] for r in rows if r["concurrency"] == c)
+            for key in ("seconds", "fraction_of_ideal", "requests", "calls_per_sample")
+        }
+        for c in args.concurrency
+    }
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"runs": rows, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
