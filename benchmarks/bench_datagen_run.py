@@ -65,10 +65,38 @@ class ReplayingAnnotator(Annotator):
         return answer._replace(text=text, reasoning=reasoning), finish
 
 
-def _serve(latency_s: float, urls: mp.Queue, stop: Any) -> None:
-    with ScriptedServer(default=Reply(content="ok"), latency_s=latency_s, lifetime_s=3600) as s:
+def _serve(latency_s: float, count_tokens: bool, urls: mp.Queue, stop: Any) -> None:
+    respond = _token_counter() if count_tokens else None
+    with ScriptedServer(
+        default=Reply(content="ok"), respond=respond, latency_s=latency_s, lifetime_s=3600
+    ) as s:
         urls.put(s.base_url)
         stop.wait()
+
+
+def _token_counter() -> Any:
+    """Answers whose ``usage.prompt_tokens`` is the request's size for Qwen3-VL: its text
+    through the real Qwen tokenizer, each image at one token per 32 x 32 pixels (the frame the
+    annotator sends is already on that grid), and the chat template's few tokens per message."""
+    import io
+
+    from PIL import Image
+
+    from hivig.tiny import qwen_tokenizer
+    from tests.fakes.openai_server import request_images, request_text
+
+    tokenizer = qwen_tokenizer()
+
+    def respond(body: dict[str, Any]) -> Reply:
+        text = len(tokenizer(request_text(body)).input_ids)
+        images = 0
+        for data in request_images(body):
+            with Image.open(io.BytesIO(data)) as img:
+                images += (img.width // 32) * (img.height // 32) + 2  # vision start and end
+        template = 5 * len(body.get("messages", [])) + 3
+        return Reply(content="ok", prompt_tokens=text + images + template)
+
+    return respond
 
 
 def _annotator_factory(url: str, concurrency: int, made: list[ReplayingAnnotator]) -> Any:
@@ -114,7 +142,11 @@ def one_run(corpus: Path, trajs: Path, out: Path, url: str, args: argparse.Names
     works, _ = run_module.load_work(cfg)
     chain = max(len(w.trajectory.steps) - 1 for w in works)
     ideal = requests * args.latency / c
+    row: dict[str, Any] = {}
+    if args.tokens:
+        row["prompt_tokens_estimate_vs_server"] = _estimate_vs_server(cfg, stats)
     return {
+        **row,
         "concurrency": c,
         "latency_s": args.latency,
         "seconds": round(seconds, 2),
@@ -128,6 +160,19 @@ def one_run(corpus: Path, trajs: Path, out: Path, url: str, args: argparse.Names
     }
 
 
+def _estimate_vs_server(cfg: DataGenConfig, stats: dict[str, Any]) -> dict[str, Any]:
+    """Per stage: the dry run's prompt-token estimate, the server's count, and their ratio."""
+    from data_gen.estimate import estimate_requests
+
+    est = estimate_requests(cfg)["prompt_tokens"]
+    out = {}
+    for stage, row in stats["annotator_usage"]["stages"].items():
+        served = row["prompt_tokens"]
+        ratio = round(est[stage] / served, 3) if served else None
+        out[stage] = {"estimate": est[stage], "server": served, "ratio": ratio}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=30)
@@ -136,6 +181,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--work", type=Path, default=None, help="folder for corpus and runs")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="the server counts each request's prompt tokens (real Qwen tokenizer, 32 px image "
+        "patches); the run's estimate is compared with its count per stage",
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_datagen_run_"))
@@ -147,7 +198,7 @@ def main() -> None:
         ingest(corpus, trajs, IngestConfig(), progress=False)
     urls: mp.Queue = mp.Queue()
     stop = mp.Event()
-    server = mp.Process(target=_serve, args=(args.latency, urls, stop), daemon=True)
+    server = mp.Process(target=_serve, args=(args.latency, args.tokens, urls, stop), daemon=True)
     server.start()
     url = urls.get(timeout=60)
     rows: list[dict[str, Any]] = []

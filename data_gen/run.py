@@ -53,7 +53,6 @@ from data_gen.ingest import IngestConfig, IngestError, ingest, ingest_complete
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, plan_corpus
 from data_gen.perturb.grounding import ground_corpus
 from data_gen.perturb.plan import UnreachableDimensionError, target_shares
-from data_gen.perturb.semantic import ANNOTATOR_DIMENSIONS
 from data_gen.steps import STEP_CLASSES
 from data_gen.steps.flow import StreamedStages
 from data_gen.steps.work import (
@@ -519,6 +518,18 @@ OUTPUT_FORMAT = 2
 work files do not resume under this code."""
 
 
+def log_estimate(cfg: DataGenConfig, shard: Shard, works: list[Work], ctx: Context) -> None:
+    """Log what the shard will send, per stage, before it sends anything."""
+    from data_gen.estimate import estimate_for, estimate_table  # it builds on this module
+
+    est = estimate_for(cfg, works, ctx.plan, ctx.history_pairs)
+    log.info(
+        "shard %s will send (estimate from the plan):\n%s",
+        shard.name,
+        "\n".join(estimate_table(est)),
+    )
+
+
 def check_profile(cfg: DataGenConfig) -> None:
     """Refuse a ``profile`` folder that is missing or invalid, in one line, before any work."""
     try:
@@ -806,6 +817,7 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
         )
         if not merge_only:
             mine = [w for w in works if shard.owns(w.id)]
+            log_estimate(cfg, shard, mine, ctx)
             executor.run_shard(shard, mine, StreamedStages(ctx))
         counts = {**annotator.counts, **annotator.frames.counts}
         annotator.frames.clear()  # the shard is done; the export reads no annotator frame
@@ -819,74 +831,6 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
         finally:
             loop.close()
             annotator.close()
-
-
-def _known_trajectories(cfg: DataGenConfig) -> Path | None:
-    """The trajectory file a run would read, if it exists already (a dry run ingests nothing)."""
-    if cfg.trajectories:
-        return Path(cfg.trajectories) if Path(cfg.trajectories).is_file() else None
-    if cfg.corpus and (Path(cfg.corpus) / "trajectories.jsonl").is_file():
-        return Path(cfg.corpus) / "trajectories.jsonl"
-    if cfg.out and ingest_complete(Path(cfg.out) / "ingest"):
-        return Path(cfg.out) / "ingest" / "trajectories.jsonl"
-    return None
-
-
-def estimate_requests(cfg: DataGenConfig) -> dict[str, int]:
-    """Annotator requests a run will send, per stage, from the plan (no request is sent).
-
-    One request per executed step (transitions), per consecutive pair (history), per planned
-    annotator-family Bad (perturb), per planned Bad (judge, when on), per Good and Bad sample
-    (rationale), and per click step without an element box (grounding, where it applies).
-    Validation retries come on top: at most ``annotator.max_attempts`` times each. An upper
-    bound otherwise: steps whose screenshot does not change need no transition request, and
-    answers already in the request cache cost nothing.
-    """
-    works, _ = load_work(cfg)
-    path = Path(cfg.corpus) / cfg.elements_file
-    elements = ElementIndex.load(path)
-    plan = build_plan(cfg, works, elements, offline=cfg.annotator.backend.kind == "offline")
-    planned = [p for p in plan.values() if p.critique]
-    bads = [p for p in planned if p.dimension]
-    grounding = 0
-    if cfg.perturb.element_source == "annotator" or (
-        cfg.perturb.element_source == "auto" and not path.exists()
-    ):
-        grounding = sum(
-            1
-            for w in works
-            for k in range(len(w.trajectory.steps))
-            if any(a.to_arguments().get("coordinate") for a in w.trajectory.steps[k].actions)
-        )
-    # A failed run asks for no transition or history, only its real Bad's judge and rationale.
-    real = sum(1 for w in works if w.failed_run)
-    steps = sum(len(w.trajectory.steps) - 1 for w in works if not w.failed_run)
-    out = {
-        "grounding": grounding,
-        # A last step has no after-screenshot, so no transition request.
-        "transitions": steps,
-        "history": steps,
-        "perturb": sum(1 for p in bads if p.dimension in ANNOTATOR_DIMENSIONS),
-        "judge": len(bads) + real if cfg.judge.enabled else 0,
-        "rationale": sum(1 for p in planned if p.good) + len(bads) + real,
-    }
-    out["total"] = sum(out.values())
-    out["total_with_all_retries"] = out["total"] * cfg.annotator.max_attempts
-    return out
-
-
-def estimate_text(cfg: DataGenConfig) -> str:
-    """``--dry-run``'s cost estimate, as YAML comment lines after the resolved config."""
-    path = _known_trajectories(cfg)
-    if path is None:
-        return (
-            "# annotator requests: no estimate without trajectories; run `python -m data_gen "
-            "ingest --root CORPUS --out DIR` and pass trajectories=DIR/trajectories.jsonl\n"
-        )
-    cfg = dataclasses.replace(cfg, trajectories=str(path))
-    est = estimate_requests(cfg)
-    rows = "".join(f"#   {k}: {v}\n" for k, v in est.items())
-    return f"# annotator requests this run will send (estimate from the plan):\n{rows}"
 
 
 def read_config(path: str | None, overrides: list[str]) -> DataGenConfig:
@@ -913,6 +857,8 @@ def main(argv: list[str]) -> int:
     try:
         cfg = read_config(args.config, args.overrides)
         if args.dry_run:
+            from data_gen.estimate import estimate_text  # it builds on this module
+
             sys.stdout.write(config_to_yaml(cfg))
             sys.stdout.write(estimate_text(cfg))
             return 0

@@ -84,7 +84,7 @@ def test_dry_run_estimates_the_annotator_requests_the_run_sends(tmp_path, capsys
     args = ["--config", str(DEMO), f"corpus={tmp_path / 'c'}", f"out={tmp_path / 'o'}"]
     assert run_module.main([*args, "judge.enabled=false", *extra, "--dry-run"]) == 0
     printed = capsys.readouterr().out
-    total = int(re.search(r"#   total: (\d+)", printed).group(1))
+    total = int(re.search(r"#   total +([\d,]+)", printed).group(1).replace(",", ""))
     made = []
     real = run_module.build_annotator
 
@@ -93,10 +93,14 @@ def test_dry_run_estimates_the_annotator_requests_the_run_sends(tmp_path, capsys
         return made[-1]
 
     monkeypatch.setattr(run_module, "build_annotator", keep)
-    run(cfg, None)
+    stats = run(cfg, None)
     sent = made[0].counts["requests"]
-    # An upper bound: steps whose screen does not change need no transition request.
+    # An upper bound: the offline annotator grounds nothing without a sidecar.
     assert 0 < sent <= total <= 1.25 * sent
+    # Stage by stage, the plan says exactly which requests the annotation stages send.
+    for stage in ("transitions", "history", "rationale"):
+        planned = int(re.search(rf"#   {stage} +([\d,]+)", printed).group(1).replace(",", ""))
+        assert stats["stages"][stage]["calls"] == planned, stage
 
 
 def test_a_stale_ingest_lock_and_temp_files_are_cleaned(tmp_path):
