@@ -16,20 +16,24 @@ summaries are sequential, so the run can never take less than chain x latency).
     python benchmarks/bench_datagen_run.py --concurrency 16 --runs 5 --latency 1.0
     PYTHONPATH=OTHER_TREE python benchmarks/bench_datagen_run.py  # another tree's code measured
 
+Every run is a fresh process, as the command is (cold imports and worker start-up count).
 Prints one JSON object per run and a summary (medians) at the end; ``--json`` writes them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +103,25 @@ def _token_counter() -> Any:
     return respond
 
 
+@contextlib.contextmanager
+def _timed(owner: Any, name: str, into: dict[str, float], key: str) -> Iterator[None]:
+    """Time every call of ``owner.name`` into ``into[key]`` while the block runs."""
+    real = getattr(owner, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            into[key] = into.get(key, 0.0) + time.perf_counter() - t0
+
+    setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
 def _annotator_factory(url: str, concurrency: int, made: list[ReplayingAnnotator]) -> Any:
     def build(cfg: DataGenConfig) -> Annotator:
         a = cfg.annotator
@@ -133,8 +156,13 @@ def one_run(corpus: Path, trajs: Path, out: Path, url: str, args: argparse.Names
     )
     made: list[ReplayingAnnotator] = []
     run_module.build_annotator = _annotator_factory(url, c, made)
+    phases: dict[str, float] = {}
     t0 = time.perf_counter()
-    stats = run_module.run(cfg, None)
+    with (
+        _timed(run_module.Executor, "run_shard", phases, "stages_s"),
+        _timed(run_module, "merge", phases, "export_s"),
+    ):
+        stats = run_module.run(cfg, None)
     seconds = time.perf_counter() - t0
     ann = made[0]
     requests = ann.counts["requests"]
@@ -152,6 +180,9 @@ def one_run(corpus: Path, trajs: Path, out: Path, url: str, args: argparse.Names
         "seconds": round(seconds, 2),
         "requests": requests,
         "ideal_s": round(ideal, 2),
+        # Where the time went: the annotation stages, the merge and export, and the rest
+        # (configuration, loading the trajectories, the plan).
+        **{k: round(v, 2) for k, v in phases.items()},
         "fraction_of_ideal": round(ideal / seconds, 3),
         "longest_chain_s": round(chain * args.latency, 2),
         "exported": exported,
@@ -187,13 +218,19 @@ def main() -> None:
         help="the server counts each request's prompt tokens (real Qwen tokenizer, 32 px image "
         "patches); the run's estimate is compared with its count per stage",
     )
+    parser.add_argument("--one", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_datagen_run_"))
     corpus = work / f"corpus{args.episodes}"
+    trajs = work / "ingest"
+    if args.one:  # one measured run, in this fresh process
+        c, out, url = args.one
+        row = one_run(corpus, trajs / "trajectories.jsonl", Path(out), url, args, int(c))
+        print(json.dumps(row), flush=True)
+        return
     if not corpus.exists():
         make_sample(corpus, SampleConfig(trajectories=args.episodes, seed=0), progress=False)
-    trajs = work / "ingest"
     if not (trajs / "trajectories.jsonl").exists():
         ingest(corpus, trajs, IngestConfig(), progress=False)
     urls: mp.Queue = mp.Queue()
@@ -205,8 +242,13 @@ def main() -> None:
     try:
         for i in range(args.runs):
             for c in args.concurrency:
+                # A fresh process per run, as the command is: cold imports and worker start-up
+                # are part of what a run costs.
                 out = work / f"run-{c}-{i}-{time.time_ns()}"
-                row = one_run(corpus, trajs / "trajectories.jsonl", out, url, args, c)
+                cmd = [sys.executable, __file__, *sys.argv[1:], "--work", str(work)]
+                cmd += ["--one", str(c), str(out), url]
+                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                row = json.loads(done.stdout.strip().splitlines()[-1])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:

@@ -76,18 +76,21 @@ rate limit lifting then costs a pause, not a rerun."""
 OUTAGE_BACKOFF_S = (1.0, 30.0)
 """First and longest pause between tries during an outage (doubling in between)."""
 
-STAGE_PRIORITY = {
-    "history": 0,
-    "rationale_good": 1,
-    "rationale_bad": 1,
-    "judge": 2,
-    "perturb": 3,
-    "transitions": 4,
-}
-"""Which waiting request takes a free slot first (lowest first, then arrival order). A history
-chain is a run's longest path (each summary is the next pair's input), so its requests never
-queue behind the others; after it, the later a stage, the sooner its item is finished (less
-held in memory, samples done early)."""
+FOLLOWING_REQUESTS = {"transitions": 3, "perturb": 2, "judge": 1}
+"""Requests that at most follow one of a stage on its step's path (transition, perturbation,
+judge, rationale); a history request says its own (``AnnotatorRequest.following``)."""
+
+
+def priority(request: AnnotatorRequest) -> int:
+    """Which waiting request takes a free slot first: the one with the longest path of requests
+    still to follow it (lowest value first, then arrival order). Its item is then the furthest
+    from done, so serving it first keeps the end of a run from waiting on one long path: a
+    history chain (each summary is the next pair's input) or a step's transition, judge and
+    rationale."""
+    following = request.following
+    if following is None:
+        following = FOLLOWING_REQUESTS.get(request.stage, 0)
+    return -following
 
 
 class PriorityGate:
@@ -172,6 +175,9 @@ class AnnotatorRequest:
     stage: str
     messages: list[ChatMessage]
     oracle: dict[str, Any] = field(default_factory=dict)
+    following: int | None = None
+    """Requests that must follow this one on its item's path (a history chain's later pairs);
+    ``None`` takes the stage's (``FOLLOWING_REQUESTS``). Orders the queue, never the answer."""
 
 
 @dataclass
@@ -641,7 +647,7 @@ class Annotator:
         if self._slots is None or self._jobs is None:
             self._slots = PriorityGate(self.concurrency)
             self._jobs = PriorityGate(self.jobs_in_flight)
-        priority = STAGE_PRIORITY.get(request.stage, len(STAGE_PRIORITY))
+        rank = priority(request)
         # Decoding, resizing and encoding are CPU work done before taking a request slot, in a
         # worker thread: a slot then spends its time on the network only, and the event loop
         # stays free to overlap the other requests' waits. One thread per core: more only
@@ -649,10 +655,10 @@ class Annotator:
         # At most ``jobs_in_flight`` requests are prepared or in flight at once, so the
         # prepared frames of a whole shard never wait in memory together.
         loop = asyncio.get_running_loop()
-        async with self._jobs.slot(priority):
+        async with self._jobs.slot(rank):
             pool = self._preparation_pool()
             messages = await loop.run_in_executor(pool, self._prepare, request.messages)
-            async with self._slots.slot(priority):
+            async with self._slots.slot(rank):
                 gen = await self.backend.generate(
                     messages, self._sampling_for(attempt), request_hash=key
                 )

@@ -25,6 +25,7 @@ Probes:
 from __future__ import annotations
 
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -317,6 +318,39 @@ def _audit_row(
     return row
 
 
+def _probe_workers(jobs: int) -> int:
+    return min(jobs, usable_cpus())
+
+
+def _import_probe_libraries() -> None:
+    import sklearn.feature_extraction.text  # noqa: F401
+    import sklearn.linear_model  # noqa: F401
+    import sklearn.metrics  # noqa: F401
+    import sklearn.model_selection  # noqa: F401
+    import sklearn.pipeline  # noqa: F401
+
+
+def warm_up() -> threading.Thread:
+    """Import the probes' libraries and start their worker processes in a background thread.
+
+    Both take seconds on a cold start (scikit-learn and SciPy, in this process and in each
+    worker); a run starts this while its annotator waits on the network, so the export's audit
+    finds them ready. The audit works the same without it.
+    """
+
+    def warm() -> None:
+        _import_probe_libraries()
+        workers = _probe_workers(len(PROBES) * (len(FAMILIES) + len(DIMENSION_AUDITS)))
+        if workers >= 2:
+            from joblib import Parallel, delayed
+
+            Parallel(n_jobs=workers)(delayed(_import_probe_libraries)() for _ in range(workers))
+
+    thread = threading.Thread(target=warm, name="hivig-audit-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 def _run_probes(
     pending: list[tuple[dict[str, Any], str, tuple[Any, ...]]], settings: AuditSettings
 ) -> list[dict[str, Any]]:
@@ -327,7 +361,7 @@ def _run_probes(
     the same as one after another.
     """
     jobs = [args for _, _, args in pending]
-    workers = min(len(jobs), usable_cpus())
+    workers = _probe_workers(len(jobs))
     if workers < 2:
         return [probe_auc(*args, settings) for args in jobs]
     from joblib import Parallel, delayed

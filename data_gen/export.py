@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -335,18 +336,22 @@ def export_dataset(
         tokens[spec["id"]] = n
         stats.kept()
     stats.check()
-    for split in SPLITS:
-        write_records([r for r in records if r.split == split], tmp / "records" / split)
-    # Training reads the corpus root from here (records hold corpus-relative image paths).
-    write_manifest(tmp / "records", corpus, final_root=records_dir(out))
-    write_profile(tmp / "records", resolve_profile(cfg.profile))
-    exported = _sharegpt(records, cfg, corpus, tmp) if cfg.export.sharegpt else {}
-    all_counters = {**counters, "export": merge_counts([stats.counts])}
-    atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))
-    result = dataset_stats(specs, all_counters, tokens, run)
     e = cfg.export
     settings = AuditSettings(e.audit_max_auc, tuple(e.audit_gated), e.audit_min_samples)
-    result["shortcut_audit"] = shortcut_audit(records, settings)
+    # The audit's probes run in worker processes; the records and frames are written
+    # meanwhile, so the two share the cores instead of taking turns.
+    with ThreadPoolExecutor(1, "hivig-audit") as pool:
+        audit = pool.submit(shortcut_audit, records, settings)
+        for split in SPLITS:
+            write_records([r for r in records if r.split == split], tmp / "records" / split)
+        # Training reads the corpus root from here (records hold corpus-relative image paths).
+        write_manifest(tmp / "records", corpus, final_root=records_dir(out))
+        write_profile(tmp / "records", resolve_profile(cfg.profile))
+        exported = _sharegpt(records, cfg, corpus, tmp) if cfg.export.sharegpt else {}
+        all_counters = {**counters, "export": merge_counts([stats.counts])}
+        atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))
+        result = dataset_stats(specs, all_counters, tokens, run)
+        result["shortcut_audit"] = audit.result()
     result["distribution_out_of_bounds"] = out_of_bounds(
         result["dimension_target_vs_achieved"],
         cfg.perturb.min_dimension_ratio,

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from data_gen import flywheel
+from data_gen import audit, flywheel
 from data_gen.annotator import TRANSIENT_REASONS, Annotator, offline_answer
 from data_gen.config import DataGenConfig
 from data_gen.executor import (
@@ -818,6 +818,7 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
         if not merge_only:
             mine = [w for w in works if shard.owns(w.id)]
             log_estimate(cfg, shard, mine, ctx)
+            audit.warm_up()  # the export's probes, made ready while the annotator waits
             executor.run_shard(shard, mine, StreamedStages(ctx))
         counts = {**annotator.counts, **annotator.frames.counts}
         annotator.frames.clear()  # the shard is done; the export reads no annotator frame

@@ -20,10 +20,10 @@ import pytest
 
 import data_gen.run as run_module
 from data_gen.annotator import (
-    STAGE_PRIORITY,
     Annotator,
     AnnotatorRequest,
     PriorityGate,
+    priority,
 )
 from data_gen.config import DataGenConfig
 from data_gen.executor import Codec, Executor, Shard, StageIncomplete, StageStats
@@ -214,8 +214,9 @@ def test_a_cancelled_waiter_gives_its_slot_on():
     assert asyncio.run(scenario()) == ["second", "after"]
 
 
-def test_history_requests_go_first_and_the_budget_is_never_exceeded(tmp_path):
-    """Against a real HTTP endpoint with 2 slots: queued history requests overtake the others."""
+def test_the_longest_path_goes_first_and_the_budget_is_never_exceeded(tmp_path):
+    """Against a real HTTP endpoint with 2 slots: queued history pairs with a long chain still
+    to follow overtake judge requests (one rationale to follow) that arrived before them."""
     answer = (
         "<think>Compared the two screens.</think>\n<summary>\nProgress Summary: Opened it.\n"
         "Last Action Result: It is open.\n</summary>"
@@ -231,13 +232,13 @@ def test_history_requests_go_first_and_the_budget_is_never_exceeded(tmp_path):
         client = OpenAIClient(server.base_url, "scripted", concurrency=8, max_retries=0)
         ann = Annotator(cfg, FrameConfig(), tmp_path, None, 1, backend=client, prefetch=0)
 
-        async def one(stage, i):
+        async def one(stage, i, following=None):
             msg = ChatMessage("user", [TextPart(f"{stage} {i}")])
-            result = await ann.annotate(AnnotatorRequest(stage, [msg]), _ok)
+            result = await ann.annotate(AnnotatorRequest(stage, [msg], {}, following), _ok)
             assert result.ok
 
         async def scenario():
-            jobs = [one("transitions", i) for i in range(6)] + [one("history", i) for i in range(3)]
+            jobs = [one("judge", i) for i in range(6)] + [one("history", i, 5) for i in range(3)]
             await asyncio.gather(*jobs)
             await client.aclose()
 
@@ -245,10 +246,13 @@ def test_history_requests_go_first_and_the_budget_is_never_exceeded(tmp_path):
         ann.close()
         assert server.max_in_flight <= 2
         sent = [request_text(body).split()[0] for body in server.requests]
-    # The first two transitions took the two slots; the three history requests queued after
-    # the other four transitions and still went out next.
-    assert sent == ["transitions"] * 2 + ["history"] * 3 + ["transitions"] * 4, sent
-    assert STAGE_PRIORITY["history"] < min(v for k, v in STAGE_PRIORITY.items() if k != "history")
+    # The first two judges took the two slots; the three history requests queued after the
+    # other four judges and still went out next.
+    assert sent == ["judge"] * 2 + ["history"] * 3 + ["judge"] * 4, sent
+    # Without a chain to follow, a step's transition (three requests may follow it) goes
+    # before its judge (one) and its rationale (none).
+    ranks = [priority(AnnotatorRequest(s, [])) for s in ("transitions", "judge", "rationale_bad")]
+    assert ranks == sorted(ranks) and len(set(ranks)) == 3
 
 
 # ---------------------------------------------------------------------------------------------

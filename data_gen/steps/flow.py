@@ -5,8 +5,9 @@ barrier while the slowest item of a stage finishes, and the history chains (one 
 time per trajectory) run alone at the end of their stage. Here every trajectory runs as one
 task: its history chain beside its steps, and each step through transition, perturbation,
 judge and rationale in turn. All requests share the annotator's one concurrency budget, where
-a history request goes first (``data_gen.annotator.STAGE_PRIORITY``), so the longest chain
-sets the pace only when it is longer than the run itself.
+the request with the longest path of requests still to follow it goes first (a history chain's
+early pairs, a step's transition; ``data_gen.annotator.priority``), so the run does not end
+waiting on one long path while the slots stand idle.
 
 What each stage does, counts and drops is unchanged: the stages keep their own counters, and
 the executor commits them in order once the shard is done (``Executor.run_shard``).

@@ -108,7 +108,7 @@ class HistoryStep:
         done: list[str] = []
         stale = False
         for k in pairs:
-            out = await self._pair(work, k, summary, done, stats)
+            out = await self._pair(work, k, summary, done, stats, len(pairs) - k - 1)
             if out is _TRANSIENT:
                 sid = sample_id(traj.id, k)
                 for later in range(k + 1, len(pairs)):
@@ -124,7 +124,7 @@ class HistoryStep:
             stats.kept()
 
     async def _pair(
-        self, work: Work, k: int, previous: str, done: list[str], stats: StageStats
+        self, work: Work, k: int, previous: str, done: list[str], stats: StageStats, following: int
     ) -> HistoryOutput | object | None:
         """The pair's summary; ``None`` when dropped, ``_TRANSIENT`` when dropped for now."""
         ctx, traj = self.ctx, work.trajectory
@@ -153,9 +153,8 @@ class HistoryStep:
             "no_change": no_change,
             "done": list(done),
         }
-        request = AnnotatorRequest(
-            self.name, list(build_history_annotation_messages(*args)), oracle
-        )
+        messages = list(build_history_annotation_messages(*args))
+        request = AnnotatorRequest(self.name, messages, oracle, following)
         result = await ctx.annotate_or_drop(
             stats, sid, request, history_validator(intent if masked else None)
         )
