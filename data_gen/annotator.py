@@ -36,6 +36,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from PIL import Image
 
 from data_gen.executor import atomic_write_text
+from data_gen.perturb.elements import role_words
 from hivig.backends import (
     BackendError,
     BackendErrorBody,
@@ -754,10 +755,12 @@ def _offline_grounding(o: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _describe_target(o: dict[str, Any]) -> str:
-    label, role = o.get("target_label"), o.get("target_role")
-    if label:
-        return f"the '{label}' {role or 'element'}"
-    return "empty space under the marker" if o.get("has_point") else "the screen as a whole"
+    """What the step acts on, as the critic's screenshot shows it (``target_oracle``)."""
+    if o.get("target"):
+        return o["target"]
+    if not o.get("has_point"):
+        return "the screen as a whole"
+    return "empty space under the marker" if o.get("marked") else "empty space at the call's point"
 
 
 def _choose(o: dict[str, Any], salt: str, options: tuple[str, ...]) -> str:
@@ -768,7 +771,9 @@ def _choose(o: dict[str, Any], salt: str, options: tuple[str, ...]) -> str:
 
 def _names(pairs: list[list[str]]) -> str:
     # Content comes by kind ("further file entries"), controls by their visible label.
-    labels = [f"'{label}'" if label else f"further {role} entries" for label, role in pairs]
+    labels = [
+        f"'{label}'" if label else f"further {role_words(role)} entries" for label, role in pairs
+    ]
     if not labels:
         return ""
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
@@ -900,12 +905,19 @@ _LOOK = (
     "Under the marker lies {t}.",
     "The call is aimed at {t}.",
 )
+_LOOK_UNMARKED = tuple(t for t in _LOOK if "marker" not in t)
+"""Where no marker is drawn (a call with no point, or one the renderer cannot mark), a text
+must not speak of one."""
+
+
+def _look(o: dict[str, Any]) -> str:
+    options = _LOOK if o.get("marked") else _LOOK_UNMARKED
+    return _choose(o, "look", options).format(t=_describe_target(o))
 
 
 def _offline_rationale_good(o: dict[str, Any]) -> tuple[str, str | None]:
-    target = _describe_target(o)
     intent = o.get("intent")
-    p1 = f"{_syntax_line(o)} " + _choose(o, "look", _LOOK).format(t=target)
+    p1 = f"{_syntax_line(o)} " + _look(o)
     if intent:
         p1 += f" This agrees with the stated intent: {intent}"
     p2 = o.get("next_state") or "The interface will respond to the step."
@@ -924,8 +936,7 @@ def _offline_rationale_good(o: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _offline_rationale_bad(o: dict[str, Any]) -> tuple[str, str | None]:
-    target = _describe_target(o)
-    p1 = f"{_syntax_line(o)} " + _choose(o, "look", _LOOK).format(t=target)
+    p1 = f"{_syntax_line(o)} " + _look(o)
     if o.get("intent"):
         p1 += f" The stated intent is: {o['intent']}"
     p2 = o["consequence"]

@@ -80,7 +80,10 @@ class StepView:
         """Inverse of ``to_json``."""
 
         def els(rows: list[dict[str, Any]]) -> tuple[Element, ...]:
-            return tuple(Element(r["label"], r["role"], tuple(r["box"])) for r in rows)  # type: ignore[arg-type]
+            return tuple(
+                Element(r["label"], r["role"], tuple(r["box"]), r.get("text"))  # type: ignore[arg-type]
+                for r in rows
+            )
 
         return cls(
             sample_id=obj["sample_id"],

@@ -5,7 +5,9 @@ synthetic sample corpus a sidecar written next to ``trajectories.jsonl`` plays t
 object per screenshot::
 
     {"screenshot": "images/t0/step_000.png", "elements": [{"label": "OK", "role": "button",
-     "box": [x1, y1, x2, y2]}, ...]}
+     "box": [x1, y1, x2, y2]}, {"label": "Back", "role": "button", "box": [...], "text": "<"}]}
+
+``text`` is what the screen draws where that is not the label (a glyph, or "" for nothing).
 
 Boxes are on the 0-1000 grid of the screenshot. Containers (dialogs, lists, windows) are kept but
 never count as a click target or as "something under the point".
@@ -35,6 +37,20 @@ class Element:
     label: str
     role: str
     box: tuple[int, int, int, int]
+    text: str | None = None
+    """What the screen draws for the element where that is not its label: a glyph (``<`` for
+    Back), or ``""`` where nothing legible is drawn (a bar, a bare icon). The label stays the
+    element's name for the generators; a text a critic learns from says only ``shown``."""
+
+    @property
+    def shown(self) -> str:
+        """The element's text as the screenshot shows it (empty when none is drawn)."""
+        return self.label if self.text is None else self.text
+
+    def described(self) -> str:
+        """The element as a critic can see it: its drawn text and its kind in plain words."""
+        kind = role_words(self.role)
+        return f"the '{self.shown}' {kind}" if self.shown.strip() else f"the {kind}"
 
     @property
     def is_target(self) -> bool:
@@ -59,8 +75,31 @@ class Element:
         return max(0, x2 - x1) * max(0, y2 - y1)
 
     def to_json(self) -> dict[str, Any]:
-        """Sidecar form."""
-        return {"label": self.label, "role": self.role, "box": list(self.box)}
+        """Sidecar form (``text`` only where the screen draws something else than the label)."""
+        out: dict[str, Any] = {"label": self.label, "role": self.role, "box": list(self.box)}
+        if self.text is not None:
+            out["text"] = self.text
+        return out
+
+
+ROLE_WORDS = {
+    "button_disabled": "greyed-out button",
+    "listitem": "list item",
+    "addressbar": "address bar",
+    "titlebar": "title bar",
+    "navigation": "navigation button",
+    "progress": "progress indicator",
+    "textbox": "text field",
+    "checkbox": "checkbox",
+    "menuitem": "menu item",
+}
+"""Sidecar roles in the words a screen's reader would use (a role token such as
+``button_disabled`` is the sidecar's, not something a critic can see)."""
+
+
+def role_words(role: str) -> str:
+    """``role`` in plain words (``ROLE_WORDS``, else the token with spaces for underscores)."""
+    return ROLE_WORDS.get(role, role.replace("_", " ") or "element")
 
 
 def element_from_json(obj: Any) -> Element | None:
@@ -68,11 +107,12 @@ def element_from_json(obj: Any) -> Element | None:
     try:
         x1, y1, x2, y2 = (int(v) for v in obj["box"])
         label, role = str(obj.get("label", "")), str(obj.get("role", ""))
-    except (KeyError, TypeError, ValueError):
+        text = obj.get("text")
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
     if not (0 <= x1 <= x2 <= 1000 and 0 <= y1 <= y2 <= 1000):
         return None
-    return Element(label, role, (x1, y1, x2, y2))
+    return Element(label, role, (x1, y1, x2, y2), None if text is None else str(text))
 
 
 def target_at(elements: Iterable[Element], x: int, y: int) -> Element | None:

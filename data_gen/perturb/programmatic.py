@@ -111,7 +111,10 @@ def parameter_vector(view: StepView, rng: random.Random, p: GenParams) -> BadSte
             start, end = calls[i - 1]["coordinate"], call["coordinate"]
             if start == end:
                 continue
-            method = rng.choice(["reverse", "shrink"])
+            # A drag whose intent says where it goes ("onto the folder", "to the right") run
+            # backwards contradicts those words: Action-Operation Misalignment, not a vector.
+            reversible = not states_destination(view.intent)
+            method = rng.choice(["reverse", "shrink"]) if reversible else "shrink"
             if method == "reverse":
                 calls[i - 1]["coordinate"], call["coordinate"] = end, start
             else:
@@ -128,6 +131,17 @@ _VECTOR_NOTES = {
     "swap": "the {kind} runs backwards, from its end point to its start",
     "shrink": "the {kind} is far too short to move the content noticeably",
 }
+
+
+_DESTINATION = re.compile(
+    r"\b(?:onto|into|to|toward|towards|over|left|right|up|down|upwards?|downwards?)\b",
+    re.IGNORECASE,
+)
+
+
+def states_destination(intent: str) -> bool:
+    """Whether a drag's intent says in words where it goes (a place or a direction)."""
+    return bool(_DESTINATION.search(intent))
 
 
 def _states_direction(intent: str) -> bool:
@@ -226,7 +240,7 @@ def termination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | N
         el = rng.choice(present)
         name = "click" if view.space == "mobile_use" else "left_click"
         call = {"action": name, "coordinate": list(_inside_point(view.elements, el, rng))}
-        note = f"a redundant click on '{el.label}' after the goal was met"
+        note = f"a redundant click on {el.described()} after the goal was met"
         return _bad(view, dim, "action_after_completion", [call], "", note)
     if view.is_final or view.answered_before:
         return None
@@ -349,7 +363,7 @@ def misalignment(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
     # coordinates alone would mark the Bad samples.
     others.sort(key=lambda e: (_gap(e.box, (x, y)), e.box, e.label))
     el = rng.choice(others[:MISALIGNMENT_NEIGHBOURS])
-    note = f"the intent is kept but the call targets '{el.label}' ({el.role})"
+    note = f"the call lands on {el.described()}, not on what the intent names"
     point = _inside_point(view.elements, el, rng)
     return _bad(view, MISALIGNMENT, "other_element", _moved(view, index, point), view.intent, note)
 
@@ -383,7 +397,7 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     if not valid:
         return None
     point = rng.choice(valid)
-    note = f"the point lies just outside '{el.label}', on nothing clickable"
+    note = f"the point lies just outside {el.described()}, on nothing clickable"
     return _bad(view, GROUNDING, "near_miss", _moved(view, index, point), view.intent, note)
 
 

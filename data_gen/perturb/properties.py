@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from data_gen.perturb.base import BadStep, StepView
 from data_gen.perturb.calls import POINT_TARGETS, Call, primary_point
@@ -32,6 +33,7 @@ from data_gen.perturb.programmatic import (
     mentions,
     on_screen_labels,
     points_of,
+    states_destination,
 )
 from data_gen.perturb.semantic import (
     INTERACTIVE_ROLES,
@@ -108,6 +110,25 @@ def _direction_contradiction(intent: str, calls: Sequence[Call]) -> str | None:
     return None
 
 
+def _drag_path(calls: Sequence[Call]) -> list[Any]:
+    """Start and end of every drag: the move before a ``left_click_drag`` and the drag's point."""
+    return [
+        (calls[i - 1].get("coordinate"), c.get("coordinate"))
+        for i, c in enumerate(calls)
+        if c.get("action") == "left_click_drag"
+        and i > 0
+        and calls[i - 1].get("action") == "mouse_move"
+    ]
+
+
+def _drag_reversed(expert: Sequence[Call], bad: Sequence[Call]) -> bool:
+    """Whether some drag of ``bad`` runs from the expert's end point to its start."""
+    return any(
+        b == (e[1], e[0]) and e[0] != e[1]
+        for e, b in zip(_drag_path(expert), _drag_path(bad), strict=False)
+    )
+
+
 def _calls(bad: BadStep) -> list[Call]:
     return list(bad.calls or ())
 
@@ -131,6 +152,8 @@ def parameter_vector(view: StepView, bad: BadStep) -> str | None:
         return why
     if [c.get("action") for c in calls] != [c.get("action") for c in view.calls]:
         return "the action kinds differ from the expert's"
+    if _drag_reversed(view.calls, calls) and states_destination(bad.intent):
+        return "the drag runs backwards against where its intent says it goes (Misalignment)"
     vectors = {"scroll", "hscroll", "swipe", "left_click_drag", "mouse_move"}
     if not any(c.get("action") in vectors for c in calls) or calls == list(view.calls):
         return "no vector changed"

@@ -157,7 +157,7 @@ def semantic_error(view: StepView, rng: random.Random) -> Draft | None:
     wrong = rng.choice(others)
     intent = _reworded(view, el.label, wrong.label)
     thought = _pick(rng, _SEMANTIC_THOUGHTS, wrong=wrong.label, role=wrong.role)
-    note = f"'{wrong.label}' ({wrong.role}) read as the control the goal needs"
+    note = f"{wrong.described()} read as the control the goal needs"
     return intent, _moved(view, index, wrong, rng), thought, note
 
 
@@ -252,7 +252,7 @@ def observation_neglect(view: StepView, rng: random.Random) -> Draft | None:
     if intent in view.earlier_intents:
         return None
     thought = _pick(rng, _SEARCH_THOUGHTS, label=el.label)
-    note = f"scrolled away although '{el.label}' was already visible"
+    note = f"scrolled away although {el.described()} was already visible"
     return intent, calls, thought, note
 
 

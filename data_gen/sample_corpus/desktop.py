@@ -33,9 +33,8 @@ def _document(scr: Screen, box: Box, lines: list[str], selected: bool = False) -
                 "#9ec5f0",
             )
         scr.text((box[0] + scr.u(16), y), line, 14, "#111111")
-    scr.element(
-        "Document", "document", (box[0], box[1], box[2], box[1] + scr.u(24) * (len(lines) + 1))
-    )
+    area = (box[0], box[1], box[2], box[1] + scr.u(24) * (len(lines) + 1))
+    scr.element("Document", "document", area, "")  # the lines are drawn, not the name
 
 
 def save_as(ctx: Ctx) -> Episode:

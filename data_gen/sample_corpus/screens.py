@@ -39,6 +39,8 @@ class Element:
     label: str
     role: str
     box: Box
+    text: str | None = None
+    """What is drawn for it where that is not ``label`` (a glyph; "" for nothing legible)."""
 
     def grid_box(self, width: int, height: int) -> list[int]:
         """The box on the 0–1000 grid of the screenshot (floor/ceil so it never shrinks)."""
@@ -68,9 +70,10 @@ class Screen:
         """``value`` reference pixels in this screen's pixels."""
         return max(1, round(value * self.unit))
 
-    def element(self, label: str, role: str, box: Box) -> Element:
-        """Register an element (drawn by the caller)."""
-        el = Element(label, role, tuple(int(v) for v in box))  # type: ignore[arg-type]
+    def element(self, label: str, role: str, box: Box, text: str | None = None) -> Element:
+        """Register an element (drawn by the caller); ``text``: what is drawn for it where that
+        is not ``label`` (a glyph, or "" for nothing legible)."""
+        el = Element(label, role, tuple(int(v) for v in box), text)  # type: ignore[arg-type]
         self.elements.append(el)
         return el
 
@@ -198,7 +201,7 @@ class Screen:
         fill = box[0] + int((box[2] - box[0]) * fraction)
         if fill > box[0]:
             self.rect((box[0], box[1], fill, box[3]), "#2e9d4f", radius=3)
-        return self.element(label, "progress", box)
+        return self.element(label, "progress", box, text="")  # the bar alone is drawn
 
     def disabled_button(self, box: Box, label: str) -> Element:
         """A greyed-out button: visible but not clickable while something is busy."""
@@ -231,10 +234,13 @@ class Screen:
 
     def grid_elements(self) -> list[dict]:
         """Sidecar form: every element with its box on the 0–1000 grid."""
-        return [
-            {"label": e.label, "role": e.role, "box": e.grid_box(self.width, self.height)}
-            for e in self.elements
-        ]
+        out = []
+        for e in self.elements:
+            row = {"label": e.label, "role": e.role, "box": e.grid_box(self.width, self.height)}
+            if e.text is not None:
+                row["text"] = e.text
+            out.append(row)
+        return out
 
 
 # -------------------------------------------------------------------- platform chrome
@@ -284,7 +290,7 @@ def desktop(
             scr.text_centered(
                 (x, dock_top + u(6), x + u(46), dock_top + u(44)), app[:2], 14, "#fff"
             )
-            scr.element(app, "dock", (x, dock_top + u(6), x + u(46), dock_top + u(44)))
+            scr.element(app, "dock", (x, dock_top + u(6), x + u(46), dock_top + u(44)), app[:2])
         bottom = dock_top - u(4)
     else:  # ubuntu
         top = u(28)
@@ -300,7 +306,7 @@ def desktop(
             y = top + u(10) + u(52) * i
             scr.rect((u(6), y, left - u(6), y + u(44)), "#5e5e5e", radius=8)
             scr.text_centered((u(6), y, left - u(6), y + u(44)), app[:2], 14, "#ffffff")
-            scr.element(app, "dock", (u(6), y, left - u(6), y + u(44)))
+            scr.element(app, "dock", (u(6), y, left - u(6), y + u(44)), app[:2])
     # The application window.
     win = (left + u(8), top + u(8), right - u(8), bottom - u(8))
     scr.rect(win, "#ffffff", outline="#6f6f6f", radius=6)
@@ -316,7 +322,8 @@ def desktop(
         for i, glyph in enumerate(("X", "[]", "_")):
             box = (win[2] - u(46) * (i + 1), win[1], win[2] - u(46) * i, win[1] + bar)
             scr.text_centered(box, glyph, 13, bar_ink)
-            scr.element({"X": "Close", "[]": "Maximize", "_": "Minimize"}[glyph], "button", box)
+            name = {"X": "Close", "[]": "Maximize", "_": "Minimize"}[glyph]
+            scr.element(name, "button", box, glyph)
     scr.element(title, "titlebar", (win[0], win[1], win[2] - u(140), win[1] + bar))
     y = win[1] + bar
     if menus:
@@ -355,7 +362,7 @@ def browser(width: int, height: int, clock: str, url: str, tab: str) -> tuple[Sc
     for i, glyph in enumerate(("<", ">", "R")):
         box = (u(10) + u(34) * i, u(44), u(38) + u(34) * i, u(72))
         scr.text_centered(box, glyph, 14, "#5f6368")
-        scr.element({"<": "Back", ">": "Forward", "R": "Reload"}[glyph], "button", box)
+        scr.element({"<": "Back", ">": "Forward", "R": "Reload"}[glyph], "button", box, glyph)
     bar = (u(120), u(44), width - u(20), u(72))
     scr.rect(bar, "#f1f3f4", radius=14)
     scr.text((bar[0] + u(16), u(58)), url, 13, "#202124")
@@ -378,6 +385,7 @@ def phone(width: int, height: int, clock: str) -> tuple[Screen, Box]:
     for i, name in enumerate(("Back", "Home", "Recents")):
         cx = width * (i + 1) // 4
         box = (cx - u(36), nav + u(6), cx + u(36), height - u(6))
-        scr.text_centered(box, {"Back": "<", "Home": "O", "Recents": "[]"}[name], 18, "#49454f")
-        scr.element(name, "navigation", box)
+        glyph = {"Back": "<", "Home": "O", "Recents": "[]"}[name]
+        scr.text_centered(box, glyph, 18, "#49454f")
+        scr.element(name, "navigation", box, glyph)
     return scr, (0, sb, width, nav)

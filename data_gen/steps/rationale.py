@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from data_gen.annotator import AnnotatorRequest, Rejected
@@ -103,8 +104,66 @@ def privileged_numbers(text: str, visible: str) -> list[str]:
     return sorted({n for n in _DIGITS.findall(text) if n not in seen})
 
 
+SIDECAR_TOKENS = re.compile(
+    r"\b(?:button_disabled|listitem|menuitem|addressbar|titlebar|textbox)\b"
+)
+"""The element sidecar's role tokens (``button_disabled``, ``listitem``): the sidecar's words,
+which no screenshot shows."""
+
+PROVENANCE = re.compile(
+    r"\b(?:intent|step|call) (?:is|was) kept\b|\bexpert\b|\bperturb\w*|\bgenerator\b"
+    r"|\binjected\b",
+    re.IGNORECASE,
+)
+"""How a sample was made ("the intent is kept", "the expert", "perturbed"): facts of the data
+generator, not of the screen; a critic trained on them would assert what it cannot see."""
+
+
+@dataclass(frozen=True)
+class ScreenFacts:
+    """What a rationale may say about the critic's screenshot."""
+
+    undrawn: tuple[str, ...] = ()
+    """Element names the screenshot does not draw (a bare icon's name, a bar's label) and the
+    critic's text does not give either."""
+    marked: bool = True
+    """Whether a marker is drawn on the screenshot."""
+
+
+def screen_facts(elements: Any, visible: str, marked: bool, later: Any = ()) -> ScreenFacts:
+    """``ScreenFacts`` of a screenshot's elements, given the critic's visible text and the
+    elements of the screen the step leads to (a rationale predicts what appears there: a name
+    that screen draws is no undrawn name)."""
+    drawn = {e.shown for e in later}
+    undrawn = {e.label for e in elements if e.text is not None and e.label.strip()} - drawn
+    return ScreenFacts(tuple(sorted(x for x in undrawn if x not in visible)), marked)
+
+
+def unseen_problem(text: str, facts: ScreenFacts) -> Rejected | None:
+    """A fact ``text`` states that the critic's input does not show (see ``ScreenFacts``)."""
+    for name in facts.undrawn:
+        if re.search(rf"['\"]{re.escape(name)}['\"]", text):
+            return Rejected(UNDRAWN_LABEL, f"the rationale quotes {name!r}, which is not drawn")
+    token = SIDECAR_TOKENS.search(text)
+    if token is not None:
+        return Rejected("sidecar_token", f"the rationale uses the role token {token.group()!r}")
+    found = PROVENANCE.search(text)
+    if found is not None:
+        return Rejected("provenance_phrase", f"the rationale says {found.group()!r}")
+    if not facts.marked and re.search(r"\bmarker\b", text, re.IGNORECASE):
+        return Rejected("marker_not_drawn", "the rationale speaks of a marker none is drawn")
+    return None
+
+
+UNDRAWN_LABEL = "undrawn_label"
+"""Reason of a rationale that names an element by a label its screenshot does not draw."""
+
+
 def rationale_problem(
-    parsed: CritiqueOutput, hidden_intent: str | None, visible: str | None = None
+    parsed: CritiqueOutput,
+    hidden_intent: str | None,
+    visible: str | None = None,
+    facts: ScreenFacts | None = None,
 ) -> Rejected | None:
     """The checks every annotator's rationale must pass (retried, then dropped with a reason).
 
@@ -133,7 +192,7 @@ def rationale_problem(
         return Rejected("explanation_dimension", f"the explanation names {found.group()!r}")
     if echoes(whole, hidden_intent):
         return Rejected("echoes_masked_intent", "the rationale quotes the masked intent")
-    return None
+    return None if facts is None else unseen_problem(whole, facts)
 
 
 PRIVILEGED_FACT = "privileged_fact"
@@ -145,6 +204,7 @@ def critique_validator(
     dimension: str | None,
     hidden_intent: str | None = None,
     visible: str | None = None,
+    facts: ScreenFacts | None = None,
 ) -> Callable[[str, str | None], tuple[CritiqueOutput, str] | Rejected]:
     """Validator requiring the known verdict (and dimension), reasoning, and a renderable target.
 
@@ -162,7 +222,7 @@ def critique_validator(
         got = None if parsed.dimension is None else parsed.dimension.name
         if got != dimension:
             return Rejected("wrong_dimension", f"expected {dimension}, got {got}")
-        problem = rationale_problem(parsed, hidden_intent, visible)
+        problem = rationale_problem(parsed, hidden_intent, visible, facts)
         if problem is not None:
             return problem
         target = render_or_reject(
@@ -176,8 +236,8 @@ def critique_validator(
 
 
 def critic_visible_text(user_text: str, elements: Any) -> str:
-    """What the critic can read: its input text plus the labels drawn on its screenshot."""
-    return user_text + "\n" + "\n".join(e.label for e in elements)
+    """What the critic can read: its input text plus the texts drawn on its screenshot."""
+    return user_text + "\n" + "\n".join(e.shown for e in elements)
 
 
 class RationaleStep:
@@ -247,6 +307,7 @@ class RationaleStep:
             "calls_text": step_text(traj, k, mask_intent=True),
             "intent": None if plan.good_masked else traj.steps[k].intent,
             "next_state": tr["next_state"],
+            "marked": bool(shot.marks),
             **target_oracle(ctx, traj.steps[k].screenshot, calls),
         }
         await self._annotate(
@@ -296,6 +357,7 @@ class RationaleStep:
             "consequence": dim.consequence,
             "note": bad.note,
             "rule": UI_RULES[dim],
+            "marked": bool(shot.marks),
             **target_oracle(
                 ctx, traj.steps[k].screenshot, [] if isinstance(parsed, Exception) else parsed
             ),
@@ -330,12 +392,13 @@ class RationaleStep:
         verdict, dimension, masked, generator = label
         request = AnnotatorRequest(stage, list(messages), oracle)
         critic = build_critique_messages(*critic_args, profile=ctx.critic_profile)
-        visible = critic_visible_text(
-            critic[1].text(), ctx.elements.get(work.trajectory.steps[k].screenshot)
-        )
-        result = await ctx.annotate_or_drop(
-            stats, sid, request, critique_validator(verdict, dimension, hidden_intent, visible)
-        )
+        steps = work.trajectory.steps
+        elements = ctx.elements.get(steps[k].screenshot)
+        later = ctx.elements.get(steps[k + 1].screenshot) if k + 1 < len(steps) else ()
+        visible = critic_visible_text(critic[1].text(), elements)
+        facts = screen_facts(elements, visible, bool(critic_args[3].marks), later)
+        validate = critique_validator(verdict, dimension, hidden_intent, visible, facts)
+        result = await ctx.annotate_or_drop(stats, sid, request, validate)
         if not result.ok:
             return
         _, target = result.value

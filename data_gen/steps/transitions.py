@@ -66,7 +66,7 @@ def target_oracle(ctx: Context, screenshot: str, calls: list[dict[str, Any]]) ->
     if hit is not None:
         el = target_at(ctx.elements.get(screenshot), *hit[1]["coordinate"])
         if el is not None:
-            out.update(target_label=el.label, target_role=el.role)
+            out.update(target=el.described())
     return out
 
 
@@ -82,11 +82,12 @@ def screen_change(before: Any, after: Any) -> dict[str, list[list[str]]]:
     not show are left out: a number only the next screen shows is not for a prediction.
     """
 
+    # By the text each screen draws: a bare icon or a bar is named by its kind alone.
     def described(elements: Any) -> dict[str, str]:
-        return {e.label: e.role for e in elements if e.label.strip() and e.role not in _UNDESCRIBED}
+        return {e.shown: e.role for e in elements if e.shown.strip() and e.role not in _UNDESCRIBED}
 
     old, new = described(before), described(after)
-    shown = set(re.findall(r"\d+", " ".join(e.label for e in before)))
+    shown = set(re.findall(r"\d+", " ".join(e.shown for e in before)))
     appeared = [[label, role] for label, role in new.items() if label not in old]
     vanished = [[label, role] for label, role in old.items() if label not in new]
     return {"appeared": _structural(appeared, shown), "vanished": _structural(vanished, shown)}
