@@ -24,6 +24,7 @@ Probes:
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections import defaultdict
@@ -330,6 +331,13 @@ def _import_probe_libraries() -> None:
     import sklearn.pipeline  # noqa: F401
 
 
+def _import_niced() -> None:
+    # A worker warms at low priority: the run's own work (preparing requests) comes first.
+    # The workers stay niced for the audit, which runs when the annotation is over.
+    os.nice(10)
+    _import_probe_libraries()
+
+
 def warm_up() -> threading.Thread:
     """Import the probes' libraries and start their worker processes in a background thread.
 
@@ -339,12 +347,12 @@ def warm_up() -> threading.Thread:
     """
 
     def warm() -> None:
-        _import_probe_libraries()
         workers = _probe_workers(len(PROBES) * (len(FAMILIES) + len(DIMENSION_AUDITS)))
         if workers >= 2:
             from joblib import Parallel, delayed
 
-            Parallel(n_jobs=workers)(delayed(_import_probe_libraries)() for _ in range(workers))
+            Parallel(n_jobs=workers)(delayed(_import_niced)() for _ in range(workers))
+        _import_probe_libraries()
 
     thread = threading.Thread(target=warm, name="hivig-audit-warm-up", daemon=True)
     thread.start()
