@@ -900,6 +900,9 @@ _GOOD_RULES = (
     "This is the direct way this screen offers for the next part of the goal.",
 )
 
+_GOOD_RULES_NO_POINT = tuple(r for r in _GOOD_RULES if "point" not in r and "element" not in r)
+"""For a step with no point (wait, type, key, terminate) nothing sits on an element."""
+
 _LOOK = (
     "The step acts on {t}.",
     "Under the marker lies {t}.",
@@ -912,7 +915,11 @@ must not speak of one."""
 
 def _look(o: dict[str, Any]) -> str:
     options = _LOOK if o.get("marked") else _LOOK_UNMARKED
-    return _choose(o, "look", options).format(t=_describe_target(o))
+    template = _choose(o, "look", options)
+    target = _describe_target(o)
+    if "marker" in template:  # "Under the marker lies empty space", not "... under the marker"
+        target = target.removesuffix(" under the marker")
+    return template.format(t=target)
 
 
 def _offline_rationale_good(o: dict[str, Any]) -> tuple[str, str | None]:
@@ -931,7 +938,8 @@ def _offline_rationale_good(o: dict[str, Any]) -> tuple[str, str | None]:
         ),
     ).format(task=o.get("task", ""))
     think = f"{p1}\n\n{p2}\n\n{p3}"
-    explanation = f"{p2} {_choose(o, 'rule', _GOOD_RULES)}"
+    rules = _GOOD_RULES if o.get("has_point") else _GOOD_RULES_NO_POINT
+    explanation = f"{p2} {_choose(o, 'rule', rules)}"
     return render_critique_target(think, "Good", None, explanation), None
 
 

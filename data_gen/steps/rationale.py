@@ -62,6 +62,20 @@ _UI_RULES_BY_KEY: dict[str, str] = {
     "action_operation_misalignment": "the coordinates hit the element that the stated intent names",
 }
 
+_CONSEQUENCES_BY_KEY = {
+    "procedural_prerequisite_neglect": "The typed text has no focused field to go into, so "
+    "nothing on the screen takes it in.",
+    "observation_neglect": "The view moves away although what the step needs is already in "
+    "sight on this screen.",
+}
+
+SAMPLE_CONSEQUENCES: dict[Dimension, str] = {
+    dimension_by_key(key): text for key, text in _CONSEQUENCES_BY_KEY.items()
+}
+"""What the generated Bads of a dimension do, where the taxonomy's general consequence names
+something these samples' screens do not show (a blocking overlay; a list that would scroll);
+the offline explanations state this instead."""
+
 UI_RULES: dict[Dimension, str] = {
     dimension_by_key(key): rule for key, rule in _UI_RULES_BY_KEY.items()
 }
@@ -354,7 +368,7 @@ class RationaleStep:
             "syntax_valid": not isinstance(parsed, Exception),
             "intent": None if masked else bad.intent,
             "dimension": dim.name,
-            "consequence": dim.consequence,
+            "consequence": SAMPLE_CONSEQUENCES.get(dim, dim.consequence),
             "note": bad.note,
             "rule": UI_RULES[dim],
             "marked": bool(shot.marks),
