@@ -264,7 +264,7 @@ def _android_step(agent: Any, png: bytes, idx: int, folder: Path) -> None:
     agent.act([system, agent.prompt_to_message(prompt, [str(shot)])])
 
 
-def harnesses() -> dict[str, Harness]:
+def harnesses(inject_history: bool = False) -> dict[str, Harness]:
     from serve.adapters import (
         GuardedAndroidLabAgent,
         GuardedOSWorldAgent,
@@ -275,13 +275,17 @@ def harnesses() -> dict[str, Harness]:
     def click(style: str, wrap: Callable[..., Any], **kw: Any) -> Callable[[Any], Any]:
         def make(client: Any) -> Any:
             agent = ClickAgent(style, SCREENS[style])
-            return agent if client is None else wrap(agent, client, **kw)
+            if client is None:
+                return agent
+            return wrap(agent, client, inject_history=inject_history, **kw)
 
         return make
 
     def android(client: Any) -> Any:
         agent = AndroidAgent()
-        return agent if client is None else GuardedAndroidLabAgent(agent, client)
+        if client is None:
+            return agent
+        return GuardedAndroidLabAgent(agent, client, inject_history=inject_history)
 
     return {
         "webarena": Harness("webarena", click("webarena", GuardedWebArenaLiteAgent), _web_step),
@@ -352,14 +356,19 @@ def bench_harness(h: Harness, client: Any, steps: int, runs: int, tmp: Path) -> 
     }
 
 
-def run(steps: int, runs: int, only: list[str]) -> dict[str, Any]:
+def run(steps: int, runs: int, only: list[str], inject_history: bool = False) -> dict[str, Any]:
     from hivig.config import FrameConfig
     from serve.app import create_app
     from serve.client import CriticClient
     from tests.fakes.gateway import LiveServer, ScriptedBackend, serve_config
 
     install_timers()
-    out: dict[str, Any] = {"steps": steps, "runs": runs, "harnesses": {}}
+    out: dict[str, Any] = {
+        "steps": steps,
+        "runs": runs,
+        "inject_history": inject_history,
+        "harnesses": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-runners-") as tmp:
         # The gateway's default frame budget (not the tests' tiny one): the real canonical frame.
         frame = FrameConfig()
@@ -372,7 +381,7 @@ def run(steps: int, runs: int, only: list[str]) -> dict[str, Any]:
         )
         app = create_app(config, ScriptedBackend())
         with LiveServer(app) as srv, CriticClient(srv.url) as client:
-            table = harnesses()
+            table = harnesses(inject_history)
             for name in only:
                 out["harnesses"][name] = bench_harness(
                     table[name], client, steps, runs, Path(tmp) / "loops"
@@ -381,7 +390,8 @@ def run(steps: int, runs: int, only: list[str]) -> dict[str, Any]:
 
 
 def _format(result: dict[str, Any]) -> str:
-    lines = [f"steps={result['steps']} runs={result['runs']} (medians per step, ms)"]
+    mode = "history injected" if result.get("inject_history") else "history not injected"
+    lines = [f"steps={result['steps']} runs={result['runs']} {mode} (medians per step, ms)"]
     for name, r in result["harnesses"].items():
         w, h = r["screen"]
         lines.append(
@@ -411,6 +421,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help=f"run only this harness (repeatable; one of {', '.join(HARNESSES)})",
     )  # fmt: skip
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the results here")
+    p.add_argument(
+        "--inject-history",
+        action="store_true",
+        help="the adapters add the gateway's progress summary to the agent's prompt (off by "
+        "default, as in the adapters)",
+    )
     args = p.parse_args(argv)
     if args.steps < 1 or args.runs < 1:
         p.error("--steps and --runs must be at least 1")
@@ -422,7 +438,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     logging.basicConfig(level=logging.WARNING)
-    result = run(args.steps, args.runs, args.only or list(HARNESSES))
+    result = run(args.steps, args.runs, args.only or list(HARNESSES), args.inject_history)
     print(_format(result))
     if args.json is not None:
         try:

@@ -41,6 +41,19 @@ def test_tiny_run_reports_every_harness_with_its_phases(tmp_path):
         assert name in run.stdout
 
 
+def test_both_history_modes_are_measured(tmp_path):
+    out = tmp_path / "on.json"
+    run = _run(
+        "--steps", "2", "--runs", "1", "--only", "waa", "--inject-history", "--json", str(out)
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "history injected" in run.stdout
+    result = json.loads(out.read_text())
+    assert result["inject_history"] is True and result["harnesses"]["waa"]["guarded_ms"] > 0
+    off = _run("--steps", "1", "--runs", "1", "--only", "waa")
+    assert "history not injected" in off.stdout
+
+
 def test_only_and_bad_arguments():
     run = _run("--steps", "1", "--runs", "1", "--only", "osworld")
     assert run.returncode == 0, run.stderr[-3000:]
