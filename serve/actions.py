@@ -22,8 +22,8 @@ from hivig.actions import (
     ActionError,
     ElementAction,
     action_from_arguments,
+    detect_format,
     in_space,
-    is_androidworld_text,
     marks_for_tool_calls,
     parse_agent_output,
     parse_androidworld,
@@ -186,22 +186,6 @@ def resolve(obj: Any, platform: str, frame: Frame, default_format: str = "auto")
         if not isinstance(repaired, ActionError):
             parsed = repaired
     return _finish(intent, parsed, raw, space, frame)
-
-
-def detect_format(raw: str) -> str:
-    """The likely format of a policy's action text."""
-    text = raw.strip()
-    if "<tool_call>" in text.lower() or ('"name"' in text and '"arguments"' in text):
-        return "qwen"
-    if text.startswith(("[", "{")) and '"name"' in text and '"parameters"' in text:
-        return "webarena_code"
-    if is_androidworld_text(text):
-        # A bare JSONAction, or an M3A/T3A answer: ``Reason: ... Action: {'action_type': ...}``;
-        # never typed text that merely holds the word (``typewrite('set action_type to 3')``).
-        return "androidworld"
-    if text in _OSWORLD_SPECIAL or "pyautogui." in text or "import " in text:
-        return "osworld"
-    return "scalecua"
 
 
 def _finish(
