@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from data_gen import audit, flywheel
+from data_gen import audit, flywheel, split
 from data_gen.annotator import TRANSIENT_REASONS, Annotator, offline_answer
 from data_gen.config import DataGenConfig
 from data_gen.executor import (
@@ -62,7 +62,6 @@ from data_gen.steps.work import (
     Work,
     critique_candidate,
     sample_id,
-    split_for,
     step_view,
 )
 from hivig.actions import ActionError
@@ -182,7 +181,8 @@ def load_work_and_runs(
     trajs: dict[str, Trajectory] = {}
     quarantine: list[dict[str, Any]] = []
     lines: dict[str, int] = {}
-    _scan(trajectories_path(cfg), trajs, quarantine, lines)
+    path = trajectories_path(cfg)
+    _scan(path, trajs, quarantine, lines)
     ledger = flywheel.RunLedger()
     sidecars: dict[str, dict[str, Any]] = {}
     if cfg.runs.enabled:
@@ -216,10 +216,11 @@ def load_work_and_runs(
     if cfg.max_trajectories:
         chosen = chosen[: cfg.max_trajectories]
     e = cfg.export
-    works = [
-        Work(t, split_for(flywheel.split_key(t, o), cfg.seed, e.val_share, e.test_share), u, o)
-        for t, o, u in chosen
-    ]
+    # The rule and the key set of `data_gen split`: every episode of the file, ranked, plus the
+    # benchmark tasks of the agent's runs (a run's split is drawn from its task).
+    keys = split.episode_keys(path) | {flywheel.split_key(t, o) for t, o, _ in chosen if o}
+    where = split.assign_episodes(keys, split.SplitConfig(e.val_share, e.test_share, cfg.seed))
+    works = [Work(t, where[flywheel.split_key(t, o)], u, o) for t, o, u in chosen]
     if quarantine:
         log.warning(
             "quarantined %d input trajectories (see input_quarantine.jsonl)", len(quarantine)

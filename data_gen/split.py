@@ -6,8 +6,11 @@ Whole episodes move together: every instruction variant and every file copy of a
 ``episode_key``) lands in the same split, so nothing of an episode leaks across splits. The
 assignment depends only on the seed and the set of episode keys, never on input order: episodes
 are ranked by a keyed hash and the first ``round(test·E)`` go to test, the next ``round(val·E)``
-to val. Outputs ``SPLITS/{train,val,test}.jsonl`` (lines sorted by episode, then trajectory),
-``SPLITS/split_stats.json`` and ``SPLITS/quarantine.jsonl`` for unusable input lines.
+to val. ``data_gen run`` assigns its episodes by the same rule over the same keys, so with the
+same shares and seed (``export.val_share``, ``export.test_share``, ``seed``) every episode lands in
+the same split in both. Outputs ``SPLITS/{train,val,test}.jsonl`` (lines sorted by episode,
+then trajectory), ``SPLITS/split_stats.json`` and ``SPLITS/quarantine.jsonl`` for unusable
+input lines.
 """
 
 from __future__ import annotations
@@ -61,6 +64,21 @@ def assign_episodes(keys: set[str], cfg: SplitConfig) -> dict[str, str]:
     for pos, key in enumerate(ranked):
         out[key] = "test" if pos < n_test else "val" if pos < n_test + n_val else "train"
     return out
+
+
+def episode_keys(path: str | Path) -> set[str]:
+    """The episode keys of a trajectories file, read as ``split`` reads them: every JSON line
+    with a string ``episode_key`` (``data_gen run`` ranks the same set, so both assign every
+    episode alike)."""
+    keys: set[str] = set()
+    for text in split_lines(Path(path).read_text(encoding="utf-8")):
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("episode_key"), str):
+            keys.add(obj["episode_key"])
+    return keys
 
 
 def _sort_key(obj: dict, text: str) -> tuple:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,32 @@ def test_cli_split(tmp_path, capsys):
     assert main([*argv, "--val", "0.1", "--test", "0.1", "--seed", "2"]) == 0
     assert "split:" in capsys.readouterr().err
     assert main([*argv, "--val", "0.7", "--test", "0.7"]) == 2
+
+
+def test_split_and_run_put_every_episode_of_a_corpus_in_the_same_split(tmp_path):
+    from data_gen.config import DataGenConfig
+    from data_gen.ingest import ingest
+    from data_gen.run import load_work
+    from data_gen.sample_corpus import SampleConfig, make_sample
+    from hivig.config import load_config
+
+    make_sample(tmp_path / "c", SampleConfig(trajectories=40, seed=0), progress=False)
+    ingest(tmp_path / "c", tmp_path / "i", progress=False)
+    trajs = tmp_path / "i" / "trajectories.jsonl"
+    demo = Path(__file__).resolve().parents[1] / "configs" / "data_gen" / "demo.yaml"
+    overrides = [f"corpus={tmp_path / 'c'}", f"out={tmp_path / 'o'}", f"trajectories={trajs}"]
+    cfg = load_config(DataGenConfig, demo, overrides)
+    works, _ = load_work(cfg)
+    e = cfg.export
+    split(trajs, tmp_path / "s", SplitConfig(val=e.val_share, test=e.test_share, seed=cfg.seed))
+    by_split = {
+        json.loads(line)["episode_key"]: name
+        for name in ("train", "val", "test")
+        for line in (tmp_path / "s" / f"{name}.jsonl").read_text().splitlines()
+    }
+    # The run leaves out failed trajectories and quarantines some, the split keeps them all:
+    # the same rule over the same keys still gives every episode one split.
+    assert len(works) < len(by_split) or len(works) < sum(1 for _ in trajs.open())
+    assert len({w.split for w in works}) == 3
+    for w in works:
+        assert by_split[w.trajectory.episode_key] == w.split, w.id

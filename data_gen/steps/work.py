@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from data_gen.annotator import Annotation, Annotator, AnnotatorRequest, Rejected
 from data_gen.config import DataGenConfig
-from data_gen.executor import Codec, StageStats, unit_float
+from data_gen.executor import Codec, StageStats
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
 from data_gen.perturb.calls import primary_point
 from data_gen.perturb.elements import target_at
@@ -329,16 +329,6 @@ def critique_candidate(traj: Trajectory, index: int) -> bool:
     """Steps that can become critique samples: every step with a next screen, and a final step
     that ends the episode (its transition is the end of the task)."""
     return index + 1 < len(traj.steps) or is_terminal(calls_of(traj, index))
-
-
-def split_for(episode: str, seed: int, val_share: float, test_share: float) -> str:
-    """Split of an episode, from a hash of its key (all variants and Good/Bad pairs together)."""
-    u = unit_float(seed, episode, "split")
-    if u < test_share:
-        return "test"
-    if u < test_share + val_share:
-        return "val"
-    return "train"
 
 
 # --------------------------------------------------------------------------------------------
