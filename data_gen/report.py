@@ -187,6 +187,7 @@ th{background:#f0f2f6;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr:hover td{background:#f8f9fb}
 .stages{display:grid;grid-template-columns:repeat(auto-fill,minmax(280px,1fr));gap:0 20px}
+.stages>div{min-width:0}.stages td:first-child{overflow-wrap:anywhere}
 .stages h3{font-size:15px;margin:10px 0 0}
 figure{margin:10px 0}figure svg{max-width:100%;height:auto;display:block}
 figcaption{color:#5b6475;font-size:13px;max-width:80ch}

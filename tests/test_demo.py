@@ -186,3 +186,20 @@ def test_the_scripted_critic_run_shows_a_bad_verdict_and_its_reproposal(tmp_path
     for path in _links(page):
         if path.name != "index.html" and path.name != "episode.html":
             assert path.is_file() and path.stat().st_size > 0, path
+
+
+def test_the_index_says_what_the_served_critic_answered():
+    from serve.demo.__main__ import _verdict_counts
+
+    log = [
+        {"proposals": [{"verdict": {"verdict": "abstain"}}, {"verdict": None}]},
+        {"proposals": [{"verdict": {"verdict": "abstain"}}]},
+    ]
+    assert _verdict_counts(log) == "2 abstain, 1 none"
+    assert _verdict_counts([]) == "none"
+
+
+def test_the_scripted_critics_summary_claims_nothing_about_the_screen():
+    from serve.demo.scripted import _SUMMARY
+
+    assert "scripted" in _SUMMARY and "updated" not in _SUMMARY

@@ -22,6 +22,7 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from hivig.config import ConfigError, load_config
@@ -117,6 +118,16 @@ def flywheel_main(argv: list[str]) -> int:
     return 0
 
 
+def _verdict_counts(log: list[dict]) -> str:
+    """``"7 abstain"``, ``"5 good, 1 bad"``: what the critic said over an episode's proposals."""
+    said = Counter(
+        (p.get("verdict") or {}).get("verdict", "none")
+        for row in log
+        for p in row.get("proposals") or []
+    )
+    return ", ".join(f"{n} {verdict}" for verdict, n in sorted(said.items())) or "none"
+
+
 def _scripted_run(args: argparse.Namespace, out: Path, env_name: str) -> tuple[Path, str]:
     """The same episode once more, judged by the scripted critic (``serve.demo.scripted``) on
     its own gateway and state folder: the Bad verdict and the re-proposal the random model
@@ -209,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         "train": f"{curve['steps']} optimizer steps, loss {curve['first_loss']:.3f} -> "
         f"{curve['last_loss']:.3f}; checkpoint {cfg.backend.model}",
         "metrics": str(metrics),
-        "episode": f"{len(result.log)} guarded steps in {env_name}; R3 events: "
-        f"{len(result.r3_events)}; trace {trace}",
+        "episode": f"{len(result.log)} guarded steps in {env_name}; the served critic's "
+        f"verdicts: {_verdict_counts(result.log)}; R3 events: {len(result.r3_events)}; "
+        f"trace {trace}",
         "diagnosis": (
             f"Root-cause step {root}, from the episode's trace ({trace.name})."
             if root is not None

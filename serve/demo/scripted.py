@@ -29,8 +29,8 @@ _GOOD = (
     "checks only for typing with no field focused).\n</criticism>"
 )
 _SUMMARY = (
-    "<summary>\nProgress Summary: The agent is working towards the dark mode setting.\n"
-    "Last Action Result: The screen was updated by the last action.\n</summary>"
+    "<summary>\nProgress Summary: A fixed summary from the scripted critic (it reads no "
+    "screen).\nLast Action Result: Not judged by the scripted rule.\n</summary>"
 )
 
 
