@@ -292,6 +292,15 @@ class ImageDigests:
         return path in self._memo
 
 
+def _usage(entry: dict[str, Any]) -> tuple[int, int]:
+    """``(prompt, completion)`` tokens of a cache entry; ``(0, 0)`` for entries written before
+    usage was kept, or a malformed one."""
+    used = entry.get("usage")
+    if isinstance(used, list) and len(used) == 2 and all(isinstance(n, int) for n in used):
+        return used[0], used[1]
+    return 0, 0
+
+
 def cache_key(
     model: str,
     sampling: dict[str, Any],
@@ -581,8 +590,7 @@ class Annotator:
                 # The key, not the entry's stored hash: entries written by older versions hold
                 # the client's pixel hash, and records must name requests one way only.
                 truncated = hit.get("finish_reason") == "length"
-                used = hit.get("usage") or [0, 0]
-                return _Answer(hit["text"], hit.get("reasoning"), key, truncated, *used)
+                return _Answer(hit["text"], hit.get("reasoning"), key, truncated, *_usage(hit))
         if self.backend is None:
             assert self.offline_writer is not None
             try:

@@ -319,8 +319,13 @@ def _audit_row(
     return row
 
 
+MAX_PROBE_WORKERS = 8
+"""Worker processes for the probes at most: each holds scikit-learn (about 250 MB), and the
+30-odd probes of an audit keep eight busy."""
+
+
 def _probe_workers(jobs: int) -> int:
-    return min(jobs, usable_cpus())
+    return min(jobs, usable_cpus(), MAX_PROBE_WORKERS)
 
 
 def _import_probe_libraries() -> None:
@@ -333,7 +338,8 @@ def _import_probe_libraries() -> None:
 
 def _import_niced() -> None:
     # A worker warms at low priority: the run's own work (preparing requests) comes first.
-    # The workers stay niced for the audit, which runs when the annotation is over.
+    # A worker idle past joblib's timeout (300 s) is gone by the export, which then starts
+    # fresh ones: warming pays off on short runs, where a cold start is a large share.
     os.nice(10)
     _import_probe_libraries()
 

@@ -24,10 +24,10 @@ from typing import Any
 
 from data_gen.config import DataGenConfig
 from data_gen.ingest import ingest_complete
-from data_gen.perturb import ElementIndex, StepPlan
+from data_gen.perturb import BadStep, ElementIndex, StepPlan
 from data_gen.perturb.semantic import ANNOTATOR_DIMENSIONS
 from data_gen.report import CHARS_PER_TOKEN, ImageSizes
-from data_gen.run import build_plan, load_work, plan_history
+from data_gen.run import build_plan, check_plan, load_work, plan_history
 from data_gen.steps.transitions import unplanned_reason
 from data_gen.steps.work import (
     INITIAL_SUMMARY,
@@ -47,6 +47,7 @@ from hivig.prompts import (
     build_rationale_bad_messages,
     build_rationale_good_messages,
     build_transition_messages,
+    format_raw_step,
 )
 from hivig.taxonomy import lookup_dimension
 from hivig.vision import smart_resize
@@ -97,6 +98,7 @@ def estimate_requests(cfg: DataGenConfig) -> dict[str, Any]:
     path = Path(cfg.corpus) / cfg.elements_file
     elements = ElementIndex.load(path)
     plan = build_plan(cfg, works, elements, offline=cfg.annotator.backend.kind == "offline")
+    check_plan(cfg, plan, works)  # a plan the run would refuse has no cost to print
     count = _Counter(cfg)
     if cfg.perturb.element_source == "annotator" or (
         cfg.perturb.element_source == "auto" and not path.exists()
@@ -123,8 +125,7 @@ def estimate_for(
     ctx = Context(cfg, Path(cfg.corpus), None, None, plan, None, None)  # type: ignore[arg-type]
     for w in works:
         if w.failed_run:  # its real Bad only: a judge and a rationale
-            count.requests["judge"] += cfg.judge.enabled
-            count.requests["rationale"] += 1
+            _real_bad(count, cfg, w)
             continue
         _history(count, w, history.get(w.id, len(w.trajectory.steps) - 1))
         for k in range(len(w.trajectory.steps)):
@@ -191,6 +192,29 @@ def _step(count: _Counter, cfg: DataGenConfig, plan: StepPlan, work: Work, k: in
     if plan.good and plan.repeat_of is None:
         messages = build_rationale_good_messages(*critic_args, STAND_IN, STAND_IN, STAND_IN)
         count.add("rationale", list(messages))
+
+
+def _real_bad(count: _Counter, cfg: DataGenConfig, work: Work) -> None:
+    """A failed run's root-cause step: judged against its diagnosed correction, then a Bad
+    rationale (``data_gen.steps.judge``, ``data_gen.steps.rationale``)."""
+    traj = work.trajectory
+    for k, unit in enumerate(work.units):
+        if not unit.get("bad"):
+            continue
+        bad = BadStep.from_json(unit["bad"])
+        dim = lookup_dimension(bad.dimension)
+        args = step_prompt_args(traj, k)
+        step = format_raw_step(bad.intent, bad.text)
+        correction = bad.extra.get("correction") or STAND_IN
+        if cfg.judge.enabled:
+            count.add("judge", list(build_judge_messages(*args, step, correction)))
+        if dim is not None:
+            shot = image(traj, traj.steps[k].screenshot)
+            critic_args = (traj.task, traj.platform, past_trajectory(traj, k), shot, step)
+            messages = build_rationale_bad_messages(
+                *critic_args, dim, correction, STAND_IN, STAND_IN
+            )
+            count.add("rationale", list(messages))
 
 
 def known_trajectories(cfg: DataGenConfig) -> Path | None:

@@ -294,10 +294,13 @@ class Executor(Generic[T]):
             StageIncomplete: A stage dropped items for a reason in ``retry_reasons``; it and
                 the later stages stay unfinished.
         """
-        todo = [step for step in self.steps if not self.is_done(shard, step.name)]
-        done = self.steps[: len(self.steps) - len(todo)]
-        if any(self.is_done(shard, step.name) for step in todo):
-            todo, done = self.steps, []  # a gap in the markers: nothing after it is trusted
+        # Stages are committed in order; after the first unfinished one nothing is trusted (a
+        # marker past a gap was written from an input that is being recomputed).
+        first = next(
+            (i for i, step in enumerate(self.steps) if not self.is_done(shard, step.name)),
+            len(self.steps),
+        )
+        done, todo = self.steps[:first], self.steps[first:]
         for step in done:
             log.info("shard %s: %s already complete, skipping", shard.name, step.name)
         if done:

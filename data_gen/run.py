@@ -291,7 +291,7 @@ class PlanOffTargetError(ValueError):
     """The plan itself misses the dimension distribution the export is held to."""
 
 
-def check_plan(cfg: DataGenConfig, plan: dict[str, StepPlan]) -> None:
+def check_plan(cfg: DataGenConfig, plan: dict[str, StepPlan], works: list[Work] = ()) -> None:
     """Refuse, before any request is paid for, a plan whose Bad samples already miss the
     distribution the export will be held to (``perturb.min_dimension_ratio`` and
     ``max_dimension_ratio`` times each target share, with ``unreachable_dimension=error``).
@@ -303,6 +303,10 @@ def check_plan(cfg: DataGenConfig, plan: dict[str, StepPlan]) -> None:
     if p.unreachable_dimension != "error":
         return
     counts = Counter(s.dimension for s in plan.values() if s.dimension is not None)
+    # A failed run's real Bad is exported beside the planned ones (``data_gen.flywheel``).
+    counts.update(
+        u["bad"]["dimension"] for w in works if w.failed_run for u in w.units if u.get("bad")
+    )
     total = sum(counts.values())
     targets = target_shares(p.weights_by_name(), p.min_share)
     rows = {
@@ -801,7 +805,7 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
     try:
         elements = load_elements(cfg, works, annotator, loop)
         plan = build_plan(cfg, works, elements, annotator.is_offline)
-        check_plan(cfg, plan)
+        check_plan(cfg, plan, works)
         ctx = Context(
             cfg,
             Path(cfg.corpus),
@@ -819,7 +823,8 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
         if not merge_only:
             mine = [w for w in works if shard.owns(w.id)]
             log_estimate(cfg, shard, mine, ctx)
-            audit.warm_up()  # the export's probes, made ready while the annotator waits
+            if shard.count == 1:  # the one process that exports: its probes made ready
+                audit.warm_up()  # while the annotator waits
             executor.run_shard(shard, mine, StreamedStages(ctx))
         counts = {**annotator.counts, **annotator.frames.counts}
         annotator.frames.clear()  # the shard is done; the export reads no annotator frame

@@ -408,3 +408,16 @@ def test_stage_counters_balance_with_the_flow(corpus, tmp_path):
         dropped = sum(v for k, v in counts.items() if k.startswith("dropped_"))
         assert counts["in"] == counts["kept"] + dropped, name
     assert json.loads((tmp_path / "o" / "dataset" / "stats.json").read_text())["stages"]
+
+
+def test_a_missing_marker_reruns_that_stage_and_every_later_one(tmp_path):
+    # Found in review: with markers a and c present and b missing, b ran on c's output.
+    codec = Codec(lambda x: dict(x), lambda d: dict(d))
+    ex = Executor(tmp_path, [_Toy("a"), _Toy("b")], codec, frozenset({"annotator_timeout"}))
+    flow = _ToyFlow()
+    items = [{"v": 1}, {"v": 3}]
+    ex.run_shard(Shard(0, 1), items, flow)
+    ex.marker_path(Shard(0, 1), "a").unlink()
+    again = ex.run_shard(Shard(0, 1), [{"v": 1}, {"v": 3}], flow)
+    assert again == [{"v": 1, "a": True, "b": True}, {"v": 3, "a": True, "b": True}]
+    assert ex.load_output(Shard(0, 1), "a") == [{"v": 1, "a": True}, {"v": 3, "a": True}]

@@ -80,6 +80,21 @@ def test_every_target_is_held_to_what_the_critic_can_see():
     assert _check("Under the marker lies the 'OK' button.", facts) is None
 
 
+def test_words_the_critics_input_holds_may_be_repeated():
+    # Found in review: a task about an "expert mode", or the word "textbox" in the input, made
+    # every answer about it fail; a rationale saying no marker is drawn is no claim of one.
+    visible = "Turn on expert mode in Settings\nType your name into the textbox\nlistitem"
+    facts = screen_facts((OK,), visible, False)
+    assert _check("The step turns on the expert mode the goal asks for.", facts) is None
+    assert _check("Typing into the textbox fills in the name.", facts) is None
+    assert _check("There is no marker; the wait acts on the whole screen.", facts) is None
+    assert _check("The listitem row is open.", facts) is None  # the input holds the word
+    bare = screen_facts((OK,), "Click OK", False)
+    assert _check("The expert clicks OK.", bare) == "provenance_phrase"
+    assert _check("The listitem is open.", bare) == "sidecar_token"
+    assert _check("The point lies beside the marker.", bare) == "marker_not_drawn"
+
+
 def test_a_name_the_next_screen_draws_may_be_predicted():
     later = (Element("Close", "button", (600, 600, 700, 650)),)
     close_icon = Element("Close", "button", (960, 0, 1000, 30), "X")

@@ -134,9 +134,11 @@ _VECTOR_NOTES = {
 
 
 _DESTINATION = re.compile(
-    r"\b(?:onto|into|to|toward|towards|over|left|right|up|down|upwards?|downwards?)\b",
+    r"\b(?:onto|into|towards?|over|to the|left|right|up|down|upwards?|downwards?)\b",
     re.IGNORECASE,
 )
+"""Words that say where a drag goes: a place ("onto the folder", "to the trash") or a direction
+("to the left", "up"); "drag to select" says how, not where."""
 
 
 def states_destination(intent: str) -> bool:

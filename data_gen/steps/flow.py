@@ -94,7 +94,16 @@ class StreamedStages:
             async with window:
                 await self._trajectory(work, stats)
 
-        await asyncio.gather(*(one(w) for w in items))
+        # A failure in one trajectory stops the others before it is raised: nothing keeps
+        # changing the items and counters while the caller unwinds.
+        tasks = [asyncio.ensure_future(one(w)) for w in items]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def _trajectory(self, work: Work, stats: dict[str, StageStats]) -> None:
         jobs = [self._step(work, k, stats) for k in range(len(work.units))]

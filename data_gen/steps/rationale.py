@@ -118,11 +118,9 @@ def privileged_numbers(text: str, visible: str) -> list[str]:
     return sorted({n for n in _DIGITS.findall(text) if n not in seen})
 
 
-SIDECAR_TOKENS = re.compile(
-    r"\b(?:button_disabled|listitem|menuitem|addressbar|titlebar|textbox)\b"
-)
-"""The element sidecar's role tokens (``button_disabled``, ``listitem``): the sidecar's words,
-which no screenshot shows."""
+SIDECAR_TOKENS = re.compile(r"\b(?:button_disabled|listitem|menuitem)\b", re.IGNORECASE)
+"""The element sidecar's role tokens that are no English word (``button_disabled``,
+``listitem``): the sidecar's, which no screenshot shows."""
 
 PROVENANCE = re.compile(
     r"\b(?:intent|step|call) (?:is|was) kept\b|\bexpert\b|\bperturb\w*|\bgenerator\b"
@@ -142,6 +140,9 @@ class ScreenFacts:
     critic's text does not give either."""
     marked: bool = True
     """Whether a marker is drawn on the screenshot."""
+    visible: str = ""
+    """The critic's input text: a phrase copied from it (a task about an "expert mode") is no
+    fact of the generator's."""
 
 
 def screen_facts(elements: Any, visible: str, marked: bool, later: Any = ()) -> ScreenFacts:
@@ -150,7 +151,8 @@ def screen_facts(elements: Any, visible: str, marked: bool, later: Any = ()) -> 
     that screen draws is no undrawn name)."""
     drawn = {e.shown for e in later}
     undrawn = {e.label for e in elements if e.text is not None and e.label.strip()} - drawn
-    return ScreenFacts(tuple(sorted(x for x in undrawn if x not in visible)), marked)
+    undrawn_names = tuple(sorted(x for x in undrawn if x not in visible))
+    return ScreenFacts(undrawn_names, marked, visible.lower())
 
 
 def unseen_problem(text: str, facts: ScreenFacts) -> Rejected | None:
@@ -158,14 +160,32 @@ def unseen_problem(text: str, facts: ScreenFacts) -> Rejected | None:
     for name in facts.undrawn:
         if re.search(rf"['\"]{re.escape(name)}['\"]", text):
             return Rejected(UNDRAWN_LABEL, f"the rationale quotes {name!r}, which is not drawn")
-    token = SIDECAR_TOKENS.search(text)
+    token = _unseen_match(SIDECAR_TOKENS, text, facts)
     if token is not None:
-        return Rejected("sidecar_token", f"the rationale uses the role token {token.group()!r}")
-    found = PROVENANCE.search(text)
+        return Rejected("sidecar_token", f"the rationale uses the role token {token!r}")
+    found = _unseen_match(PROVENANCE, text, facts)
     if found is not None:
-        return Rejected("provenance_phrase", f"the rationale says {found.group()!r}")
-    if not facts.marked and re.search(r"\bmarker\b", text, re.IGNORECASE):
-        return Rejected("marker_not_drawn", "the rationale speaks of a marker none is drawn")
+        return Rejected("provenance_phrase", f"the rationale says {found!r}")
+    if not facts.marked and _MARKER_CLAIM.search(text):
+        return Rejected(
+            "marker_not_drawn", "the rationale places something at a marker none is drawn"
+        )
+    return None
+
+
+_MARKER_CLAIM = re.compile(
+    r"\b(?:under|below|beneath|at|on|beside|near|by) the (?:red )?marker\b"
+    r"|\bthe (?:red )?marker (?:sits|lies|points|is on|is placed|marks)\b",
+    re.IGNORECASE,
+)
+"""A rationale placing something at a marker (not one saying that none is drawn)."""
+
+
+def _unseen_match(pattern: re.Pattern[str], text: str, facts: ScreenFacts) -> str | None:
+    """The first match of ``pattern`` in ``text`` that the critic's input does not hold."""
+    for m in pattern.finditer(text):
+        if m.group().lower() not in facts.visible:
+            return m.group()
     return None
 
 
