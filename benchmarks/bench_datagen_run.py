@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import multiprocessing as mp
@@ -32,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,32 +41,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # tests.fakes; a PYTHONPATH naming another tree still comes first
 
 import data_gen.run as run_module  # noqa: E402
-from data_gen.annotator import Annotator, offline_answer  # noqa: E402
 from data_gen.config import DataGenConfig  # noqa: E402
 from data_gen.ingest import IngestConfig, ingest  # noqa: E402
 from data_gen.sample_corpus import SampleConfig, make_sample  # noqa: E402
-from hivig.backends import OpenAIClient  # noqa: E402
 from hivig.config import load_config  # noqa: E402
 from tests.fakes.openai_server import Reply, ScriptedServer  # noqa: E402
 
 DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
 
 
-class ReplayingAnnotator(Annotator):
-    """Pays a real request to the loopback server for every answer, then answers as the
-    offline annotator would (the plan and oracles are the offline ones)."""
+def _endpoint_module() -> Any:
+    """``tests/fakes/annotator_endpoint.py`` of this benchmark's own tree, loaded by path: a
+    PYTHONPATH naming another tree (the code measured) may hold no such module."""
+    path = ROOT / "tests" / "fakes" / "annotator_endpoint.py"
+    spec = importlib.util.spec_from_file_location("bench_annotator_endpoint", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
-    stages: Counter[str]
 
-    @property
-    def is_offline(self) -> bool:
-        return True
-
-    async def _send(self, request: Any, key: str, attempt: int) -> Any:
-        answer, finish = await super()._send(request, key, attempt)
-        self.stages[request.stage] += 1
-        text, reasoning = offline_answer(request.stage, request.oracle, attempt)
-        return answer._replace(text=text, reasoning=reasoning), finish
+ENDPOINT = _endpoint_module()
+"""The replaying annotator (real HTTP requests, the offline annotator's answers)."""
 
 
 def _serve(latency_s: float, count_tokens: bool, urls: mp.Queue, stop: Any) -> None:
@@ -122,26 +117,6 @@ def _timed(owner: Any, name: str, into: dict[str, float], key: str) -> Iterator[
         setattr(owner, name, real)
 
 
-def _annotator_factory(url: str, concurrency: int, made: list[ReplayingAnnotator]) -> Any:
-    def build(cfg: DataGenConfig) -> Annotator:
-        a = cfg.annotator
-        client = OpenAIClient(url, "scripted", concurrency=concurrency, max_retries=0)
-        client.image_format = "jpeg"  # the annotator's default transport
-        ann = ReplayingAnnotator(
-            a.backend,
-            cfg.frame,
-            Path(cfg.corpus),
-            Path(cfg.out) / "cache",
-            a.max_attempts,
-            backend=client,
-        )
-        ann.stages = Counter()
-        made.append(ann)
-        return ann
-
-    return build
-
-
 def one_run(corpus: Path, trajs: Path, out: Path, url: str, args: argparse.Namespace, c: int):
     cfg = load_config(
         DataGenConfig,
@@ -154,8 +129,8 @@ def one_run(corpus: Path, trajs: Path, out: Path, url: str, args: argparse.Names
             "export.audit_max_auc=1.0",  # the audit is not what is measured here
         ],
     )
-    made: list[ReplayingAnnotator] = []
-    run_module.build_annotator = _annotator_factory(url, c, made)
+    made: list[Any] = []
+    run_module.build_annotator = ENDPOINT.annotator_factory(url, c, made)
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     with (

@@ -523,6 +523,34 @@ OUTPUT_FORMAT = 2
 work files do not resume under this code."""
 
 
+def make_context(
+    cfg: DataGenConfig,
+    works: list[Work],
+    elements: ElementIndex,
+    annotator: Annotator,
+    loop: LoopThread,
+) -> Context:
+    """What the stages share: the corpus-wide plan (refused here if it misses the dimension
+    bounds), the planned history cap, the profile, the annotator and its loop.
+
+    Raises:
+        PlanOffTargetError: See ``check_plan``.
+    """
+    plan = build_plan(cfg, works, elements, annotator.is_offline)
+    check_plan(cfg, plan, works)
+    return Context(
+        cfg,
+        Path(cfg.corpus),
+        annotator,
+        elements,
+        plan,
+        gen_params(cfg),
+        loop,
+        resolve_profile(cfg.profile),
+        plan_history(cfg, works, plan),
+    )
+
+
 def log_estimate(cfg: DataGenConfig, shard: Shard, works: list[Work], ctx: Context) -> None:
     """Log what the shard will send, per stage, before it sends anything."""
     from data_gen.estimate import estimate_for, estimate_table  # it builds on this module
@@ -804,19 +832,7 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
     loop = LoopThread()
     try:
         elements = load_elements(cfg, works, annotator, loop)
-        plan = build_plan(cfg, works, elements, annotator.is_offline)
-        check_plan(cfg, plan, works)
-        ctx = Context(
-            cfg,
-            Path(cfg.corpus),
-            annotator,
-            elements,
-            plan,
-            gen_params(cfg),
-            loop,
-            resolve_profile(cfg.profile),
-            plan_history(cfg, works, plan),
-        )
+        ctx = make_context(cfg, works, elements, annotator, loop)
         executor: Executor[Work] = Executor(
             cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC, TRANSIENT_REASONS
         )

@@ -31,20 +31,12 @@ from data_gen.ingest import ingest
 from data_gen.perturb import ElementIndex
 from data_gen.progress import stage_bars
 from data_gen.report import annotator_usage
-from data_gen.run import (
-    build_annotator,
-    build_plan,
-    gen_params,
-    load_work,
-    main,
-    plan_history,
-    run,
-)
+from data_gen.run import build_annotator, load_work, main, make_context, run
 from data_gen.sample_corpus import SampleConfig, make_sample
 from data_gen.steps import STEP_CLASSES
 from data_gen.steps.flow import StreamedStages, planned_items
 from data_gen.steps.history import validate_history
-from data_gen.steps.work import WORK_CODEC, Context, LoopThread
+from data_gen.steps.work import WORK_CODEC, LoopThread
 from hivig.backends import OpenAIClient
 from hivig.config import BackendConfig, FrameConfig, SamplingConfig, load_config
 from hivig.messages import ChatMessage, TextPart
@@ -75,19 +67,7 @@ def _cfg(corpus, out, *extra):
 def _context(cfg):
     works, _ = load_work(cfg)
     elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
-    annotator = build_annotator(cfg)
-    plan = build_plan(cfg, works, elements, annotator.is_offline)
-    loop = LoopThread()
-    ctx = Context(
-        cfg,
-        Path(cfg.corpus),
-        annotator,
-        elements,
-        plan,
-        gen_params(cfg),
-        loop,
-        history_pairs=plan_history(cfg, works, plan),
-    )
+    ctx = make_context(cfg, works, elements, build_annotator(cfg), LoopThread())
     return ctx, works
 
 
