@@ -31,7 +31,6 @@ from data_gen.run import build_plan, check_plan, load_work, plan_history
 from data_gen.steps.transitions import unplanned_reason
 from data_gen.steps.work import (
     INITIAL_SUMMARY,
-    Context,
     Work,
     image,
     past_trajectory,
@@ -121,15 +120,13 @@ def estimate_for(
 ) -> dict[str, Any]:
     """``estimate_requests`` for some work items (a shard's), from a plan already made."""
     count = count or _Counter(cfg)
-    # The stages' own rule for which steps need a transition reads only the plan.
-    ctx = Context(cfg, Path(cfg.corpus), None, None, plan, None, None)  # type: ignore[arg-type]
     for w in works:
         if w.failed_run:  # its real Bad only: a judge and a rationale
             _real_bad(count, cfg, w)
             continue
         _history(count, w, history.get(w.id, len(w.trajectory.steps) - 1))
         for k in range(len(w.trajectory.steps)):
-            if unplanned_reason(ctx, w, k) is None:
+            if unplanned_reason(plan, w, k) is None:
                 _step(count, cfg, plan[sample_id(w.id, k)], w, k)
     requests = {s: count.requests[s] for s in STAGES}
     tokens = {s: count.tokens[s] for s in STAGES}

@@ -49,7 +49,7 @@ def planned_items(ctx: Context, items: list[Work]) -> dict[str, int]:
             continue
         out["history"] += ctx.history_pairs.get(w.id, len(w.units) - 1)
         for k in range(len(w.units)):
-            if unplanned_reason(ctx, w, k) is not None:
+            if unplanned_reason(ctx.plan, w, k) is not None:
                 continue
             out["transitions"] += 1
             plan = ctx.plan[sample_id(w.id, k)]

@@ -14,6 +14,7 @@ from typing import Any
 
 from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats
+from data_gen.perturb import StepPlan
 from data_gen.perturb.calls import primary_point
 from data_gen.perturb.elements import target_at
 from data_gen.steps.work import (
@@ -111,7 +112,7 @@ def _structural(pairs: list[list[str]], shown: set[str]) -> list[list[str]]:
     return out
 
 
-def unplanned_reason(ctx: Context, work: Work, k: int) -> str | None:
+def unplanned_reason(plan: dict[str, StepPlan], work: Work, k: int) -> str | None:
     """Why step ``k`` has no planned sample that reads its transition, or ``None``.
 
     A planned Bad reads it, and so does a Good the plan keeps. The reasons: ``repeated_step``
@@ -119,14 +120,14 @@ def unplanned_reason(ctx: Context, work: Work, k: int) -> str | None:
     sample planned for the step), ``good_bad_ratio`` (a Good beyond
     ``perturb.good_bad_ratio``), ``no_sample`` (a final step that does not end the episode).
     """
-    plan = ctx.plan.get(sample_id(work.id, k))
-    if plan is not None and plan.repeat_of is not None:
+    step = plan.get(sample_id(work.id, k))
+    if step is not None and step.repeat_of is not None:
         return "repeated_step"
-    if plan is None:
+    if step is None:
         return "no_sample"  # a final step that does not end the episode: nothing to judge
-    if not plan.critique:
+    if not step.critique:
         return "platform_balance"
-    return None if plan.dimension is not None or plan.good else "good_bad_ratio"
+    return None if step.dimension is not None or step.good else "good_bad_ratio"
 
 
 class TransitionsStep:
@@ -147,7 +148,7 @@ class TransitionsStep:
         # A failed run's steps are only the history of its real Bad, which needs no transition.
         if work.failed_run:
             return
-        unplanned = unplanned_reason(self.ctx, work, k)
+        unplanned = unplanned_reason(self.ctx.plan, work, k)
         if unplanned is not None:
             # Paying for it would buy nothing: the rationale prompts are its only reader.
             stats.add(f"skipped_{unplanned}")
