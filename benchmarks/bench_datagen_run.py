@@ -130,7 +130,7 @@ def one_run(corpus: Path, trajs: Path, out: Path, url: str, args: argparse.Names
         ],
     )
     made: list[Any] = []
-    run_module.build_annotator = ENDPOINT.annotator_factory(url, c, made)
+    run_module.build_annotator = ENDPOINT.annotator_factory(url, c, made)  # a process per run
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     with (

@@ -564,8 +564,11 @@ class Annotator:
                     raise
                 self.counts["outage_waits"] += 1
                 self._log_outage(e, left)
-                await asyncio.sleep(min(pause, left))
-                pause = min(pause * 2, longest)
+            # The pause is taken outside the handler: the error's traceback holds the failed
+            # attempt's prepared frames and request body, and during an outage every request
+            # of the shard waits at once.
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, longest)
 
     def _log_outage(self, error: BackendError, left: float) -> None:
         # Every request in flight meets the same outage: one line per 10 s, not one per request.

@@ -175,8 +175,12 @@ def run_against(
 ) -> tuple[dict[str, Any], ReplayingAnnotator]:
     """One run of ``data_gen`` against the endpoint at ``url``; its stats and annotator."""
     made: list[ReplayingAnnotator] = []
+    real = run_module.build_annotator
     run_module.build_annotator = annotator_factory(url, concurrency, made, fence_rate)
-    stats = run_module.run(config(corpus, trajectories, out, concurrency), None)
+    try:
+        stats = run_module.run(config(corpus, trajectories, out, concurrency), None)
+    finally:
+        run_module.build_annotator = real  # later runs in this process build their own
     return stats, made[0]
 
 
