@@ -564,9 +564,8 @@ class Annotator:
                     raise
                 self.counts["outage_waits"] += 1
                 self._log_outage(e, left)
-            # The pause is taken outside the handler: the error's traceback holds the failed
-            # attempt's prepared frames and request body, and during an outage every request
-            # of the shard waits at once.
+            # Outside the handler: the error (and its traceback, with the failed attempt's
+            # frames and request body) is released before the wait, not after it.
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, longest)
 
@@ -575,7 +574,8 @@ class Annotator:
         now = time.monotonic()
         if now - self._outage_logged_at >= 10.0:
             self._outage_logged_at = now
-            log.warning("annotator unavailable, waiting up to %.0f s more: %s", left, error)
+            # The text, not the error: a handler that keeps records would keep its traceback.
+            log.warning("annotator unavailable, waiting up to %.0f s more: %s", left, str(error))
 
     async def _answer(self, request: AnnotatorRequest, attempt: int) -> _Answer:
         # The cache key is also the request hash every record carries, for endpoint and offline

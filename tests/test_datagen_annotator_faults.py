@@ -109,3 +109,15 @@ def test_a_200_error_body_is_a_failure_that_may_pass(tmp_path):
     with ScriptedServer(respond=respond) as server:
         ann, result = _annotate(server, tmp_path, outage_wait_s=5.0)
     assert result.ok and ann.counts["outage_waits"] == 2
+
+
+def test_outage_log_records_keep_no_error_object(tmp_path, caplog):
+    """A handler that keeps records (a test's log capture) kept every failed request's body and
+    frames through the error's traceback: in the full test tier one process grew past 23 GB.
+    The records carry the error's text."""
+    with ScriptedServer(default=Reply(status=503)) as server:
+        _annotate(server, tmp_path, outage_wait_s=0.5, max_retries=1)
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert warned
+    for record in warned:
+        assert not any(isinstance(a, BaseException) for a in record.args or ()), record.msg

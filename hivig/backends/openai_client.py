@@ -328,7 +328,9 @@ class OpenAIClient:
                 if attempt > self.max_retries:
                     if self.max_retries == 0:
                         raise
-                    logger.warning("giving up on a request: %s", e)
+                    # The text, not the error: a handler that keeps its records (a test's log
+                    # capture) would otherwise keep every failed request's body and frames.
+                    logger.warning("giving up on a request: %s", str(e))
                     raise RetriesExhausted(e, attempts=attempt) from e
                 delay = self._retry_delay(attempt, e)
                 logger.debug("attempt %d failed (%s); retrying in %.3f s", attempt, e, delay)
