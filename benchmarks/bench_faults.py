@@ -96,7 +96,9 @@ class _RefusingDisk:
 # Faults: each a context manager that holds the fault while the sessions run
 
 
-def _faults(gateway: Any, backend: Backend, state: Path) -> dict[str, Callable[[], Any]]:
+def _faults(
+    gateway: Any, backend: Backend, state: Path, url: str, tally: Tally
+) -> dict[str, Callable[[], Any]]:
     @contextlib.contextmanager
     def backend_mode(mode: str) -> Iterator[None]:
         backend.mode = mode
@@ -110,6 +112,10 @@ def _faults(gateway: Any, backend: Backend, state: Path) -> dict[str, Callable[[
         store = gateway.store
         store._db = _RefusingDisk(store._db)
         try:
+            # A write of its own, so the fault is met whatever the agents' timing (they may all
+            # be between steps for the whole window): a session that cannot be stored is a 503.
+            task = {"task": "probe", "platform": "ubuntu", "screen": {"w": 320, "h": 200}}
+            tally.count(httpx.post(f"{url}/v1/sessions", json=task, timeout=30).status_code)
             yield
         finally:
             store._db = store._db.db
@@ -321,7 +327,7 @@ def run(
         app.add_api_route("/v1/bug", _bug)
         with BackgroundServer(app) as server:
             gateway = app.state.gateway
-            faults = _faults(gateway, backend, state)
+            faults = _faults(gateway, backend, state, server.url, tally)
             # Agents act slowly enough to be still at work through the first round of faults,
             # however fast the gateway answers: a fault window with no traffic tests nothing.
             pace = max(pace_s, len(faults) * 1.5 * window_s / steps)
