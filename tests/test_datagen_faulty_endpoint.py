@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from _sample_run import ingested_sample
 
-from data_gen.ingest import ingest
-from data_gen.sample_corpus import SampleConfig, make_sample
 from hivig.records import SPLITS, read_records
 from tests.fakes.annotator_endpoint import FaultyResponder, run_against
 from tests.fakes.openai_server import ScriptedServer
@@ -31,9 +30,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faulty")
-    make_sample(root / "c", SampleConfig(trajectories=8, seed=3), progress=False)
-    ingest(root / "c", root / "i", progress=False)
+    root = ingested_sample(tmp_path_factory.mktemp("faulty"), trajectories=8, seed=3)
     return root / "c", root / "i" / "trajectories.jsonl"
 
 

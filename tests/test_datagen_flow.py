@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _sample_run import demo_config, ingested_sample
 
 import data_gen.run as run_module
 from data_gen.annotator import (
@@ -25,20 +26,17 @@ from data_gen.annotator import (
     PriorityGate,
     priority,
 )
-from data_gen.config import DataGenConfig
 from data_gen.executor import Codec, Executor, Shard, StageIncomplete, StageStats
-from data_gen.ingest import ingest
 from data_gen.perturb import ElementIndex
 from data_gen.progress import stage_bars
 from data_gen.report import annotator_usage
 from data_gen.run import build_annotator, load_work, main, make_context, run
-from data_gen.sample_corpus import SampleConfig, make_sample
 from data_gen.steps import STEP_CLASSES
 from data_gen.steps.flow import StreamedStages, planned_items
 from data_gen.steps.history import validate_history
 from data_gen.steps.work import WORK_CODEC, LoopThread
 from hivig.backends import OpenAIClient
-from hivig.config import BackendConfig, FrameConfig, SamplingConfig, load_config
+from hivig.config import BackendConfig, FrameConfig, SamplingConfig
 from hivig.messages import ChatMessage, TextPart
 from hivig.records import SPLITS, read_records
 from tests.fakes.openai_server import Reply, ScriptedServer, request_text
@@ -49,19 +47,12 @@ DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    make_sample(root / "c", SampleConfig(trajectories=8, seed=5), progress=False)
-    ingest(root / "c", root / "i", progress=False)
+    root = ingested_sample(tmp_path_factory.mktemp("corpus"), trajectories=8, seed=5)
     return root / "c", root / "i" / "trajectories.jsonl"
 
 
 def _cfg(corpus, out, *extra):
-    c, t = corpus
-    return load_config(
-        DataGenConfig,
-        DEMO,
-        [f"corpus={c}", f"out={out}", f"trajectories={t}", "export.audit_max_auc=1.0", *extra],
-    )
+    return demo_config(corpus[0].parent, out, "export.audit_max_auc=1.0", *extra)
 
 
 def _context(cfg):
