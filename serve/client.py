@@ -47,6 +47,8 @@ from typing import Any, Literal
 
 import httpx
 
+from serve.ranking import rank
+
 log = logging.getLogger(__name__)
 
 ImageInput = bytes | str
@@ -394,22 +396,9 @@ def parse_ranking(body: Any, n: int) -> Ranking | None:
     return Ranking(tuple(results), order, status=str(body.get("status", "ok")))  # type: ignore[arg-type]
 
 
-_VERDICT_ORDER = {"good": 0, "abstain": 1, "bad": 2}
-
-
 def rank_verdicts(verdicts: list[Verdict] | tuple[Verdict, ...]) -> list[int]:
-    """Candidate indices best first: by verdict (good, abstain, bad), then by confidence.
-
-    A ``good`` with higher confidence ranks first; among ``bad`` the least confident one is the
-    least bad. Ties keep the candidates' order.
-    """
-
-    def key(i: int) -> tuple[int, float, int]:
-        v = verdicts[i]
-        conf = v.confidence if v.confidence is not None else 0.5
-        return (_VERDICT_ORDER[v.verdict], conf if v.verdict == "bad" else -conf, i)
-
-    return sorted(range(len(verdicts)), key=key)
+    """Candidate indices best first, by the gateway's own ranking (``serve.ranking.rank``)."""
+    return rank([(v.verdict, v.confidence) for v in verdicts])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from serve.protocol import (
     SessionCreate,
     SessionFields,
 )
+from serve.ranking import rank
 from serve.recurrence_state import Detector, fired
 from serve.sessions import SessionState, SessionStore, StoredResponse, now, open_store
 from serve.traces import TraceWriter, messages_json, valid_session_id
@@ -699,7 +700,11 @@ class Gateway:
             "timing_ms": common["timing_ms"],
         }
         if req.candidates is not None:
-            return {"results": verdicts, "ranking": rank(verdicts), **common}, event
+            return {
+                "results": verdicts,
+                "ranking": rank([(v["verdict"], v["confidence"]) for v in verdicts]),
+                **common,
+            }, event
         return {**verdicts[0], **common}, event
 
     def _verdict(
@@ -1048,15 +1053,6 @@ def session_frame(state: SessionState) -> Frame:
     """The session's coordinate frame."""
     return Frame(
         state.coord_space, state.frame_w or state.screen_w, state.frame_h or state.screen_h
-    )
-
-
-def rank(verdicts: list[dict[str, Any]]) -> list[int]:
-    """Candidate indices, best first: good, then abstain, then bad; confidence, then order."""
-    order = {"good": 0, "abstain": 1, "bad": 2}
-    return sorted(
-        range(len(verdicts)),
-        key=lambda i: (order[verdicts[i]["verdict"]], -(verdicts[i]["confidence"] or 0.0), i),
     )
 
 

@@ -882,3 +882,17 @@ def test_reseed_untouched_when_the_close_fails():
     s.observe(1, png("b"), "x")
     gw.faults = [("/v1/sessions/s1", 500)]
     assert s.reseed_status(echo) == "untouched" and s.echo["step_idx"] == 1
+
+
+def test_the_gateway_and_the_client_rank_alike():
+    # One ranking: what the gateway sends and what the client works out on its own, for every
+    # mix of verdicts and confidences (bads least confident first, a missing confidence even).
+    import itertools
+
+    from serve.gateway import rank as gateway_rank
+
+    choices = [(v, c) for v in ("good", "abstain", "bad") for c in (None, 0.2, 0.5, 0.9)]
+    for pairs in itertools.product(choices, repeat=3):
+        client = rank_verdicts([Verdict(v, confidence=c) for v, c in pairs])
+        assert gateway_rank(list(pairs)) == client
+    assert gateway_rank([("bad", 0.9), ("bad", 0.2)]) == [1, 0]
