@@ -35,7 +35,6 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from PIL import Image
 
-from data_gen.executor import atomic_write_text
 from data_gen.perturb.elements import role_words
 from hivig.backends import (
     BackendError,
@@ -47,6 +46,7 @@ from hivig.backends import (
 )
 from hivig.config import BackendConfig, FrameConfig
 from hivig.contracts import render_critique_target, render_history_target
+from hivig.files import write_atomic
 from hivig.logging import get_logger
 from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart, mark_to_json
 from hivig.vision import FrameCache, ImageError, canonical_frame, draw_marks
@@ -259,7 +259,7 @@ class RequestCache:
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
         """Store an answer."""
-        atomic_write_text(self._path(key), json.dumps(entry, sort_keys=True, ensure_ascii=False))
+        write_atomic(self._path(key), json.dumps(entry, sort_keys=True, ensure_ascii=False))
 
 
 class ImageDigests:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from data_gen.quarantine import split_lines
+from hivig.files import dumps_jsonl, loads_jsonl, write_atomic
 from hivig.logging import get_logger
 
 log = get_logger(__name__)
@@ -87,33 +87,6 @@ def unit_float(run_seed: int, sample_id: str, purpose: str) -> float:
 
 # --------------------------------------------------------------------------------------------
 # Atomic files
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file and ``os.replace`` (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """UTF-8 variant of ``atomic_write_bytes``."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def dumps_jsonl(rows: Iterable[dict[str, Any]]) -> str:
-    """One JSON object per line, keys sorted, UTF-8 kept (byte-stable across runs)."""
-    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows)
-
-
-def loads_jsonl(text: str) -> list[dict[str, Any]]:
-    """Inverse of ``dumps_jsonl``."""
-    # JSON strings written with ensure_ascii=False may hold raw U+2028/U+0085: split on "\n" only.
-    return [json.loads(line) for line in split_lines(text) if line.strip()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,14 +332,14 @@ class Executor(Generic[T]):
 
     def _commit(self, shard: Shard, stage: str, items: list[T], stats: StageStats) -> None:
         # Output and exclusions first, marker last: a marker therefore implies both files.
-        atomic_write_text(
+        write_atomic(
             self.output_path(shard, stage), dumps_jsonl(self.codec.to_json(i) for i in items)
         )
         # Sorted: items finish in whatever order the endpoint answers them.
         rows = sorted(stats.exclusions, key=lambda r: (r["id"], r["reason"], r["message"]))
-        atomic_write_text(self.exclusion_path(shard, stage), dumps_jsonl(rows))
+        write_atomic(self.exclusion_path(shard, stage), dumps_jsonl(rows))
         marker = {"stage": stage, "shard": shard.name, "counts": dict(sorted(stats.counts.items()))}
-        atomic_write_text(self.marker_path(shard, stage), json.dumps(marker, sort_keys=True) + "\n")
+        write_atomic(self.marker_path(shard, stage), json.dumps(marker, sort_keys=True) + "\n")
 
     def merged_exclusions(self, shards: list[Shard]) -> list[dict[str, Any]]:
         """Exclusions of all shards and stages, in a shard-count-independent order."""

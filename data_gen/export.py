@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from data_gen.audit import AuditSettings, ShortcutAuditError, check_audit, shortcut_audit
 from data_gen.config import DataGenConfig
-from data_gen.executor import StageStats, atomic_write_text, dumps_jsonl, merge_counts, stable_int
+from data_gen.executor import StageStats, merge_counts, stable_int
 from data_gen.ingest import decode_check
 from data_gen.report import (
     ImageSizes,
@@ -43,6 +43,7 @@ from data_gen.report import (
     render_report,
 )
 from data_gen.steps.work import Work, messages_from_json, spec_to_record, step_text
+from hivig.files import dumps_jsonl, write_atomic
 from hivig.messages import ImageRef, mark_to_json
 from hivig.profiles import resolve_profile
 from hivig.records import (
@@ -205,7 +206,7 @@ def _sharegpt(
             # Relative to the dataset folder; tmp is renamed to it, at the same depth.
             row["images"] = [os.path.relpath(p, tmp) for p in row["images"]]
             images[record.id] = row["images"]
-        atomic_write_text(folder / f"{split}.json", json.dumps(rows, ensure_ascii=False, indent=1))
+        write_atomic(folder / f"{split}.json", json.dumps(rows, ensure_ascii=False, indent=1))
         info[f"hivig_{split}"] = {
             "file_name": f"sharegpt/{split}.json",
             "formatting": "sharegpt",
@@ -219,7 +220,7 @@ def _sharegpt(
         }
     # LlamaFactory resolves `file_name` and (media_dir defaulting to dataset_dir) the image paths
     # against the folder holding dataset_info.json: the dataset folder, like the paths above.
-    atomic_write_text(tmp / "dataset_info.json", _json(info))
+    write_atomic(tmp / "dataset_info.json", _json(info))
     return images
 
 
@@ -349,7 +350,7 @@ def export_dataset(
         write_profile(tmp / "records", resolve_profile(cfg.profile))
         exported = _sharegpt(records, cfg, corpus, tmp) if cfg.export.sharegpt else {}
         all_counters = {**counters, "export": merge_counts([stats.counts])}
-        atomic_write_text(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))
+        write_atomic(tmp / "exclusions.jsonl", dumps_jsonl(exclusions + stats.exclusions))
         result = dataset_stats(specs, all_counters, tokens, run)
         result["shortcut_audit"] = audit.result()
     result["distribution_out_of_bounds"] = out_of_bounds(
@@ -358,9 +359,9 @@ def export_dataset(
         cfg.perturb.max_dimension_ratio,
     )
     result["sources"] = source_counts(specs)
-    atomic_write_text(tmp / "provenance.jsonl", dumps_jsonl(provenance_rows(specs)))
-    atomic_write_text(tmp / "stats.json", _json(result))
-    atomic_write_text(
+    write_atomic(tmp / "provenance.jsonl", dumps_jsonl(provenance_rows(specs)))
+    write_atomic(tmp / "stats.json", _json(result))
+    write_atomic(
         tmp / "report.html", render_report(result, _cards(specs, cfg, corpus, tmp, exported))
     )
     if dest.exists():

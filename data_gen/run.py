@@ -43,8 +43,6 @@ from data_gen.executor import (
     Shard,
     ShardError,
     StageIncomplete,
-    atomic_write_text,
-    dumps_jsonl,
     merge_counts,
     summary_table,
 )
@@ -75,6 +73,7 @@ from hivig.config import (
     load_config,
     write_run_description,
 )
+from hivig.files import dumps_jsonl, write_atomic
 from hivig.logging import configure_logging, get_logger
 from hivig.profiles import ProfileError, resolve_profile
 from hivig.taxonomy import DIMENSIONS
@@ -408,7 +407,7 @@ def load_elements(
         with file_lock(Path(cfg.out) / "grounding.lock") as held:
             if held and not grounded.exists():
                 elements = _ground(cfg, works, annotator, loop, sidecar)
-                atomic_write_text(grounded, elements.to_jsonl())
+                write_atomic(grounded, elements.to_jsonl())
         if not grounded.exists():
             time.sleep(LOCK_POLL_S)
     return ElementIndex.load(grounded)
@@ -429,7 +428,7 @@ def _ground(
         lambda coros: loop.run_all(coros, limit=max(1, annotator.jobs_in_flight)),
         sidecar,
     )
-    atomic_write_text(Path(cfg.out) / "grounding.json", json.dumps(dict(sorted(counts.items()))))
+    write_atomic(Path(cfg.out) / "grounding.json", json.dumps(dict(sorted(counts.items()))))
     log.info("grounding: %s", json.dumps(dict(sorted(counts.items()))))
     temporary = {k: n for k, n in counts.items() if k.removeprefix("dropped_") in TRANSIENT_REASONS}
     if temporary:
@@ -618,7 +617,7 @@ def check_out(cfg: DataGenConfig) -> None:
                 f"{OUTPUT_FORMAT}); write to a new `out` (paid answers stay usable with "
                 f"annotator.cache_dir={cfg.annotator.cache_dir or out / 'cache'})"
             )
-    atomic_write_text(marker, json.dumps({"format": OUTPUT_FORMAT}) + "\n")
+    write_atomic(marker, json.dumps({"format": OUTPUT_FORMAT}) + "\n")
 
 
 def check_resume(cfg: DataGenConfig) -> None:
@@ -644,7 +643,7 @@ def check_resume(cfg: DataGenConfig) -> None:
                 "changed); write to a new `out`, keeping the paid annotator answers with "
                 f"annotator.cache_dir={cache}"
             )
-    atomic_write_text(path, text)
+    write_atomic(path, text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -779,7 +778,7 @@ def merge(
             },
         }
         stats = export_dataset(cfg, works, counters, executor.merged_exclusions(shards), run)
-        atomic_write_text(marker, json.dumps({"inputs": digest}) + "\n")
+        write_atomic(marker, json.dumps({"inputs": digest}) + "\n")
         log.info(
             "dataset written to %s\n%s", Path(cfg.out) / "dataset", summary_table(stats["stages"])
         )
@@ -820,9 +819,9 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
     # Host, git revision, package versions and SLURM ids of this process, per shard.
     write_run_description(Path(cfg.out) / "runs" / shard.name, cfg)
     works, quarantine, ledger = load_work_and_runs(cfg)
-    atomic_write_text(Path(cfg.out) / "input_quarantine.jsonl", dumps_jsonl(quarantine))
+    write_atomic(Path(cfg.out) / "input_quarantine.jsonl", dumps_jsonl(quarantine))
     if cfg.runs.enabled:
-        atomic_write_text(Path(cfg.out) / "runs.json", json.dumps(ledger.to_json(), indent=1))
+        write_atomic(Path(cfg.out) / "runs.json", json.dumps(ledger.to_json(), indent=1))
     if not works:
         annotator.close()
         raise ConfigError(

@@ -24,7 +24,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data_gen.quarantine import Ledger, jsonl, split_lines, write_atomic
+from data_gen.quarantine import Ledger
+from hivig.files import dumps_jsonl, split_lines, write_atomic
 
 SPLITS = ("train", "val", "test")
 
@@ -154,7 +155,7 @@ def split(
             "platforms": dict(sorted(Counter(str(o.get("platform")) for o, _ in items).items())),
         }
     write_atomic(
-        Path(out) / "quarantine.jsonl", jsonl(e.to_json() for e in ledger.sorted_entries())
+        Path(out) / "quarantine.jsonl", dumps_jsonl(e.to_json() for e in ledger.sorted_entries())
     )
     write_atomic(Path(out) / "split_stats.json", json.dumps(stats, indent=2) + "\n")
     return stats

@@ -14,12 +14,12 @@ from data_gen.executor import (
     Shard,
     ShardError,
     StageStats,
-    atomic_write_text,
     merge_counts,
     sample_seed,
     unit_float,
 )
 from hivig.config import FrameConfig
+from hivig.files import write_atomic
 from hivig.messages import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
 
 # ---------------------------------------------------------------------------------------------
@@ -86,8 +86,8 @@ def test_merge_counts_sums_keys():
 
 def test_atomic_write_leaves_no_temp_files(tmp_path):
     target = tmp_path / "a" / "b.txt"
-    atomic_write_text(target, "one")
-    atomic_write_text(target, "two")
+    write_atomic(target, "one")
+    write_atomic(target, "two")
     assert target.read_text() == "two"
     assert [p.name for p in target.parent.iterdir()] == ["b.txt"]
 

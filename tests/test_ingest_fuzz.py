@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_gen.ingest import REASONS, IngestConfig, Record, ingest, parse_line
-from data_gen.quarantine import split_lines
 from data_gen.sample_corpus import SampleConfig, make_sample
+from hivig.files import split_lines
 
 SMALL = {"desktop_size": (320, 180), "web_size": (320, 200), "phone_size": (180, 400)}
 

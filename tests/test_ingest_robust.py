@@ -12,7 +12,7 @@ from PIL import Image
 from test_ingest import episode, write_corpus
 
 from data_gen.ingest import IngestConfig, ingest, ingest_complete, sniff_image
-from data_gen.quarantine import clean_stale_temps, write_atomic
+from hivig.files import clean_stale_temps, write_atomic
 
 STEPS = [
     ("Click the 'OK' button", "click(x=0.1, y=0.1)"),
@@ -159,9 +159,9 @@ def test_a_killed_write_is_not_taken_as_complete(tmp_path, monkeypatch):
 
 
 def test_temp_names_are_unique_and_stale_ones_are_cleaned(tmp_path):
-    from data_gen.quarantine import _temp_name
+    from hivig.files import temp_name
 
-    a, b = _temp_name(tmp_path / "t.jsonl"), _temp_name(tmp_path / "t.jsonl")
+    a, b = temp_name(tmp_path / "t.jsonl"), temp_name(tmp_path / "t.jsonl")
     assert a != b
     dead = tmp_path / a.name.replace(f"-{os.getpid()}-", "-999999999-")
     dead.write_text("half")

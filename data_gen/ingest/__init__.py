@@ -60,8 +60,9 @@ from data_gen.ingest._parse import (
     scroll_decision,
     scroll_direction,
 )
-from data_gen.quarantine import Ledger, clean_stale_temps, jsonl, write_atomic
+from data_gen.quarantine import Ledger
 from hivig.config import run_info
+from hivig.files import clean_stale_temps, dumps_jsonl, write_atomic
 
 __all__ = [
     "PLATFORMS",
@@ -224,8 +225,8 @@ def ingest(
         "run": _provenance(),
     }
     texts = {
-        "trajectories.jsonl": jsonl(trajectories),
-        "quarantine.jsonl": jsonl(e.to_json() for e in ledger.sorted_entries()),
+        "trajectories.jsonl": dumps_jsonl(trajectories),
+        "quarantine.jsonl": dumps_jsonl(e.to_json() for e in ledger.sorted_entries()),
         "report.json": json.dumps(report, indent=2) + "\n",
         "stats.json": json.dumps(stats, indent=2) + "\n",
     }

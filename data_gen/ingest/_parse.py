@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_gen.quarantine import split_lines
 from hivig.actions import (
     PLATFORM_ALIASES,
     PLATFORMS,
@@ -26,6 +25,7 @@ from hivig.actions import (
     first_block,
     parse_scalecua_calls,
 )
+from hivig.files import split_lines
 
 VERIFY_MODES = ("none", "header", "full")
 # Platform names as they appear in meta keys, tasks and conv_styles: the shared aliases, plus

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_gen.quarantine import split_lines
+from hivig.files import split_lines
 from hivig.logging import get_logger
 
 log = get_logger(__name__)

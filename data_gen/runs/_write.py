@@ -21,9 +21,10 @@ from typing import Any
 from PIL import Image
 
 from data_gen.ingest import sniff_image
-from data_gen.quarantine import Ledger, write_atomic
+from data_gen.quarantine import Ledger
 from data_gen.runs._convert import check, grid_lines, unit_calls
 from hivig.actions import Terminate
+from hivig.files import write_atomic
 from hivig.run_folders import FolderRun, FolderStep
 from hivig.trajectory import trajectory_id
 
