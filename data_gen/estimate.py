@@ -24,7 +24,7 @@ from typing import Any
 
 from data_gen.config import DataGenConfig
 from data_gen.ingest import ingest_complete
-from data_gen.perturb import BadStep, ElementIndex, StepPlan
+from data_gen.perturb import ElementIndex, StepPlan
 from data_gen.perturb.semantic import ANNOTATOR_DIMENSIONS
 from data_gen.report import CHARS_PER_TOKEN, ImageSizes
 from data_gen.run import build_plan, check_plan, load_work, plan_history
@@ -196,9 +196,9 @@ def _real_bad(count: _Counter, cfg: DataGenConfig, work: Work) -> None:
     rationale (``data_gen.steps.judge``, ``data_gen.steps.rationale``)."""
     traj = work.trajectory
     for k, unit in enumerate(work.units):
-        if not unit.get("bad"):
+        bad = unit.bad
+        if bad is None:
             continue
-        bad = BadStep.from_json(unit["bad"])
         dim = lookup_dimension(bad.dimension)
         args = step_prompt_args(traj, k)
         step = format_raw_step(bad.intent, bad.text)

@@ -42,13 +42,13 @@ from data_gen.report import (
     pick_cards,
     render_report,
 )
-from data_gen.steps.work import Work, messages_from_json, spec_to_record, step_text
+from data_gen.step_unit import sample_to_json
+from data_gen.steps.work import Work, step_text
 from hivig.files import dumps_jsonl, write_atomic
 from hivig.messages import ImageRef, mark_to_json
 from hivig.profiles import resolve_profile
 from hivig.records import (
     SPLITS,
-    RecordError,
     SFTRecord,
     records_dir,
     to_sharegpt,
@@ -61,15 +61,20 @@ from hivig.vision import FramePolicy, canonical_frame, encode_png
 T = TypeVar("T")
 
 
-def collect_specs(works: list[Work]) -> list[dict[str, Any]]:
+def collect_samples(works: list[Work]) -> list[SFTRecord]:
     """Every sample of the merged work items, sorted by id."""
-    specs: list[dict[str, Any]] = []
-    for work in works:
-        for unit in work.units:
-            if unit.get("history") is not None:
-                specs.append(unit["history"])
-            specs.extend(unit.get("critique") or [])
-    return sorted(specs, key=lambda s: s["id"])
+    return sorted((s for w in works for u in w.units for s in u.samples()), key=lambda s: s.id)
+
+
+def sample_views(works: list[Work]) -> dict[str, dict[str, Any]]:
+    """Every sample as JSON with its full origin, by id: what the report and
+    ``provenance.jsonl`` read (``data_gen.step_unit.sample_to_json``)."""
+    return {
+        s.id: sample_to_json(s, w.sample_origin(s))
+        for w in works
+        for u in w.units
+        for s in u.samples()
+    }
 
 
 DUPLICATE_BAD_STEP = "duplicate_bad_step"
@@ -95,14 +100,14 @@ def duplicate_samples(works: list[Work]) -> dict[str, tuple[str, str]]:
     for work in works:
         traj = work.trajectory
         for k, unit in enumerate(work.units):
-            bad = unit.get("bad")
+            bad = unit.bad
             shot = traj.steps[k].screenshot
-            for spec in unit.get("critique") or []:
-                if spec["labels"]["verdict"] == "Bad" and bad is not None:
-                    rows.append((spec["id"], (shot, "Bad", bad["intent"], bad["text"])))
-                elif spec["labels"]["verdict"] == "Good":
+            for sample in unit.critique or []:
+                if sample.labels.verdict == "Bad" and bad is not None:
+                    rows.append((sample.id, (shot, "Bad", bad.intent, bad.text)))
+                elif sample.labels.verdict == "Good":
                     step = (traj.steps[k].intent or "", step_text(traj, k, mask_intent=True))
-                    rows.append((spec["id"], (shot, "Good", *step)))
+                    rows.append((sample.id, (shot, "Good", *step)))
     for sid, key in sorted(rows):
         if key in first:
             reason = DUPLICATE_BAD_STEP if key[1] == "Bad" else DUPLICATE_GOOD_STEP
@@ -112,7 +117,7 @@ def duplicate_samples(works: list[Work]) -> dict[str, tuple[str, str]]:
     return dupes
 
 
-def mix_surplus(specs: list[dict[str, Any]], ratio: float, seed: int) -> set[str]:
+def mix_surplus(samples: list[SFTRecord], ratio: float, seed: int) -> set[str]:
     """History sample ids beyond ``ratio`` history samples per critique sample.
 
     Whole chains are kept, trajectory by trajectory in a seeded order (``chains_within``), so
@@ -123,10 +128,10 @@ def mix_surplus(specs: list[dict[str, Any]], ratio: float, seed: int) -> set[str
         return set()
     chains: dict[str, list[str]] = {}
     for s in sorted(
-        (s for s in specs if s["kind"] == "history"), key=lambda s: (s["step_index"], s["id"])
+        (s for s in samples if s.kind == "history"), key=lambda s: (s.step_index, s.id)
     ):
-        chains.setdefault(s["trajectory_id"], []).append(s["id"])
-    quota = round(ratio * sum(1 for s in specs if s["kind"] == "critique"))
+        chains.setdefault(s.trajectory_id, []).append(s.id)
+    quota = round(ratio * sum(1 for s in samples if s.kind == "critique"))
     kept = {i for chain in chains_within(chains, quota, seed).values() for i in chain}
     return {i for chain in chains.values() for i in chain} - kept
 
@@ -175,11 +180,10 @@ class ImageCheck:
         return self._seen[path]
 
 
-def _undecodable(spec: dict[str, Any], check: ImageCheck) -> str | None:
-    for message in spec["messages"]:
-        for part in message["content"]:
-            if "image" in part and (why := check.problem(part["image"])) is not None:
-                return f"{part['image']}: {why}"
+def _undecodable(sample: SFTRecord, check: ImageCheck) -> str | None:
+    for ref in sample.images:
+        if (why := check.problem(ref.path)) is not None:
+            return f"{ref.path}: {why}"
     return None
 
 
@@ -226,6 +230,7 @@ def _sharegpt(
 
 def _cards(
     specs: list[dict[str, Any]],
+    records: dict[str, SFTRecord],
     cfg: DataGenConfig,
     corpus: Path,
     tmp: Path,
@@ -250,16 +255,15 @@ def _cards(
                 row.append((spec, list(exported[spec["id"]])))
                 continue
             links = []
-            for message in messages_from_json(spec["messages"]):
-                for ref in message.images():
-                    key = json.dumps(
-                        [ref.path, [mark_to_json(m) for m in ref.marks], ref.size_class],
-                        sort_keys=True,
-                    )
-                    if key not in rendered:
-                        folder.mkdir(parents=True, exist_ok=True)
-                        rendered[key] = _render_card_image(ref, cfg, corpus, folder, policy)
-                    links.append(rendered[key])
+            for ref in records[spec["id"]].images:
+                key = json.dumps(
+                    [ref.path, [mark_to_json(m) for m in ref.marks], ref.size_class],
+                    sort_keys=True,
+                )
+                if key not in rendered:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    rendered[key] = _render_card_image(ref, cfg, corpus, folder, policy)
+                links.append(rendered[key])
             row.append((spec, links))
         out.append(row)
     return out
@@ -308,33 +312,31 @@ def export_dataset(
     specs, records, tokens = [], [], {}
     dupes = duplicate_samples(works)
     decodes = ImageCheck(corpus)
-    unique = [s for s in collect_specs(works) if s["id"] not in dupes]
+    samples, views = collect_samples(works), sample_views(works)
+    unique = [s for s in samples if s.id not in dupes]
     surplus = mix_surplus(unique, cfg.export.history_critique_ratio, cfg.seed)
-    for spec in collect_specs(works):
+    for sample in samples:
         stats.seen()
-        if spec["id"] in dupes:
-            reason, kept = dupes[spec["id"]]
-            stats.drop(spec["id"], reason, f"same as {kept}")
+        if sample.id in dupes:
+            reason, kept = dupes[sample.id]
+            stats.drop(sample.id, reason, f"same as {kept}")
             continue
-        if spec["id"] in surplus:
+        if sample.id in surplus:
             ratio = cfg.export.history_critique_ratio
-            stats.drop(spec["id"], MIX_RATIO, f"beyond export.history_critique_ratio={ratio}")
+            stats.drop(sample.id, MIX_RATIO, f"beyond export.history_critique_ratio={ratio}")
             continue
-        broken = _undecodable(spec, decodes)
+        broken = _undecodable(sample, decodes)
         if broken is not None:
-            stats.drop(spec["id"], CORRUPT_IMAGE, broken)
+            stats.drop(sample.id, CORRUPT_IMAGE, broken)
             continue
-        n = estimated_tokens(spec, sizes, f.min_pixels, f.max_pixels, f.factor)
+        view = views[sample.id]
+        n = estimated_tokens(view, sizes, f.min_pixels, f.max_pixels, f.factor)
         if limit and n > limit:
-            stats.drop(spec["id"], "too_long", f"about {n} tokens > export.max_tokens={limit}")
+            stats.drop(sample.id, "too_long", f"about {n} tokens > export.max_tokens={limit}")
             continue
-        try:
-            records.append(spec_to_record(spec))
-        except RecordError as e:
-            stats.drop(spec["id"], "record_invalid", str(e))
-            continue
-        specs.append(spec)
-        tokens[spec["id"]] = n
+        records.append(sample)
+        specs.append(view)
+        tokens[sample.id] = n
         stats.kept()
     stats.check()
     e = cfg.export
@@ -362,7 +364,10 @@ def export_dataset(
     write_atomic(tmp / "provenance.jsonl", dumps_jsonl(provenance_rows(specs)))
     write_atomic(tmp / "stats.json", _json(result))
     write_atomic(
-        tmp / "report.html", render_report(result, _cards(specs, cfg, corpus, tmp, exported))
+        tmp / "report.html",
+        render_report(
+            result, _cards(specs, {r.id: r for r in records}, cfg, corpus, tmp, exported)
+        ),
     )
     if dest.exists():
         shutil.rmtree(dest)

@@ -32,6 +32,7 @@ from data_gen.executor import stable_int
 from data_gen.perturb import BadStep
 from data_gen.perturb.calls import render_calls
 from data_gen.runs.config import RunsConfig
+from data_gen.step_unit import StepUnit
 from hivig.actions import space_for_platform
 from hivig.taxonomy import dimension_by_key
 from hivig.trajectory import Trajectory
@@ -128,7 +129,7 @@ def _origin(side: dict[str, Any], outcome: str) -> dict[str, Any]:
 
 def route_run(
     traj: Trajectory, side: dict[str, Any], hard_cases: bool
-) -> tuple[Trajectory, dict[str, Any], list[dict[str, Any]]] | tuple[str, str]:
+) -> tuple[Trajectory, dict[str, Any], list[StepUnit]] | tuple[str, str]:
     """A run trajectory as ``(trajectory, origin, units)`` for the pipeline, or a drop reason.
 
     Returns:
@@ -146,7 +147,7 @@ def route_run(
                 if k < len(traj.steps)
             }
         kept = dataclasses.replace(traj, outcome="success")
-        return kept, origin, [{"index": k} for k in range(len(traj.steps))]
+        return kept, origin, [StepUnit(k) for k in range(len(traj.steps))]
     if outcome != "failure":
         return "run_outcome_unknown", f"evaluated outcome {outcome!r}"
     diag = side.get("diagnosis")
@@ -161,8 +162,8 @@ def route_run(
     origin = {**_origin(side, "failure"), "root_cause_index": r, "diagnosis": diag}
     if hard_cases and r in _verdicts(side, "good"):
         origin["hard_cases"] = {str(r): {"tag": HARD_GOOD_ON_ROOT, "verdict": "Bad"}}
-    units: list[dict[str, Any]] = [{"index": k} for k in range(r + 1)]
-    units[r]["bad"] = real_bad(cut, r, diag).to_json()
+    units = [StepUnit(k) for k in range(r + 1)]
+    units[r].bad = real_bad(cut, r, diag)
     return cut, origin, units
 
 

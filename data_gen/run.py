@@ -51,6 +51,7 @@ from data_gen.ingest import IngestConfig, IngestError, ingest, ingest_complete
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, plan_corpus
 from data_gen.perturb.grounding import ground_corpus
 from data_gen.perturb.plan import UnreachableDimensionError, target_shares
+from data_gen.step_unit import StepUnit
 from data_gen.steps import STEP_CLASSES
 from data_gen.steps.flow import StreamedStages
 from data_gen.steps.work import (
@@ -190,14 +191,14 @@ def load_work_and_runs(
             prefix = os.path.relpath(Path(cfg.runs.corpus).resolve(), Path(cfg.corpus).resolve())
             _scan(extra, trajs, quarantine, lines, Path(prefix).as_posix())
         sidecars = flywheel.load_sidecars(flywheel.sidecar_folder(cfg.runs), ledger)
-    chosen: list[tuple[Trajectory, dict[str, Any], list[dict[str, Any]]]] = []
+    chosen: list[tuple[Trajectory, dict[str, Any], list[StepUnit]]] = []
     for tid in sorted(trajs):
         traj = trajs[tid]
         side = sidecars.get(tid)
         if side is None:
             problem = _unwanted(cfg, traj)
             if problem is None:
-                chosen.append((traj, {}, [{"index": k} for k in range(len(traj.steps))]))
+                chosen.append((traj, {}, [StepUnit(k) for k in range(len(traj.steps))]))
             else:
                 quarantine.append(
                     {"line": lines[tid], "id": tid, "reason": problem[0], "message": problem[1]}
@@ -229,11 +230,11 @@ def load_work_and_runs(
 
 def _mix(
     cfg: DataGenConfig,
-    chosen: list[tuple[Trajectory, dict[str, Any], list[dict[str, Any]]]],
+    chosen: list[tuple[Trajectory, dict[str, Any], list[StepUnit]]],
     trajs: dict[str, Trajectory],
     ledger: flywheel.RunLedger,
     quarantine: list[dict[str, Any]],
-) -> list[tuple[Trajectory, dict[str, Any], list[dict[str, Any]]]]:
+) -> list[tuple[Trajectory, dict[str, Any], list[StepUnit]]]:
     """``chosen`` without the runs beyond ``runs.mix_ratio``; counts the kept runs."""
     runs = [t.id for t, o, _ in chosen if o]
     scalecua = len(chosen) - len(runs)
@@ -304,7 +305,7 @@ def check_plan(cfg: DataGenConfig, plan: dict[str, StepPlan], works: list[Work] 
     counts = Counter(s.dimension for s in plan.values() if s.dimension is not None)
     # A failed run's real Bad is exported beside the planned ones (``data_gen.flywheel``).
     counts.update(
-        u["bad"]["dimension"] for w in works if w.failed_run for u in w.units if u.get("bad")
+        u.bad.dimension for w in works if w.failed_run for u in w.units if u.bad is not None
     )
     total = sum(counts.values())
     targets = target_shares(p.weights_by_name(), p.min_share)

@@ -27,23 +27,23 @@ from data_gen.steps.rationale import RationaleStep
 from data_gen.steps.transitions import TransitionsStep, unplanned_reason
 from data_gen.steps.work import Context, Work, sample_id
 
-UNIT_KEYS = {
+UNIT_FIELDS = {
     "transitions": ("transition",),
     "history": ("history",),
     "perturb": ("bad",),
     "judge": ("judge",),
     "rationale": ("critique",),
 }
-"""The unit keys each stage writes (see ``data_gen.steps.work``)."""
+"""The ``StepUnit`` fields each stage writes (see ``data_gen.step_unit``)."""
 
 
 def planned_items(ctx: Context, items: list[Work]) -> dict[str, int]:
     """Items each stage will see for ``items``, from the plan (before any answer: a Bad the
     perturbation or the judge drops never reaches the later stages, so those may see fewer)."""
-    out = dict.fromkeys(UNIT_KEYS, 0)
+    out = dict.fromkeys(UNIT_FIELDS, 0)
     for w in items:
         if w.failed_run:  # only its real Bad: judged, then a rationale
-            real = sum(1 for u in w.units if u.get("bad") is not None)
+            real = sum(1 for u in w.units if u.bad is not None)
             out["judge"] += real
             out["rationale"] += real
             continue
@@ -80,8 +80,8 @@ class StreamedStages:
 
     def view(self, item: Work, later: list[str]) -> Work:
         """The item as it leaves a stage: without what the ``later`` stages wrote."""
-        drop = {k for name in later for k in UNIT_KEYS.get(name, ())}
-        units = [{k: v for k, v in u.items() if k not in drop} for u in item.units]
+        cleared = dict.fromkeys((f for name in later for f in UNIT_FIELDS.get(name, ())), None)
+        units = [dataclasses.replace(u, **cleared) for u in item.units]
         return dataclasses.replace(item, units=units)
 
     async def _shard(self, items: list[Work], stats: dict[str, StageStats]) -> None:

@@ -21,16 +21,17 @@ from data_gen.executor import StageStats, unit_float
 from data_gen.steps.rationale import echoes
 from data_gen.steps.work import (
     INITIAL_SUMMARY,
+    RECORD_INVALID,
     Context,
     Work,
     image,
     render_or_reject,
     sample_id,
-    sample_spec,
     step_text,
 )
 from hivig.contracts import ContractError, HistoryOutput, parse_history, render_history_target
 from hivig.prompts import build_history_annotation_messages, build_history_messages
+from hivig.records import Labels, RecordError
 from hivig.trajectory import Trajectory
 
 _TRANSIENT = object()
@@ -121,7 +122,8 @@ class HistoryStep:
                 stats.add("chain_resumed")
                 stale = False
             summary = out.summary
-            stats.kept()
+            if work.units[k].history is not None:  # else dropped as RECORD_INVALID
+                stats.kept()
 
     async def _pair(
         self, work: Work, k: int, previous: str, done: list[str], stats: StageStats, following: int
@@ -162,17 +164,20 @@ class HistoryStep:
             return _TRANSIENT if result.reason in TRANSIENT_REASONS else None
         out, target = result.value
         messages = build_history_messages(*args, profile=ctx.critic_profile)
-        work.units[k]["history"] = sample_spec(
-            id=f"{sid}:history",
-            kind="history",
-            work=work,
-            step_index=k,
-            prompt_version=messages.prompt_id,
-            messages=list(messages),
-            target=target,
-            labels={"intent_masked": masked},
-            provenance=ctx.provenance(result.request_hashes),
-        )
+        try:
+            work.units[k].history = ctx.sample(
+                work,
+                k,
+                messages,
+                target,
+                id=f"{sid}:history",
+                labels=Labels(intent_masked=masked),
+                hashes=result.request_hashes,
+            )
+        except RecordError as e:
+            # The summary is sound and carries the chain on; only the sample is unusable.
+            stats.drop(f"{sid}:history", RECORD_INVALID, str(e))
+            return out
         if masked:
             stats.add("intent_masked")
         return out

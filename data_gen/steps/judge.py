@@ -20,6 +20,7 @@ from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats, sample_seed, unit_float
 from data_gen.flywheel import REAL_METHOD
 from data_gen.perturb import BadStep
+from data_gen.step_unit import JudgeVerdict
 from data_gen.steps.work import (
     Context,
     Work,
@@ -58,17 +59,18 @@ class JudgeStep:
 
     async def step(self, work: Work, k: int, stats: StageStats) -> None:
         """Judge step ``k``'s Bad step, if it has one."""
-        if work.units[k].get("bad") is not None:
+        if work.units[k].bad is not None:
             await self._one(work, k, stats)
 
     async def _one(self, work: Work, k: int, stats: StageStats) -> None:
         ctx, traj = self.ctx, work.trajectory
         unit = work.units[k]
         sid = sample_id(traj.id, k)
-        bad = BadStep.from_json(unit["bad"])
+        bad = unit.bad
+        assert bad is not None  # step() judges only steps with a Bad
         stats.seen()
         if not ctx.cfg.judge.enabled:
-            unit["judge"] = {"accepted": True, "skipped": True}
+            unit.judge = JudgeVerdict(accepted=True, skipped=True)
             stats.add("unjudged")
             stats.kept()
             return
@@ -88,22 +90,21 @@ class JudgeStep:
         request = AnnotatorRequest(self.name, list(messages), oracle)
         result = await ctx.annotate_or_drop(stats, sid, request, validate_judge)
         if not result.ok:
-            unit["judge"] = {"accepted": False, "reason": result.reason}
+            unit.judge = JudgeVerdict(accepted=False, reason=result.reason)
             return
         out = result.value
-        verdict = {
-            "expert_slot": expert_slot,
-            "better": out.better_candidate,
-            "dimension": None if out.dimension is None else out.dimension.name,
-            "request_hashes": result.request_hashes,
-            "prompt_version": messages.prompt_id,
-        }
         reason = self._reject_reason(out, expert_slot, bad)
-        verdict["accepted"] = reason is None
-        verdict["vetoes_good"] = out.better_candidate != expert_slot
-        unit["judge"] = verdict
+        unit.judge = JudgeVerdict(
+            accepted=reason is None,
+            vetoes_good=out.better_candidate != expert_slot,
+            expert_slot=expert_slot,
+            better=out.better_candidate,
+            dimension=None if out.dimension is None else out.dimension.name,
+            prompt_version=messages.prompt_id,
+            request_hashes=tuple(result.request_hashes),
+        )
         if reason is not None:
-            stats.drop(sid, reason, f"judge: {verdict}", result.raw)
+            stats.drop(sid, reason, f"judge: {unit.judge.to_json()}", result.raw)
             return
         stats.kept()
 

@@ -120,7 +120,7 @@ class PerturbStep:
     async def step(self, work: Work, k: int, stats: StageStats) -> None:
         """The Bad step planned for step ``k``, if any (once its transition is there)."""
         plan = self.ctx.plan.get(sample_id(work.id, k))
-        if work.units[k].get("transition") is None or plan is None or not plan.critique:
+        if work.units[k].transition is None or plan is None or not plan.critique:
             return
         if plan.dimension is None:
             stats.add("no_bad_planned")
@@ -146,7 +146,7 @@ class PerturbStep:
             bad = await self._annotated(work, k, view, dimension, rng, stats)
             if bad is None:
                 return
-        work.units[k]["bad"] = bad.to_json()
+        work.units[k].bad = bad
         stats.add(f"dim:{bad.dimension}")
         stats.kept()
 

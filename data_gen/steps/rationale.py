@@ -19,10 +19,10 @@ from typing import Any
 from data_gen.annotator import AnnotatorRequest, Rejected
 from data_gen.executor import StageStats
 from data_gen.flywheel import REAL_METHOD
-from data_gen.perturb import BadStep
 from data_gen.perturb.calls import parse_calls
 from data_gen.steps.transitions import target_oracle
 from data_gen.steps.work import (
+    RECORD_INVALID,
     Context,
     Work,
     calls_of,
@@ -30,7 +30,6 @@ from data_gen.steps.work import (
     past_trajectory,
     render_or_reject,
     sample_id,
-    sample_spec,
     step_marks,
     step_text,
 )
@@ -41,6 +40,7 @@ from hivig.prompts import (
     build_rationale_good_messages,
     format_raw_step,
 )
+from hivig.records import Labels, RecordError, SFTRecord
 from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key, lookup_dimension
 
 _UI_RULES_BY_KEY: dict[str, str] = {
@@ -288,21 +288,21 @@ class RationaleStep:
         return items
 
     async def step(self, work: Work, k: int, stats: StageStats) -> None:
-        """The Good and Bad critique samples of step ``k`` (``unit["critique"]``, by id)."""
+        """The Good and Bad critique samples of step ``k`` (``unit.critique``, by id)."""
         unit = work.units[k]
         if work.failed_run:
             # Only the real Bad at the root cause; its steps before are history only.
-            if unit.get("bad") is None:
+            if unit.bad is None:
                 return
-        elif unit.get("transition") is None:
+        elif unit.transition is None:
             return
-        unit["critique"] = []
+        critique: list[SFTRecord] = []
+        unit.critique = critique
         jobs = [] if work.failed_run else [self._good(work, k, stats)]
-        judge = unit.get("judge")
-        if unit.get("bad") is not None and judge is not None and judge.get("accepted"):
+        if unit.bad is not None and unit.judge is not None and unit.judge.accepted:
             jobs.append(self._bad(work, k, stats))
         await asyncio.gather(*jobs)
-        unit["critique"].sort(key=lambda s: s["id"])
+        critique.sort(key=lambda s: s.id)
 
     async def _good(self, work: Work, k: int, stats: StageStats) -> None:
         ctx, traj = self.ctx, work.trajectory
@@ -319,8 +319,7 @@ class RationaleStep:
         if not plan.good:
             stats.drop(f"{sid}:good", "good_bad_ratio", "beyond perturb.good_bad_ratio")
             return
-        judge = unit.get("judge") or {}
-        if judge.get("vetoes_good"):
+        if unit.judge is not None and unit.judge.vetoes_good:
             stats.drop(f"{sid}:good", "judge_vetoed", "the judge preferred the perturbed step")
             return
         calls = calls_of(traj, k)
@@ -330,17 +329,18 @@ class RationaleStep:
             traj.steps[k].screenshot,
             step_marks(traj, k, step_text(traj, k, True), self.ctx.drag_arrows),
         )
-        tr = unit["transition"]
+        tr = unit.transition
+        assert tr is not None  # step() writes samples only for steps with a transition
         history = past_trajectory(traj, k)
         args = (traj.task, traj.platform, history, shot, text)
         messages = build_rationale_good_messages(
-            *args, tr["mechanism"] or "None", tr["effect"] or "None", tr["next_state"]
+            *args, tr.mechanism or "None", tr.effect or "None", tr.next_state
         )
         oracle = {
             "task": traj.task,
             "calls_text": step_text(traj, k, mask_intent=True),
             "intent": None if plan.good_masked else traj.steps[k].intent,
-            "next_state": tr["next_state"],
+            "next_state": tr.next_state,
             "marked": bool(shot.marks),
             **target_oracle(ctx, traj.steps[k].screenshot, calls),
         }
@@ -363,7 +363,8 @@ class RationaleStep:
         sid = sample_id(traj.id, k)
         stats.seen()
         plan = ctx.plan.get(sid)  # a real Bad has no plan entry: never masked
-        bad = BadStep.from_json(unit["bad"])
+        bad = unit.bad
+        assert bad is not None  # step() asks for a Bad sample only where there is a Bad step
         dim = lookup_dimension(bad.dimension)
         assert dim is not None
         # The plan never masks an intent-dependent dimension; checked again here on purpose.
@@ -376,8 +377,9 @@ class RationaleStep:
             # diagnose's correction and there is no correct transition to describe.
             reference, mechanism, effect = bad.extra.get("correction") or "", None, None
         else:
-            tr = unit["transition"]
-            reference, mechanism, effect = traj.steps[k].intent, tr["mechanism"], tr["effect"]
+            tr = unit.transition
+            assert tr is not None  # a planned Bad follows its step's transition
+            reference, mechanism, effect = traj.steps[k].intent, tr.mechanism, tr.effect
         messages = build_rationale_bad_messages(
             *args, dim, reference or "", mechanism or "None", effect or "None"
         )
@@ -437,27 +439,24 @@ class RationaleStep:
             return
         _, target = result.value
         hashes = list(result.request_hashes)
-        bad = work.units[k].get("bad")
-        if verdict == "Bad" and bad is not None:
-            hashes = bad.get("extra", {}).get("request_hashes", []) + hashes
-        work.units[k]["critique"].append(
-            sample_spec(
+        unit = work.units[k]
+        if verdict == "Bad" and unit.bad is not None:
+            hashes = list(unit.bad.extra.get("request_hashes", [])) + hashes
+        try:
+            sample = ctx.sample(
+                work,
+                k,
+                critic,
+                target,
                 id=sid,
-                kind="critique",
-                work=work,
-                step_index=k,
-                prompt_version=critic.prompt_id,
-                messages=list(critic),
-                target=target,
-                labels={
-                    "verdict": verdict,
-                    "error_dimension": dimension,
-                    "intent_masked": masked,
-                    "generator": generator,
-                },
-                provenance=ctx.provenance(hashes),
+                labels=Labels(verdict, dimension, masked, generator),  # type: ignore[arg-type]
+                hashes=hashes,
             )
-        )
+        except RecordError as e:
+            stats.drop(sid, RECORD_INVALID, str(e))
+            return
+        assert unit.critique is not None  # step() set it before asking for samples
+        unit.critique.append(sample)
         if masked:
             stats.add("intent_masked")
         stats.kept()

@@ -17,6 +17,7 @@ from data_gen.executor import StageStats
 from data_gen.perturb import StepPlan
 from data_gen.perturb.calls import primary_point
 from data_gen.perturb.elements import target_at
+from data_gen.step_unit import Transition
 from data_gen.steps.work import (
     Context,
     Work,
@@ -165,15 +166,7 @@ class TransitionsStep:
             if not is_terminal(calls):
                 stats.drop(sid, "no_after_screenshot", "final step does not end the episode")
                 return
-            unit["transition"] = {
-                "next_state": TERMINAL_STATE,
-                "mechanism": None,
-                "effect": None,
-                "think": None,
-                "no_change": True,
-                "terminal": True,
-                "request_hashes": [],
-            }
+            unit.transition = Transition(TERMINAL_STATE, no_change=True, terminal=True)
             stats.add("terminal")
             stats.kept()
             return
@@ -200,16 +193,15 @@ class TransitionsStep:
         if not result.ok:
             return
         out = result.value
-        unit["transition"] = {
-            "next_state": out.next_state,
-            "mechanism": out.mechanism,
-            "effect": out.effect,
-            "think": out.think,
-            "no_change": no_change,
-            "terminal": False,
-            "prompt_version": messages.prompt_id,
-            "request_hashes": result.request_hashes,
-        }
+        unit.transition = Transition(
+            next_state=out.next_state,
+            mechanism=out.mechanism,
+            effect=out.effect,
+            think=out.think,
+            no_change=no_change,
+            prompt_version=messages.prompt_id,
+            request_hashes=tuple(result.request_hashes),
+        )
         if no_change:
             stats.add("no_change")
         stats.kept()

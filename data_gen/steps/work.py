@@ -1,13 +1,7 @@
-"""The item flowing through the stages (one trajectory with per-step annotations) and helpers.
+"""The item flowing through the stages (one trajectory with one ``StepUnit`` per step) and helpers.
 
-A ``Work`` item is one trajectory plus one ``unit`` dict per step. Stages add keys to the units;
-the keys, in stage order, are:
-
-- ``transition``: ``{next_state, mechanism, effect, think, no_change, terminal, request_hashes}``
-- ``history``: the history sample (``SampleSpec`` JSON) for the pair (step, step + 1)
-- ``bad``: the perturbed step (``BadStep`` JSON) planned for this step
-- ``judge``: ``{expert_slot, better, dimension, accepted, request_hashes}``
-- ``critique``: the Good and Bad samples (``SampleSpec`` JSON)
+A ``Work`` item is one trajectory plus one ``data_gen.step_unit.StepUnit`` per step, which the
+stages fill in place; the executor stores it as JSON between stages (``WORK_CODEC``).
 """
 
 from __future__ import annotations
@@ -25,19 +19,12 @@ from data_gen.executor import Codec, StageStats
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
 from data_gen.perturb.calls import primary_point
 from data_gen.perturb.elements import target_at
+from data_gen.step_unit import StepUnit, record_provenance, sample_origin
 from hivig.actions import marks_for_tool_calls, pointer_after, space_for_platform
-from hivig.messages import (
-    ChatMessage,
-    ImagePart,
-    ImageRef,
-    Mark,
-    TextPart,
-    mark_from_json,
-    mark_to_json,
-)
+from hivig.messages import ImageRef, Mark
 from hivig.profiles import Profile, default_profile
-from hivig.prompts import format_step, format_trajectory
-from hivig.records import Labels, Provenance, SFTRecord, record_from_messages
+from hivig.prompts import PromptMessages, format_step, format_trajectory
+from hivig.records import Labels, SFTRecord, record_from_messages
 from hivig.trajectory import Trajectory
 from hivig.vision import size_class_for_platform
 
@@ -53,6 +40,10 @@ INITIAL_SUMMARY = (
 )
 """Previous summary of the first pair of every trajectory."""
 
+RECORD_INVALID = "record_invalid"
+"""Reason of a sample whose ``SFTRecord`` is inconsistent (``hivig.records.RecordError``: a
+reserved ``<image>`` token in its text, a label the record schema refuses)."""
+
 
 @dataclass
 class Work:
@@ -60,7 +51,7 @@ class Work:
 
     trajectory: Trajectory
     split: str
-    units: list[dict[str, Any]] = field(default_factory=list)
+    units: list[StepUnit] = field(default_factory=list)
     origin: dict[str, Any] = field(default_factory=dict)
     """Where the trajectory came from (``data_gen.flywheel``): empty for ScaleCUA data; for an
     agent's run ``source: run``, benchmark, task id, evaluated outcome and hard-case steps."""
@@ -75,15 +66,21 @@ class Work:
         """The trajectory id."""
         return self.trajectory.id
 
+    def sample_origin(self, record: SFTRecord) -> dict[str, Any]:
+        """The origin of one of this trajectory's samples (``step_unit.sample_origin``)."""
+        return sample_origin(self.origin, record.step_index, record.kind, record.labels.verdict)
+
 
 def _work_to_json(w: Work) -> dict[str, Any]:
-    out = {"trajectory": w.trajectory.to_json(), "split": w.split, "units": w.units}
+    units = [u.to_json(w.sample_origin) for u in w.units]
+    out = {"trajectory": w.trajectory.to_json(), "split": w.split, "units": units}
     return {**out, "origin": w.origin} if w.origin else out
 
 
 def _work_from_json(obj: dict[str, Any]) -> Work:
     traj = Trajectory.from_json(obj["trajectory"])
-    return Work(traj, obj["split"], obj["units"], obj.get("origin") or {})
+    units = [StepUnit.from_json(u) for u in obj["units"]]
+    return Work(traj, obj["split"], units, obj.get("origin") or {})
 
 
 WORK_CODEC: Codec[Work] = Codec(_work_to_json, _work_from_json)
@@ -207,13 +204,46 @@ class Context:
             stats.drop(item_id, result.reason, result.message, result.raw)
         return result
 
-    def provenance(self, hashes: list[str]) -> dict[str, Any]:
-        """Provenance of an annotator-written target."""
-        return {
-            "annotator_model": self.annotator.model,
-            "annotator_kind": "offline" if self.annotator.is_offline else "endpoint",
-            "request_hashes": list(hashes),
-        }
+    def sample(
+        self,
+        work: Work,
+        step_index: int,
+        messages: PromptMessages,
+        target: str,
+        *,
+        id: str,
+        labels: Labels,
+        hashes: list[str],
+    ) -> SFTRecord:
+        """The ``SFTRecord`` of an annotator-written target for step ``step_index`` of
+        ``work`` (``labels.verdict`` set: a critique sample; else a history sample).
+
+        Raises:
+            RecordError: The record is inconsistent (the stage drops it as
+                ``RECORD_INVALID``).
+        """
+        traj = work.trajectory
+        kind = "history" if labels.verdict is None else "critique"
+        origin = sample_origin(work.origin, step_index, kind, labels.verdict)
+        return record_from_messages(
+            list(messages),
+            target,
+            id=id,
+            kind=kind,
+            platform=traj.platform,
+            prompt_version=messages.prompt_id,
+            trajectory_id=traj.id,
+            episode_key=traj.episode_key,
+            step_index=step_index,
+            split=work.split,
+            labels=labels,
+            provenance=record_provenance(
+                origin,
+                self.annotator.model,
+                "offline" if self.annotator.is_offline else "endpoint",
+                hashes,
+            ),
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,123 +359,3 @@ def critique_candidate(traj: Trajectory, index: int) -> bool:
     """Steps that can become critique samples: every step with a next screen, and a final step
     that ends the episode (its transition is the end of the task)."""
     return index + 1 < len(traj.steps) or is_terminal(calls_of(traj, index))
-
-
-# --------------------------------------------------------------------------------------------
-# Sample specs (JSON until export turns them into SFTRecords)
-
-
-def messages_to_json(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """JSON form of builder messages (images as references with marks)."""
-    out = []
-    for m in messages:
-        parts: list[dict[str, Any]] = []
-        for p in m.content:
-            if isinstance(p, TextPart):
-                parts.append({"text": p.text})
-            else:
-                ref: ImageRef = p.image
-                parts.append(
-                    {
-                        "image": ref.path,
-                        "marks": [mark_to_json(k) for k in ref.marks],
-                        "size_class": ref.size_class,
-                    }
-                )
-        out.append({"role": m.role, "content": parts})
-    return out
-
-
-def messages_from_json(rows: list[dict[str, Any]]) -> list[ChatMessage]:
-    """Inverse of ``messages_to_json``."""
-    out = []
-    for row in rows:
-        content: list[TextPart | ImagePart] = []
-        for p in row["content"]:
-            if "text" in p:
-                content.append(TextPart(p["text"]))
-            else:
-                marks = tuple(mark_from_json(k) for k in p["marks"])
-                content.append(ImagePart(ImageRef(p["image"], marks, p["size_class"])))
-        out.append(ChatMessage(row["role"], content))
-    return out
-
-
-def sample_spec(
-    *,
-    id: str,
-    kind: str,
-    work: Work,
-    step_index: int,
-    prompt_version: str,
-    messages: list[ChatMessage],
-    target: str,
-    labels: dict[str, Any],
-    provenance: dict[str, Any],
-) -> dict[str, Any]:
-    """A sample as JSON (what the work files hold)."""
-    traj = work.trajectory
-    return {
-        "id": id,
-        "kind": kind,
-        "origin": sample_origin(work, step_index, kind, labels),
-        "platform": traj.platform,
-        "prompt_version": prompt_version,
-        "trajectory_id": traj.id,
-        "episode_key": traj.episode_key,
-        "step_index": step_index,
-        "split": work.split,
-        "messages": messages_to_json(messages),
-        "target": target,
-        "labels": labels,
-        "provenance": provenance,
-    }
-
-
-def sample_origin(work: Work, step_index: int, kind: str, labels: dict[str, Any]) -> dict[str, Any]:
-    """A sample's provenance: ``source`` (``run``/``scalecua``), and for runs the benchmark,
-    task id, episode and evaluated outcome, plus ``hard_case`` (the recorded critic's mistake)
-    on the critique sample whose verdict contradicts what the critic said at that step."""
-    o = work.origin
-    if not o:
-        return {"source": "scalecua", "hard_case": None}
-    hard = (o.get("hard_cases") or {}).get(str(step_index))
-    tag = (
-        hard["tag"]
-        if hard and kind == "critique" and labels.get("verdict") == hard["verdict"]
-        else None
-    )
-    keys = ("source", "benchmark", "task_id", "episode", "outcome", "agent_model")
-    return {**{k: o.get(k) for k in keys}, "hard_case": tag}
-
-
-def spec_to_record(spec: dict[str, Any]) -> SFTRecord:
-    """Build the ``SFTRecord`` of a sample spec.
-
-    Raises:
-        RecordError: The spec is inconsistent (caught and counted by export).
-    """
-    prov = spec["provenance"]
-    origin = spec.get("origin") or {}
-    return record_from_messages(
-        messages_from_json(spec["messages"]),
-        spec["target"],
-        id=spec["id"],
-        kind=spec["kind"],
-        platform=spec["platform"],
-        prompt_version=spec["prompt_version"],
-        trajectory_id=spec["trajectory_id"],
-        episode_key=spec["episode_key"],
-        step_index=spec["step_index"],
-        split=spec["split"],
-        labels=Labels(**spec["labels"]),
-        provenance=Provenance(
-            annotator_model=prov.get("annotator_model"),
-            annotator_kind=prov.get("annotator_kind"),
-            request_hashes=tuple(prov.get("request_hashes", ())),
-            source=origin.get("source") or "scalecua",
-            benchmark=origin.get("benchmark"),
-            task_id=None if origin.get("task_id") is None else str(origin["task_id"]),
-            hard_case=origin.get("hard_case"),
-        ),
-    )
