@@ -2,7 +2,7 @@
 
     python -m data_gen run --config configs/data_gen/default.yaml corpus=C out=O --dry-run
 
-The plan says which steps get a sample (``data_gen.run.build_plan``), so it says which requests
+The plan says which steps get a sample (``data_gen.planning.build_plan``), so it says which requests
 the run sends: a transition for each step with a planned sample (a final step that ends the
 episode needs none), the history pairs up to the planned cap, a perturbation for each planned
 Bad of an annotator dimension, a judge for each planned Bad, a rationale for each Good and Bad.
@@ -23,14 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.config import DataGenConfig
+from data_gen.executor import Shard
 from data_gen.ingest import ingest_complete
+from data_gen.inputs import load_work
 from data_gen.perturb import ElementIndex, StepPlan
 from data_gen.perturb.semantic import ANNOTATOR_DIMENSIONS
+from data_gen.planning import build_plan, check_plan, plan_history
 from data_gen.report import CHARS_PER_TOKEN, ImageSizes
-from data_gen.run import build_plan, check_plan, load_work, plan_history
 from data_gen.steps.transitions import unplanned_reason
 from data_gen.steps.work import (
     INITIAL_SUMMARY,
+    Context,
     Work,
     image,
     past_trajectory,
@@ -38,6 +41,7 @@ from data_gen.steps.work import (
     step_prompt_args,
     step_text,
 )
+from hivig.logging import get_logger
 from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.prompts import (
     build_history_annotation_messages,
@@ -50,6 +54,8 @@ from hivig.prompts import (
 )
 from hivig.taxonomy import lookup_dimension
 from hivig.vision import smart_resize
+
+log = get_logger(__name__)
 
 STAND_IN = "The step acts on the control under the pointer and the screen shows its effect. " * 2
 """Stand-in for a text an earlier answer writes (a mechanism, an effect, a next state): about
@@ -250,3 +256,13 @@ def estimate_text(cfg: DataGenConfig) -> str:
     est = estimate_requests(dataclasses.replace(cfg, trajectories=str(path)))
     rows = "".join(f"#   {line}\n" for line in estimate_table(est))
     return f"# what this run will send (estimate from the plan, nothing sent):\n{rows}"
+
+
+def log_estimate(cfg: DataGenConfig, shard: Shard, works: list[Work], ctx: Context) -> None:
+    """Log what the shard will send, per stage, before it sends anything."""
+    est = estimate_for(cfg, works, ctx.plan, ctx.history_pairs)
+    log.info(
+        "shard %s will send (estimate from the plan):\n%s",
+        shard.name,
+        "\n".join(estimate_table(est)),
+    )

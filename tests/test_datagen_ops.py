@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from data_gen.run import file_lock, lock_owner
+from hivig.lease import file_lock, lock_owner, run_once
 
 ROOT = Path(__file__).resolve().parents[1]
 SBATCH = ROOT / "slurm" / "data_gen.sbatch"
@@ -58,6 +58,31 @@ def test_lock_heartbeat_keeps_a_long_holder_fresh(tmp_path):
         _age(lock, 5)
         time.sleep(0.3)  # a heartbeat (every lease/4) refreshes the mtime
         assert time.time() - lock.stat().st_mtime < 0.4
+
+
+def test_run_once_runs_the_job_in_one_process_and_waits_for_its_result(tmp_path):
+    lock, marker, runs = tmp_path / "ingest.lock", tmp_path / "done", []
+
+    def job():
+        runs.append(1)
+        marker.write_text("ok")
+
+    run_once(lock, marker.exists, job, poll_s=0.01)
+    run_once(lock, marker.exists, job, poll_s=0.01)  # done already: nothing runs
+    assert runs == [1] and not lock.exists()
+    # Another holder: this process waits, and returns once that holder's result is there.
+    other = tmp_path / "other"
+    lock.write_text(f"other-node-17:{os.getpid()}")
+    waited = []
+
+    def done():
+        waited.append(1)
+        if len(waited) == 3:
+            other.write_text("ok")  # the other holder finishes
+        return other.exists()
+
+    run_once(lock, done, job, poll_s=0.01)
+    assert runs == [1] and len(waited) >= 3
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

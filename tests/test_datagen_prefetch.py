@@ -14,7 +14,7 @@ from PIL import Image
 import data_gen.annotator as annotator_mod
 from data_gen.annotator import Annotator, AnnotatorRequest, cache_key, usable_cpus
 from data_gen.config import DataGenConfig
-from data_gen.run import OPERATIONAL_FIELDS, resume_fingerprint
+from data_gen.resume import OPERATIONAL_FIELDS, resume_fingerprint
 from data_gen.steps.work import LoopThread
 from hivig.backends import Generation, PreparesImages, Sampling, Usage, request_hash
 from hivig.backends.images import default_image_cache

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import data_gen.run as run_module
+import data_gen.cli_run as cli_module
+import data_gen.inputs as inputs_module
 from data_gen.run import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +20,7 @@ DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
 def _quiet_logging(monkeypatch):
     # `main` configures logging on the stderr of the first test that calls it; capsys closes
     # that stream afterwards, so logging errors would pollute later tests' stderr.
-    monkeypatch.setattr(run_module, "configure_logging", lambda *a, **k: None)
+    monkeypatch.setattr(cli_module, "configure_logging", lambda *a, **k: None)
     monkeypatch.setattr(logging, "raiseExceptions", False)
 
 
@@ -120,7 +121,7 @@ def test_annotator_config_is_checked_before_ingest(tmp_path, capsys, monkeypatch
     def no_ingest(*a, **k):
         raise AssertionError("ingest must not start before the annotator is validated")
 
-    monkeypatch.setattr(run_module, "ingest", no_ingest)
+    monkeypatch.setattr(inputs_module, "ingest", no_ingest)
     code, err = _run(
         capsys,
         "--config",
