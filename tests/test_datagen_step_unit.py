@@ -7,9 +7,10 @@ import json
 from data_gen.perturb import BadStep
 from data_gen.step_unit import JudgeVerdict, StepUnit, Transition, sample_from_json
 from data_gen.steps.work import WORK_CODEC, Work
+from hivig.actions import action_from_arguments
 from hivig.messages import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
 from hivig.records import Labels, record_from_messages
-from hivig.trajectory import Source, Trajectory
+from hivig.trajectory import Source, Step, Trajectory
 
 ORIGIN = {"source": "scalecua", "hard_case": None}
 
@@ -102,8 +103,10 @@ def test_every_judge_shape_and_a_final_transition_keep_their_stored_form():
 def test_samples_stay_records_and_the_work_codec_round_trips_them():
     history = _sample("t1:000:history", "history", Labels(intent_masked=True))
     good = _sample("t1:000:good", "critique", Labels("Good"), (PointMark(10, 20),))
+    click = action_from_arguments({"action": "left_click", "coordinate": [100, 200]})
+    steps = [Step(0, "a/0.png", None, "Open it", [click])]
     source = Source("ScaleCUA-Data", "a.jsonl")
-    traj = Trajectory("t1", "e1", source, "web", "open it", 1280, 720, [], "success")
+    traj = Trajectory("t1", "e1", source, "web", "open it", 1280, 720, steps, "success")
     work = Work(traj, "train", [StepUnit(0, history=history, critique=[good])])
     stored = WORK_CODEC.to_json(work)
     unit_json = stored["units"][0]
