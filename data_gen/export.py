@@ -121,7 +121,7 @@ def mix_surplus(samples: list[SFTRecord], ratio: float, seed: int) -> set[str]:
     """History sample ids beyond ``ratio`` history samples per critique sample.
 
     Whole chains are kept, trajectory by trajectory in a seeded order (``chains_within``), so
-    the run can plan the same cut before paying for a summary (``data_gen.run``): a chain cut
+    the run can plan the same cut before paying for a summary (``data_gen.planning``): a chain cut
     short loses its last pairs, and a chain never started costs nothing.
     """
     if ratio <= 0:
