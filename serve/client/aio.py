@@ -45,6 +45,8 @@ class AsyncCriticClient:
         transport: httpx.AsyncBaseTransport | None = None,
         breaker: CircuitBreaker | None = None,
     ) -> None:
+        """A client of the gateway at ``base_url`` (see ``CriticClient.__init__``; ``transport``
+        is an ``httpx.AsyncBaseTransport``)."""
         self._transport = Transport(client_config(base_url, config, token), breaker)
         self.config, self.breaker = self._transport.config, self._transport.breaker
         self._http = httpx.AsyncClient(transport=transport, **self._transport.http_options())

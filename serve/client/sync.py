@@ -24,15 +24,7 @@ from serve.client.transport import Attempt, Call, CircuitBreaker, Pause, Reply, 
 
 
 class CriticClient:
-    """Synchronous gateway client over one persistent ``httpx.Client``.
-
-    Args:
-        base_url: Gateway root; overrides ``config.base_url`` when given.
-        config: Limits and switches.
-        token: Bearer token; overrides ``config.token`` when given.
-        transport: An ``httpx`` transport (tests pass ``httpx.MockTransport``).
-        breaker: A shared ``CircuitBreaker`` (one per client by default).
-    """
+    """Synchronous gateway client over one persistent ``httpx.Client``."""
 
     def __init__(
         self,
@@ -43,6 +35,15 @@ class CriticClient:
         transport: httpx.BaseTransport | None = None,
         breaker: CircuitBreaker | None = None,
     ) -> None:
+        """A client of the gateway at ``base_url``.
+
+        Args:
+            base_url: Gateway root; overrides ``config.base_url`` when given.
+            config: Limits and switches.
+            token: Bearer token; overrides ``config.token`` when given.
+            transport: An ``httpx`` transport (tests pass ``httpx.MockTransport``).
+            breaker: A shared ``CircuitBreaker`` (one per client by default).
+        """
         self._transport = Transport(client_config(base_url, config, token), breaker)
         self.config, self.breaker = self._transport.config, self._transport.breaker
         self._http = httpx.Client(transport=transport, **self._transport.http_options())
