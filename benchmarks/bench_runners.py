@@ -132,7 +132,7 @@ class Phases:
 PHASES = Phases()
 _TARGETS = (
     # (module, attribute path, phase name)
-    ("serve.client", "image_field", "client.image_field (base64 of the screenshot)"),
+    ("serve.client.flows", "image_field", "client.image_field (base64 of the screenshot)"),
     ("serve.client", "CriticClient._send", "client.http (round trips, gateway included)"),
     ("serve.images", "decode_base64", "gw.base64_decode"),
     ("serve.images", "require_png_or_jpeg", "gw.format_check"),

@@ -1,4 +1,4 @@
-"""The client's per-call transport flow (``_call_flow``) driven with no I/O at all.
+"""The client's per-call transport flow (``call_flow``) driven with no I/O at all.
 
 Each test feeds the flow fake answers (``httpx.Response`` objects built in memory) or throws
 fake transport errors into it, on a fake clock shared with the breaker, and checks the steps it
@@ -18,20 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from serve.client import (
-    _ASYNC_TIMEOUTS,
-    AsyncCriticClient,
-    CircuitBreaker,
-    ClientConfig,
-    CriticClient,
-    _Attempt,
-    _Call,
-    _call_flow,
-    _Pause,
-    _Reply,
-)
+from serve.client import AsyncCriticClient, CircuitBreaker, ClientConfig, CriticClient
+from serve.client.transport import ASYNC_TIMEOUTS, Attempt, Call, Pause, Reply, call_flow
 
-CALL = _Call("POST", "/v1/sessions/s1/critique", {"step_idx": 0}, 8.0)
+CALL = Call("POST", "/v1/sessions/s1/critique", {"step_idx": 0}, 8.0)
 
 
 class Clock:
@@ -57,10 +47,10 @@ def took(seconds: float, outcome: Any) -> tuple[float, Any]:
 
 def run(
     flow: Any, outcomes: list[Any], clock: Clock, oversleep: float = 0.0
-) -> tuple[list[Any], _Reply]:
-    """Drive ``flow`` like a client would, without I/O: every ``_Attempt`` consumes the next
+) -> tuple[list[Any], Reply]:
+    """Drive ``flow`` like a client would, without I/O: every ``Attempt`` consumes the next
     outcome (a response is sent, an exception thrown in; ``took`` advances the clock first),
-    every ``_Pause`` advances the clock by its seconds plus ``oversleep``. Returns the steps
+    every ``Pause`` advances the clock by its seconds plus ``oversleep``. Returns the steps
     yielded and the flow's reply; an exception the flow re-raises propagates."""
     steps: list[Any] = []
     pending = list(outcomes)
@@ -68,7 +58,7 @@ def run(
         step = next(flow)
         while True:
             steps.append(step)
-            if isinstance(step, _Pause):
+            if isinstance(step, Pause):
                 clock.now += step.seconds + oversleep
                 step = flow.send(None)
                 continue
@@ -93,8 +83,8 @@ def pieces(**cfg: Any) -> tuple[ClientConfig, CircuitBreaker, Clock]:
 
 def call_once(
     cfg: ClientConfig, breaker: CircuitBreaker, clock: Clock, outcomes: list[Any], **kw: Any
-) -> tuple[list[Any], _Reply]:
-    return run(_call_flow(CALL, cfg, breaker, clock=clock, **kw), outcomes, clock)
+) -> tuple[list[Any], Reply]:
+    return run(call_flow(CALL, cfg, breaker, clock=clock, **kw), outcomes, clock)
 
 
 def timeout() -> httpx.ReadTimeout:
@@ -108,7 +98,7 @@ def timeout() -> httpx.ReadTimeout:
 def test_a_good_answer_is_one_attempt_with_the_whole_deadline():
     cfg, breaker, clock = pieces()
     steps, reply = call_once(cfg, breaker, clock, [answer(200)])
-    assert steps == [_Attempt(CALL, 8.0)]
+    assert steps == [Attempt(CALL, 8.0)]
     assert reply.ok and reply.body == {"ok": True}
     assert breaker.state == "closed" and breaker._count == 0
 
@@ -118,8 +108,8 @@ def test_a_transport_error_is_retried_after_a_jittered_pause_within_the_deadline
     refused = httpx.ConnectError("refused")
     steps, reply = call_once(cfg, breaker, clock, [took(0.5, refused), answer(200)])
     first, pause, second = steps
-    assert first == _Attempt(CALL, 8.0)
-    assert isinstance(pause, _Pause) and 0.0 <= pause.seconds <= 0.25
+    assert first == Attempt(CALL, 8.0)
+    assert isinstance(pause, Pause) and 0.0 <= pause.seconds <= 0.25
     # The second attempt only gets what is left of the call's deadline.
     assert second.timeout_s == pytest.approx(8.0 - 0.5 - pause.seconds)
     assert reply.ok and breaker._count == 0
@@ -130,7 +120,7 @@ def test_429_waits_its_retry_after():
     steps, reply = call_once(
         cfg, breaker, clock, [answer(429, "overloaded", **{"Retry-After": "1.5"}), answer(200)]
     )
-    assert steps == [_Attempt(CALL, 8.0), _Pause(1.5), _Attempt(CALL, 6.5)]
+    assert steps == [Attempt(CALL, 8.0), Pause(1.5), Attempt(CALL, 6.5)]
     assert reply.ok
 
 
@@ -139,7 +129,7 @@ def test_a_retry_after_beyond_the_deadline_gives_up_at_once():
     steps, reply = call_once(
         cfg, breaker, clock, [answer(429, "overloaded", **{"Retry-After": "30"})]
     )
-    assert steps == [_Attempt(CALL, 8.0)]
+    assert steps == [Attempt(CALL, 8.0)]
     assert reply.status == 429 and reply.reason == "overloaded"
     assert breaker._count == 1
 
@@ -158,13 +148,13 @@ def test_other_answers_are_not_retried(status, code):
 def test_gateway_errors_are_retried(status):
     cfg, breaker, clock = pieces()
     steps, reply = call_once(cfg, breaker, clock, [answer(status, "x"), answer(200)])
-    assert [type(s) for s in steps] == [_Attempt, _Pause, _Attempt] and reply.ok
+    assert [type(s) for s in steps] == [Attempt, Pause, Attempt] and reply.ok
 
 
 def test_the_retries_are_bounded_and_the_breaker_counts_the_call_once():
     cfg, breaker, clock = pieces(retries=2)
     steps, reply = call_once(cfg, breaker, clock, [timeout(), timeout(), timeout()])
-    assert [type(s) for s in steps] == [_Attempt, _Pause, _Attempt, _Pause, _Attempt]
+    assert [type(s) for s in steps] == [Attempt, Pause, Attempt, Pause, Attempt]
     assert reply.code == "timeout" and reply.reason == "timeout"
     assert breaker._count == 1  # one failed call, not three failed attempts
 
@@ -187,11 +177,11 @@ def test_no_retry_without_time_for_a_connect():
 
 def test_the_call_gives_up_when_the_pause_overran_the_deadline():
     cfg, breaker, clock = pieces(critique_deadline_s=1.0)
-    call = _Call("POST", "/v1/sessions/s1/critique", None, cfg.critique_deadline_s)
-    flow = _call_flow(call, cfg, breaker, clock=clock)
+    call = Call("POST", "/v1/sessions/s1/critique", None, cfg.critique_deadline_s)
+    flow = call_flow(call, cfg, breaker, clock=clock)
     # The pause asked for 0 s but the driver woke up 0.6 s later: no attempt goes out.
     steps, reply = run(flow, [took(0.5, timeout())], clock, oversleep=0.6)
-    assert steps == [_Attempt(call, 1.0), _Pause(0.0)]
+    assert steps == [Attempt(call, 1.0), Pause(0.0)]
     assert reply.code == "timeout" and reply.message == "deadline exceeded"
     assert breaker._count == 1
 
@@ -250,8 +240,8 @@ def test_a_half_open_breaker_lets_one_probe_through():
     cfg, breaker, clock = pieces(retries=0, breaker_failures=1, breaker_open_s=10.0)
     call_once(cfg, breaker, clock, [timeout()])
     clock.now += 11.0
-    probe = _call_flow(CALL, cfg, breaker, clock=clock)
-    assert next(probe) == _Attempt(CALL, 8.0)  # in flight
+    probe = call_flow(CALL, cfg, breaker, clock=clock)
+    assert next(probe) == Attempt(CALL, 8.0)  # in flight
     assert call_once(cfg, breaker, clock, [])[1].code == "circuit_open"  # only one probe
     with pytest.raises(StopIteration) as stop:
         probe.send(answer(200))
@@ -268,7 +258,7 @@ def test_a_failed_probe_reopens_the_breaker():
 
 
 # A critique the client caps at 3 s (+ 2 s grace) on a gateway that answers within its 8 s.
-SHORT = _Call("POST", "/v1/sessions/s1/critique", {"step_idx": 0}, 5.0, gateway_deadline_s=8.0)
+SHORT = Call("POST", "/v1/sessions/s1/critique", {"step_idx": 0}, 5.0, gateway_deadline_s=8.0)
 
 
 @pytest.mark.parametrize(
@@ -284,21 +274,21 @@ SHORT = _Call("POST", "/v1/sessions/s1/critique", {"step_idx": 0}, 5.0, gateway_
 def test_a_timeout_before_the_gateways_deadline_is_no_evidence(outcome, counts):
     cfg, breaker, clock = pieces(retries=0)
     breaker.record(True)  # one failure already counted
-    run(_call_flow(SHORT, cfg, breaker, clock=clock), [outcome], clock)
+    run(call_flow(SHORT, cfg, breaker, clock=clock), [outcome], clock)
     assert breaker._count == {True: 2, False: 0, None: 1}[counts]  # counted, reset or kept
 
 
 def test_a_timeout_after_the_gateways_deadline_counts():
     cfg, breaker, clock = pieces(retries=0)
-    waited = _Call("POST", "/v1/sessions/s1/critique", None, 10.0, gateway_deadline_s=8.0)
-    _, reply = run(_call_flow(waited, cfg, breaker, clock=clock), [took(10.0, timeout())], clock)
+    waited = Call("POST", "/v1/sessions/s1/critique", None, 10.0, gateway_deadline_s=8.0)
+    _, reply = run(call_flow(waited, cfg, breaker, clock=clock), [took(10.0, timeout())], clock)
     assert reply.reason == "timeout" and not reply.cut_short and breaker._count == 1
 
 
 def test_timeouts_cut_short_never_open_the_breaker():
     cfg, breaker, clock = pieces(retries=1, breaker_failures=2)
     for _ in range(5):
-        _, reply = run(_call_flow(SHORT, cfg, breaker, clock=clock), [took(5.0, timeout())], clock)
+        _, reply = run(call_flow(SHORT, cfg, breaker, clock=clock), [took(5.0, timeout())], clock)
         assert reply.reason == "timeout" and reply.cut_short
     assert breaker.state == "closed" and breaker._count == 0
 
@@ -307,9 +297,9 @@ def test_the_last_attempt_decides_after_a_pause_overran_the_deadline():
     cfg, breaker, clock = pieces(retries=1)
     # A timeout cut short, a pause the driver overslept: "deadline exceeded", still no evidence.
     steps, reply = run(
-        _call_flow(SHORT, cfg, breaker, clock=clock), [took(4.9, timeout())], clock, oversleep=1.0
+        call_flow(SHORT, cfg, breaker, clock=clock), [took(4.9, timeout())], clock, oversleep=1.0
     )
-    assert [type(s) for s in steps] == [_Attempt, _Pause]
+    assert [type(s) for s in steps] == [Attempt, Pause]
     assert reply.message == "deadline exceeded" and reply.cut_short and breaker._count == 0
 
 
@@ -317,7 +307,7 @@ def test_a_probe_cut_short_is_given_back():
     cfg, breaker, clock = pieces(retries=0, breaker_failures=1, breaker_open_s=10.0)
     call_once(cfg, breaker, clock, [httpx.ConnectError("refused")])
     clock.now += 11.0
-    run(_call_flow(SHORT, cfg, breaker, clock=clock), [timeout()], clock)
+    run(call_flow(SHORT, cfg, breaker, clock=clock), [timeout()], clock)
     assert breaker.state == "half_open" and not breaker._probing  # the next call probes
     _, reply = call_once(cfg, breaker, clock, [answer(200)])
     assert reply.ok and breaker.state == "closed"
@@ -326,9 +316,9 @@ def test_a_probe_cut_short_is_given_back():
 def test_an_uncounted_call_leaves_the_breaker_alone():
     cfg, breaker, clock = pieces(retries=0)
     breaker.record(True)
-    info = _Call("GET", "/v1/info", None, 8.0, counted=False)
-    run(_call_flow(info, cfg, breaker, clock=clock), [answer(503, "backend_unavailable")], clock)
-    run(_call_flow(info, cfg, breaker, clock=clock), [answer(200)], clock)
+    info = Call("GET", "/v1/info", None, 8.0, counted=False)
+    run(call_flow(info, cfg, breaker, clock=clock), [answer(503, "backend_unavailable")], clock)
+    run(call_flow(info, cfg, breaker, clock=clock), [answer(200)], clock)
     assert breaker._count == 1
 
 
@@ -340,8 +330,8 @@ def test_an_unexpected_error_is_counted_not_retried_and_propagates():
     cfg, breaker, clock = pieces(breaker_failures=1, breaker_open_s=10.0)
     breaker.record(True)
     clock.now += 11.0
-    flow = _call_flow(CALL, cfg, breaker, clock=clock)
-    assert isinstance(next(flow), _Attempt)  # the probe
+    flow = call_flow(CALL, cfg, breaker, clock=clock)
+    assert isinstance(next(flow), Attempt)  # the probe
     with pytest.raises(TypeError):
         flow.throw(TypeError("Object of type _Opaque is not JSON serializable"))
     assert not breaker._probing and breaker.state == "open"  # recorded as a failed probe
@@ -350,9 +340,9 @@ def test_an_unexpected_error_is_counted_not_retried_and_propagates():
 @pytest.mark.parametrize("interruption", [asyncio.CancelledError(), KeyboardInterrupt()])
 def test_an_interrupted_pause_is_counted_once_and_propagates(interruption):
     cfg, breaker, clock = pieces()
-    flow = _call_flow(CALL, cfg, breaker, clock=clock)
+    flow = call_flow(CALL, cfg, breaker, clock=clock)
     next(flow)
-    assert isinstance(flow.send(answer(503, "backend_unavailable")), _Pause)
+    assert isinstance(flow.send(answer(503, "backend_unavailable")), Pause)
     with pytest.raises(type(interruption)):
         flow.throw(interruption)
     assert breaker._count == 1
@@ -361,7 +351,7 @@ def test_an_interrupted_pause_is_counted_once_and_propagates(interruption):
 def test_only_the_drivers_timeouts_count_as_timeouts():
     cfg, breaker, clock = pieces(retries=0)
     # The async driver's wait_for expiry is a timeout ...
-    _, reply = call_once(cfg, breaker, clock, [asyncio.TimeoutError()], timeouts=_ASYNC_TIMEOUTS)
+    _, reply = call_once(cfg, breaker, clock, [asyncio.TimeoutError()], timeouts=ASYNC_TIMEOUTS)
     assert reply.code == "timeout"
     # ... the sync driver never raises it, and lets anything unknown propagate.
     with pytest.raises(asyncio.TimeoutError):
@@ -394,12 +384,12 @@ class _Recorded:
 
 
 def test_sync_and_async_clients_drive_the_same_flow(monkeypatch):
-    import serve.client
+    import serve.client.transport
 
-    original = serve.client._call_flow
+    original = serve.client.transport.call_flow
     steps: list[str] = []
     monkeypatch.setattr(
-        serve.client, "_call_flow", lambda *a, **kw: _Recorded(original(*a, **kw), steps)
+        serve.client.transport, "call_flow", lambda *a, **kw: _Recorded(original(*a, **kw), steps)
     )
 
     def transport() -> httpx.MockTransport:
@@ -425,26 +415,27 @@ def test_sync_and_async_clients_drive_the_same_flow(monkeypatch):
             return await client.ready()
 
     assert asyncio.run(main())
-    assert steps == sync_steps == ["_Attempt", "_Pause", "_Attempt", "_Pause", "_Attempt"]
+    assert steps == sync_steps == ["Attempt", "Pause", "Attempt", "Pause", "Attempt"]
 
 
 def test_a_failed_close_can_be_sent_again_with_its_outcome():
     # A close carries the runner's outcome for the trace: one that failed (503, transport) must
     # not mark the session closed, or the outcome is lost for good.
-    from serve.client import _Deadlines, _SessionState
+    from serve.client.flows import SessionState
+    from serve.client.transport import Deadlines
 
     cfg = ClientConfig()
-    state = _SessionState(cfg, {"task": "t"}, _Deadlines(cfg))
+    state = SessionState(cfg, {"task": "t"}, Deadlines(cfg))
     state.session_id = "s1"
     flow = state.close_flow("success")
     call = next(flow)
     assert (call.method, call.path) == ("DELETE", "/v1/sessions/s1?outcome=success")
     with pytest.raises(StopIteration) as done:
-        flow.send(_Reply(503, {"error": {"code": "storage_unavailable"}}))
+        flow.send(Reply(503, {"error": {"code": "storage_unavailable"}}))
     assert done.value.value is False and not state.closed
     flow = state.close_flow("success")
     next(flow)
     with pytest.raises(StopIteration) as done:
-        flow.send(_Reply(200, {"session_id": "s1", "closed": True}))
+        flow.send(Reply(200, {"session_id": "s1", "closed": True}))
     assert done.value.value is True and state.closed
     assert list(state.close_flow("success")) == []  # closed: nothing is sent again

@@ -651,7 +651,7 @@ def test_image_too_large_is_resent_smaller():
 def test_unexpected_exception_inside_the_client_fails_open(monkeypatch):
     gw = FakeGateway()
     s = make_client(gw).start("t", "ubuntu", (100, 100))
-    monkeypatch.setattr("serve.client.parse_observation", lambda *a: 1 / 0)
+    monkeypatch.setattr("serve.client.flows.parse_observation", lambda *a: 1 / 0)
     obs = s.observe(0, png("a"))
     assert obs.status == "stale" and obs.reason == "client_error"
 

@@ -115,3 +115,26 @@ def test_a_misspelt_kernel_is_one_line_and_exit_2_from_the_cli(tmp_path):
     assert run.stderr.strip().splitlines() == [
         "error: HIVIG_RESIZE_KERNEL must be one of ('auto', 'torch', 'numpy'), got 'cuda'"
     ]
+
+
+_CLIENT_HEAVY = ("pydantic", "pydantic_core", "fastapi", "starlette", "torch", "numpy", "PIL")
+
+
+def test_the_runner_client_imports_no_pydantic_web_stack_torch_or_numpy(tmp_path):
+    # What the ``agent`` extra installs: the client reads the gateway's answers without the
+    # gateway's pydantic models, and shrinks a screenshot (PIL, numpy) only on a 413.
+    code = (
+        "import json, sys\n"
+        "import serve.client, serve.client.aio, serve.client.sync\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {_CLIENT_HEAVY!r})))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == []
