@@ -48,8 +48,8 @@ agent = Agent()
 guarded = GuardedOSWorldAgent(agent, CriticClient(base_url=sys.argv[1]), screen=(1920, 1080))
 guarded.reset()
 executed = [guarded.predict("Open the menu", {"screenshot": shot(k)})[1] for k in range(2)]
-from serve.guard import _frames_match  # the recovery arrival check compares screenshots
-same = _frames_match(shot(1), shot(1), "ubuntu") and not _frames_match(shot(1), shot(5), "ubuntu")
+from serve.guard import frames_match  # the recovery arrival check compares screenshots
+same = frames_match(shot(1), shot(1), "ubuntu") and not frames_match(shot(1), shot(5), "ubuntu")
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)
 print(json.dumps({"executed": executed, "asked": len(agent.instructions), "heavy": heavy,
                   "frames_compare": same}))

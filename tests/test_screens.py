@@ -21,7 +21,7 @@ from hivig.screens import (
     volatile_boxes,
 )
 from serve.diagnose.screens import Screens
-from serve.guard import _frames_match
+from serve.guard import frames_match as _frames_match
 
 SIZES = {"windows": (1920, 1080), "mac": (1440, 900), "ubuntu": (1920, 1080), "web": (1280, 800)}
 SIZES["android"] = (1080, 2400)

@@ -384,7 +384,7 @@ def test_r3_restore_without_the_gateway_rebuild_restores_the_policy_text():
     assert policy.contexts[5].history == ("go", "menu")
     # The text seen before the loop, plus the accepted step's result; no loop results.
     text = policy.contexts[5].history_text
-    assert text.startswith(guard._texts[1]) and "nothing changed" not in text
+    assert text.startswith(guard.notes.texts[1]) and "nothing changed" not in text
     # The gateway kept its own history (loop included) and its numbering.
     assert "gateway_step" not in guard.log[5]
 
@@ -395,10 +395,10 @@ def test_r3_restored_text_is_dropped_once_the_gateway_history_moves_on():
     policy = dead_spot_policy()
     guard = guard_for(gw, policy, r3=R3Config(rebuild_gateway_history=False))
     guard.run(env.execute, env.shot(), max_steps=8)
-    assert policy.contexts[5].history_text.startswith(guard._texts[1])  # restored at step 5
+    assert policy.contexts[5].history_text.startswith(guard.notes.texts[1])  # restored at step 5
     # The next history update is newer than the loop's: the gateway's own text again.
     for ctx in policy.contexts[6:]:
-        assert ctx.history_text == guard._texts[ctx.step_idx]
+        assert ctx.history_text == guard.notes.texts[ctx.step_idx]
     assert "6 steps done" in policy.contexts[6].history_text
     assert guard.events["r3_text_released"] == 1
 

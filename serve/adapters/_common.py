@@ -26,7 +26,7 @@ from hivig.actions import (
     render_tool_calls,
     space_for_platform,
 )
-from serve.guard import CriticGuard, GuardConfig, PolicyContext
+from serve.guard import CriticGuard, Decision, GuardConfig, PolicyContext
 
 log = logging.getLogger(__name__)
 
@@ -486,6 +486,26 @@ def decide_step(
     return guard.decide(), step
 
 
+def step_result(
+    memory: EpisodeMemory, decision: Decision, step: StepProposals, stop: Callable[[], Any]
+) -> Any:
+    """What a ``predict``-style wrapper hands the harness for a decided step.
+
+    The accepted proposal's output, with the agent's memory as that proposal left it; on a stop,
+    ``stop()`` (the harness' stop value) with the memory from the step's start, so the step's
+    rejected proposals leave no trace in it either (the agent's history never lists a proposal
+    that did not run).
+    """
+    if decision.stop:
+        memory.put(step.start)
+        return stop()
+    outputs, after = step.outputs, step.after
+    chosen = next((i for i, o in enumerate(outputs) if o is decision.proposal), None)
+    if chosen is not None and chosen != len(outputs) - 1:
+        memory.put(after[chosen])  # execute_first / best-of-N: that proposal's memory
+    return decision.proposal
+
+
 class GuardedAgent:
     """What every runner wrapper shares: attribute pass-through, the episode log and ``reset``.
 
@@ -494,6 +514,34 @@ class GuardedAgent:
 
     agent: Any
     guard: CriticGuard | None
+
+    def open_guard(
+        self,
+        task: str,
+        *,
+        platform: str,
+        screen: tuple[int, int],
+        coord_space: str,
+        session_kwargs: dict[str, Any],
+    ) -> CriticGuard:
+        """Start the episode's guard: the wrapper's ``client``, ``config``, ``to_action`` and
+        ``describe``; the policy is set per step (``decide_step``), and the agent's memory
+        (``memory``) starts the episode."""
+        wrapper: Any = self
+        self.guard = CriticGuard(
+            wrapper.client,
+            lambda ctx: None,  # replaced per step by a closure over the harness' arguments
+            task=task,
+            platform=platform,
+            screen=screen,
+            coord_space=coord_space,
+            config=wrapper.config,
+            to_action=wrapper.to_action,
+            session_kwargs=session_kwargs,
+            describe=wrapper.describe,
+        )
+        wrapper.memory.begin()
+        return self.guard
 
     def __getattr__(self, name: str) -> Any:
         # Harnesses read agent attributes (e.g. ``agent.action_space``); pass them through.

@@ -396,22 +396,17 @@ class GuardedAndroidWorldAgent(GuardedAgent):
         return "; ".join(json.dumps(action_dict(a), default=str) for a in actions)
 
     def _guard(self, goal: str, shot: bytes) -> CriticGuard:
-        if self.guard is None:
-            self.screen = self.screen or png_size(shot) or (1080, 2400)
-            self.guard = CriticGuard(
-                self.client,
-                lambda ctx: None,  # the agent proposes inside its own step
-                task=goal,
-                platform="android",
-                screen=self.screen,
-                coord_space=self.coord_space,
-                config=self.config,
-                to_action=self.to_action,
-                session_kwargs={"action_format": "androidworld"},
-                describe=self.describe,
-            )
-            self.memory.begin()
-        return self.guard
+        if self.guard is not None:
+            return self.guard
+        self.screen = self.screen or png_size(shot) or (1080, 2400)
+        # The agent proposes inside its own step; the guard's policy is set per step.
+        return self.open_guard(
+            goal,
+            platform="android",
+            screen=self.screen,
+            coord_space=self.coord_space,
+            session_kwargs={"action_format": "androidworld"},
+        )
 
     def step(self, goal: str) -> Any:
         """The agent's ``step``, with every action it executes reviewed first."""

@@ -28,16 +28,16 @@ from serve.adapters._common import (
     FeedbackHook,
     GuardedAgent,
     PromptHook,
-    StepProposals,
     action_payload,
     decide_step,
     default_prompt,
     png_size,
     runner_config,
     scalecua_intent,
+    step_result,
 )
 from serve.client import CriticClient
-from serve.guard import CriticGuard, Decision, GuardConfig
+from serve.guard import CriticGuard, GuardConfig
 
 SCALECUA_FACTOR = QWEN25_FACTOR
 SCALECUA_MIN_PIXELS = 3_136
@@ -67,7 +67,7 @@ def _screenshot(obs: Any) -> Any:
     return getattr(obs, "screenshot", None)
 
 
-class _PredictWrapper(GuardedAgent):
+class PredictWrapper(GuardedAgent):
     """The shared ``reset`` / ``predict`` machinery; subclasses say how to read the output."""
 
     fmt = "auto"
@@ -146,28 +146,23 @@ class _PredictWrapper(GuardedAgent):
         """Settle the coordinate space once the screen size is known (subclasses)."""
 
     def _guard(self, instruction: str, screenshot: Any) -> CriticGuard:
-        if self.guard is None:
-            self.screen = self.screen or png_size(screenshot) or DEFAULT_SCREEN
-            self._coords()
-            kwargs: dict[str, Any] = {"action_format": self.fmt}
-            if self.frame is not None:
-                kwargs["frame"] = self.frame
-            self.guard = CriticGuard(
-                self.client,
-                lambda ctx: None,  # replaced per step by a closure over the harness' arguments
-                task=instruction,
-                platform=self.platform,
-                screen=self.screen,
-                coord_space=self.coord_space or "screen_px",
-                config=self.config,
-                to_action=self.to_action,
-                session_kwargs=kwargs,
-                describe=self.describe,
-            )
-            self.logs.append(self.guard.log)
-            self.memory.begin()
-            self._new_episode()
-        return self.guard
+        if self.guard is not None:
+            return self.guard
+        self.screen = self.screen or png_size(screenshot) or DEFAULT_SCREEN
+        self._coords()
+        kwargs: dict[str, Any] = {"action_format": self.fmt}
+        if self.frame is not None:
+            kwargs["frame"] = self.frame
+        guard = self.open_guard(
+            instruction,
+            platform=self.platform,
+            screen=self.screen,
+            coord_space=self.coord_space or "screen_px",
+            session_kwargs=kwargs,
+        )
+        self.logs.append(guard.log)
+        self._new_episode()
+        return guard
 
     def _new_episode(self) -> None:
         """Forget what the previous episode's outputs looked like."""
@@ -186,7 +181,7 @@ class _PredictWrapper(GuardedAgent):
             return out
 
         decision, step = decide_step(self, guard, instruction, call)
-        return self._result(decision, step)
+        return step_result(self.memory, decision, step, self.stop_value)
 
     def stop_value(self) -> tuple[Any, ...]:
         """What ``predict`` returns when the guard stops the episode (explicit settings only).
@@ -203,19 +198,6 @@ class _PredictWrapper(GuardedAgent):
         if rest is None:
             rest = tuple({} for _ in range(self.arity - 2))
         return ("", list(STOP_ACTIONS), *rest)
-
-    def _result(self, decision: Decision, step: StepProposals) -> Any:
-        if decision.stop:
-            # The step's rejected proposals leave no trace either: the agent's memory goes back
-            # to the step's start, so its history (WAA's ``traj.jsonl`` prompt lines, OSWorld's
-            # ``thoughts``/``actions``) never lists a proposal that did not run.
-            self.memory.put(step.start)
-            return self.stop_value()
-        outputs, after = step.outputs, step.after
-        chosen = next((i for i, o in enumerate(outputs) if o is decision.proposal), None)
-        if chosen is not None and chosen != len(outputs) - 1:
-            self.memory.put(after[chosen])  # execute_first / best-of-N: that proposal's memory
-        return decision.proposal
 
 
 def scalecua_frame(screen: tuple[int, int]) -> tuple[int, int]:
@@ -241,7 +223,7 @@ def _is_pair(output: Any) -> bool:
     return isinstance(output, tuple) and len(output) >= 2
 
 
-class GuardedOSWorldAgent(_PredictWrapper):
+class GuardedOSWorldAgent(PredictWrapper):
     """An OSWorld agent behind the critic: same ``reset()`` and ``predict(instruction, obs)``.
 
     Actions are pyautogui code strings (screen pixels by default) or ``WAIT``/``DONE``/``FAIL``;
@@ -272,7 +254,7 @@ class GuardedOSWorldAgent(_PredictWrapper):
     fmt = "osworld"
 
 
-class GuardedScaleCUAAgent(_PredictWrapper):
+class GuardedScaleCUAAgent(PredictWrapper):
     """A ScaleCUA agent behind the critic (``predict``), reading its ``<action>`` block.
 
     The critic judges what will run. ScaleCUA's OSWorld and WindowsAgentArena agents return the

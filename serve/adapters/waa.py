@@ -28,7 +28,7 @@ from serve.adapters._common import (
     scalecua_intent,
 )
 from serve.adapters._presets import WAA, RunnerPreset
-from serve.adapters.osworld import _PredictWrapper
+from serve.adapters.osworld import PredictWrapper
 from serve.client import CriticClient
 from serve.guard import GuardConfig
 
@@ -37,7 +37,7 @@ WAA_STOP_ACTIONS = ("FAIL",)
 ends the episode."""
 
 
-class GuardedWAAAgent(_PredictWrapper):
+class GuardedWAAAgent(PredictWrapper):
     """A WindowsAgentArena agent behind the critic: same ``reset()`` and ``predict``.
 
     Args:

@@ -34,10 +34,11 @@ from serve.adapters._common import (
     default_prompt,
     png_size,
     runner_config,
+    step_result,
 )
 from serve.adapters._presets import WEBARENA_LITE, RunnerPreset
 from serve.client import CriticClient
-from serve.guard import CriticGuard, Decision, GuardConfig
+from serve.guard import CriticGuard, GuardConfig
 
 WEBARENA_MEMORY_ATTRS = (
     *MEMORY_ATTRS,
@@ -175,28 +176,23 @@ class GuardedWebArenaLiteAgent(GuardedAgent):
         return operation if isinstance(operation, str) and operation else code_text(code)
 
     def _guard(self, instruction: str, screenshot: Any) -> CriticGuard:
-        if self.guard is None:
-            size = png_size(screenshot)
-            if size is not None and size != self.preset.screen:
-                self.preset = self.preset.with_screen(size)
-            kwargs: dict[str, Any] = {"action_format": "webarena_code"}
-            if self.preset.coord_space == "resized_px":
-                kwargs["frame"] = self.preset.frame()
-            self.guard = CriticGuard(
-                self.client,
-                lambda ctx: None,  # replaced per step by a closure over the harness' arguments
-                task=instruction,
-                platform=self.preset.platform,
-                screen=self.preset.screen,
-                coord_space=self.preset.coord_space,
-                config=self.config,
-                to_action=self.to_action,
-                session_kwargs=kwargs,
-                describe=self.describe,
-            )
-            self.logs.append(self.guard.log)
-            self.memory.begin()
-        return self.guard
+        if self.guard is not None:
+            return self.guard
+        size = png_size(screenshot)
+        if size is not None and size != self.preset.screen:
+            self.preset = self.preset.with_screen(size)
+        kwargs: dict[str, Any] = {"action_format": "webarena_code"}
+        if self.preset.coord_space == "resized_px":
+            kwargs["frame"] = self.preset.frame()
+        guard = self.open_guard(
+            instruction,
+            platform=self.preset.platform,
+            screen=self.preset.screen,
+            coord_space=self.preset.coord_space,
+            session_kwargs=kwargs,
+        )
+        self.logs.append(guard.log)
+        return guard
 
     def predict(self, instruction: str, observation: Any, **kwargs: Any) -> Any:
         """The harness' ``predict``: the accepted ``(info, code)``, or the stop step."""
@@ -209,15 +205,9 @@ class GuardedWebArenaLiteAgent(GuardedAgent):
             return self.agent.predict(instruction=text, observation=observation, **kwargs)
 
         decision, step = decide_step(self, guard, instruction, call)
-        return self._result(decision, step.outputs, step.after, step.start)
+        return step_result(self.memory, decision, step, _stop_step)
 
-    def _result(
-        self, decision: Decision, outputs: list[Any], after: list[dict], start: dict[str, Any]
-    ) -> Any:
-        if decision.stop:
-            self.memory.put(start)  # the step's rejected proposals leave no trace either
-            return dict(STOP_INFO), copy.deepcopy(list(STOP_CODE))
-        chosen = next((i for i, o in enumerate(outputs) if o is decision.proposal), None)
-        if chosen is not None and chosen != len(outputs) - 1:
-            self.memory.put(after[chosen])  # execute_first / best-of-N: that proposal's memory
-        return decision.proposal
+
+def _stop_step() -> tuple[dict[str, Any], list[Any]]:
+    """The harness' stop step: its info and code (fresh copies, the harness may alter them)."""
+    return dict(STOP_INFO), copy.deepcopy(list(STOP_CODE))

@@ -23,7 +23,7 @@ from typing import Any
 
 from hivig.records import SFTRecord, read_records
 from hivig.vision import FAST_PNG_LEVEL, canonical_frame, encode_png, size_class_for_platform
-from serve.demo.pages import DISPLAY_PIXELS, _e
+from serve.demo.pages import DISPLAY_PIXELS, escape
 
 RUN_FOLDER = "flywheel/state"
 """Under the demo's ``OUT``: the episode as a gateway state folder (``traces/``, ``images/``)."""
@@ -128,21 +128,21 @@ def _card(record: SFTRecord, runs: Path, out: Path, n: int) -> str:
     lab, prov = record.labels, record.provenance
     if record.kind == "critique":
         css = "good" if lab.verdict == "Good" else "bad"
-        dim = f" · {_e(lab.error_dimension)}" if lab.error_dimension else ""
-        label = f"<span class='tag {css}'>{_e(lab.verdict)}{dim}</span>"
+        dim = f" · {escape(lab.error_dimension)}" if lab.error_dimension else ""
+        label = f"<span class='tag {css}'>{escape(lab.verdict)}{dim}</span>"
     else:
         label = "<span class='tag abstain'>history sample</span>"
-    generator = f"generator {_e(lab.generator)}" if lab.generator else "the executed step"
-    hard = f" · hard case: {_e(prov.hard_case)}" if prov.hard_case else ""
+    generator = f"generator {escape(lab.generator)}" if lab.generator else "the executed step"
+    hard = f" · hard case: {escape(prov.hard_case)}" if prov.hard_case else ""
     proposed = _proposed(record)
     return (
-        f"<div class='card'><img src='flywheel/cards/{shot.name}' alt='sample {_e(record.id)}' "
+        f"<div class='card'><img src='flywheel/cards/{shot.name}' alt='sample {escape(record.id)}' "
         f"data-marks='{len(image.marks)}'>"
         f"<p>{label} step {record.step_index} · {generator}{hard}<br>"
-        f"<code>{_e(record.id)}</code> ({_e(record.split)})<br>provenance: source "
-        f"<b>{_e(prov.source)}</b>, benchmark <b>{_e(prov.benchmark)}</b>, task "
-        f"<code>{_e(prov.task_id)}</code>; annotator {_e(prov.annotator_kind)}</p>"
-        + (f"<pre>{_e(proposed)}</pre>" if proposed else "")
+        f"<code>{escape(record.id)}</code> ({escape(record.split)})<br>provenance: source "
+        f"<b>{escape(prov.source)}</b>, benchmark <b>{escape(prov.benchmark)}</b>, task "
+        f"<code>{escape(prov.task_id)}</code>; annotator {escape(prov.annotator_kind)}</p>"
+        + (f"<pre>{escape(proposed)}</pre>" if proposed else "")
         + "</div>"
     )
 
@@ -158,9 +158,10 @@ def _counts(runs: Path, records: list[SFTRecord]) -> str:
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(stats.get("outcomes", {}).items()))
     return (
         f"<p><code>ingest-runs --format trace</code>: {stats['in']} in = {stats['kept']} kept "
-        f"+ {stats['in'] - stats['kept']} dropped ({_e(dropped or 'none')}); episodes by the "
-        f"runner's reported outcome: {_e(outcomes)}. <code>data_gen run</code> with the offline "
-        f"annotator: {len(records)} records ({_e(made)}).</p>"
+        f"+ {stats['in'] - stats['kept']} dropped ({escape(dropped or 'none')}); episodes by the "
+        f"runner's reported outcome: {escape(outcomes)}. <code>data_gen run</code> with the "
+        "offline "
+        f"annotator: {len(records)} records ({escape(made)}).</p>"
     )
 
 
@@ -190,9 +191,9 @@ def section(runs: Path, data: Path, out: Path, executed: int | None = None) -> t
         "mistake (typing with no field focused) too: a critic that called it Bad would have "
         "made it a tagged hard case (<code>critic_bad_on_success</code>); this one abstains."
         "</p>"
-        f"<p><a href='{_e(os.path.relpath(data / 'dataset' / 'report.html', out))}'>Data "
+        f"<p><a href='{escape(os.path.relpath(data / 'dataset' / 'report.html', out))}'>Data "
         "report of these samples</a> · <a href='"
-        f"{_e(os.path.relpath(data / 'dataset' / 'provenance.jsonl', out))}'>provenance per "
+        f"{escape(os.path.relpath(data / 'dataset' / 'provenance.jsonl', out))}'>provenance per "
         "record</a></p>"
         f"<div class='samples'>{''.join(cards) or '<p>No samples were made from this run.</p>'}"
         "</div></div>"

@@ -41,7 +41,8 @@ def _page(title: str, body: str) -> str:
     )
 
 
-def _e(value: Any) -> str:
+def escape(value: Any) -> str:
+    """``value`` as HTML text (``None`` as empty)."""
     return html.escape("" if value is None else str(value))
 
 
@@ -126,9 +127,9 @@ def _verdict_tag(v: dict[str, Any] | None) -> str:
     if not v:
         return "<span class='tag abstain'>not judged</span>"
     verdict = v.get("verdict", "abstain")
-    dim = f" · {_e(v.get('error_dimension'))}" if v.get("error_dimension") else ""
-    why = f" ({_e(v.get('reason'))})" if v.get("reason") else ""
-    return f"<span class='tag {_e(verdict)}'>{_e(verdict)}{dim}{why}</span>"
+    dim = f" · {escape(v.get('error_dimension'))}" if v.get("error_dimension") else ""
+    why = f" ({escape(v.get('reason'))})" if v.get("reason") else ""
+    return f"<span class='tag {escape(verdict)}'>{escape(verdict)}{dim}{why}</span>"
 
 
 _RANDOM_NOTE = (
@@ -198,20 +199,20 @@ def episode_page(
                 state_dir, event["image_ref"], _marks(marks), out_dir / name / f"c{n}_{i}.png"
             )
             verdict = event["verdicts"][i] if i < len(event["verdicts"]) else None
-            intent = _e(action.get("intent") or "(no intent)")
-            explanation = _e((verdict or {}).get("explanation") or "—")
+            intent = escape(action.get("intent") or "(no intent)")
+            explanation = escape((verdict or {}).get("explanation") or "—")
             shots.append(
                 f"<div><img src='{name}/{shot}' alt='step {k} proposal'><p>"
                 f"{_verdict_tag(verdict)}<br><b>Proposed:</b> {intent}"
-                f"<pre>{_e(action.get('action_text'))}</pre>"
+                f"<pre>{escape(action.get('action_text'))}</pre>"
                 f"<b>Critic explanation:</b> {explanation}</p></div>"
             )
         hist = obs.get("history") or {}
         rec = obs.get("recurrence") or {}
         change = obs.get("change")
         signals = (
-            f"no effect: <b>{_e(change['no_effect'])}</b> · changed pixels: "
-            f"{_e(round(100 * change['masked_diff_frac'], 2))} %"
+            f"no effect: <b>{escape(change['no_effect'])}</b> · changed pixels: "
+            f"{escape(round(100 * change['masked_diff_frac'], 2))} %"
             if change
             else "first screen"
         )
@@ -222,24 +223,25 @@ def episode_page(
         cards.append(
             f"<div class='card'><h3>Gateway step {k}{reproposed[n]}{r3}</h3>"
             f"<div class='grid'>{''.join(shots)}"
-            f"<div><b>Macro history</b> (v{_e(hist.get('version'))}{stale})"
-            f"<p>{_e(hist.get('progress_summary'))}</p><b>Last action result</b><p>"
-            f"{_e(hist.get('last_action_result'))}</p><b>Recurrence signals</b><p>{signals}<br>"
-            f"same action without effect: {_e(rec.get('same_key_no_effect_run'))} · cycle: "
-            f"{_e(rec.get('cycle_len') or '—')} · screen revisits: {_e(rec.get('screen_revisits'))}"
+            f"<div><b>Macro history</b> (v{escape(hist.get('version'))}{stale})"
+            f"<p>{escape(hist.get('progress_summary'))}</p><b>Last action result</b><p>"
+            f"{escape(hist.get('last_action_result'))}</p><b>Recurrence signals</b><p>{signals}<br>"
+            f"same action without effect: {escape(rec.get('same_key_no_effect_run'))} · cycle: "
+            f"{escape(rec.get('cycle_len') or '—')} · screen revisits: "
+            f"{escape(rec.get('screen_revisits'))}"
             f"</p></div></div></div>"
         )
     guard_rows = "".join(
-        f"<tr><td>{_e(r.get('step_idx'))}</td><td>{_e(r.get('mode'))}</td><td>{_e(r.get('outcome'))}</td>"
-        f"<td>{_e(' → '.join(str(x.get('ruling')) for x in r.get('proposals') or []))}</td>"
-        f"<td>{_e(json.dumps(r.get('r3'))) if r.get('r3') else ''}</td></tr>"
+        f"<tr><td>{escape(r.get('step_idx'))}</td><td>{escape(r.get('mode'))}</td><td>{escape(r.get('outcome'))}</td>"
+        f"<td>{escape(' → '.join(str(x.get('ruling')) for x in r.get('proposals') or []))}</td>"
+        f"<td>{escape(json.dumps(r.get('r3'))) if r.get('r3') else ''}</td></tr>"
         for r in log
     )
     title = "The agent episode, scripted critic" if scripted else "The agent episode"
     body = (
         f"<p><a href='index.html'>← demo index</a></p><h1>{title}</h1>"
         "<p class='sub'>Task: <i>Turn on dark mode in the settings.</i> "
-        f"Environment: {_e(env_name)}. "
+        f"Environment: {escape(env_name)}. "
         "A scripted policy behind <code>CriticGuard</code>: one injected Bad step (typing with no "
         "field focused), then the disabled <i>Publish</i> button clicked twice (a no-effect "
         "repeat the recurrence detector flags, so R3 reroutes), then the real path.</p>"
@@ -281,17 +283,18 @@ def index_page(
         "<p class='note'><b>The critic is a tiny random-weight Qwen3-VL</b>, trained for a few "
         "steps: everything it says carries no meaning. The demo shows the plumbing: data, "
         "training, serving, the guard loop, recurrence detection and diagnosis.</p>"
-        f"<div class='card'><h2>1. Data</h2><p>{_e(facts.get('data'))}</p>"
+        f"<div class='card'><h2>1. Data</h2><p>{escape(facts.get('data'))}</p>"
         f"<p><a href='{rel(links['data_report'])}'>Data report</a> (samples, dimensions, "
         "the shortcut audit)</p></div>"
-        f"<div class='card'><h2>2. Training</h2><p>{_e(facts.get('train'))}</p>"
+        f"<div class='card'><h2>2. Training</h2><p>{escape(facts.get('train'))}</p>"
         f"<img src='{rel(curve)}' alt='training curve'><p>Metrics: <code>"
-        f"{_e(facts.get('metrics'))}</code></p></div>"
-        f"<div class='card'><h2>3. Serving and the agent loop</h2><p>{_e(facts.get('episode'))}</p>"
+        f"{escape(facts.get('metrics'))}</code></p></div>"
+        f"<div class='card'><h2>3. Serving and the agent loop</h2>"
+        f"<p>{escape(facts.get('episode'))}</p>"
         f"<p><a href='{rel(links['episode'])}'>The episode, step by step</a> (judged by the "
         "served critic)</p>"
         + (
-            f"<p>{_e(facts.get('episode_scripted'))}</p><p><a href='"
+            f"<p>{escape(facts.get('episode_scripted'))}</p><p><a href='"
             f"{rel(links['episode_scripted'])}'>The same episode with a scripted critic</a> "
             "(a fixed rule, not a model: the Bad verdict, its explanation and the re-proposal)"
             "</p>"
@@ -299,7 +302,7 @@ def index_page(
             else ""
         )
         + "</div>"
-        f"<div class='card'><h2>4. Diagnosis</h2><p>{_e(facts.get('diagnosis'))}</p>"
+        f"<div class='card'><h2>4. Diagnosis</h2><p>{escape(facts.get('diagnosis'))}</p>"
         f"<p><a href='{rel(links['diagnosis'])}'>Diagnosis page</a></p></div>"
         f"{flywheel or _NO_FLYWHEEL}"
         "<div class='card'><h2>With a real critic</h2><p>Same demo, a trained checkpoint "
