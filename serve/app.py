@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hivig.backends import InferenceBackend, build_backend
+from hivig.backends import InferenceBackend, backend_model_name, build_backend, close_backend
 from hivig.checkpoint_files import CheckpointError, read_frame
 from hivig.config import ConfigError, FrameConfig
 from hivig.profiles import ProfileError, load_profile
@@ -72,7 +72,7 @@ def checkpoint_frame(path: str) -> FrameConfig:
 
 def model_version(cfg: ServeConfig, backend: InferenceBackend) -> str:
     """What ``model_version`` reports: the backend's model name, else the configured one."""
-    return str(getattr(backend, "model_name", "") or getattr(backend, "model", "") or cfg.model)
+    return backend_model_name(backend) or cfg.model
 
 
 def _profile_template(cfg: ServeConfig) -> str | None:
@@ -121,9 +121,8 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
             for task in tasks:
                 task.cancel()
             gateway.stop_sweeps()
-            aclose = getattr(chosen, "aclose", None)
-            if backend is None and aclose is not None:
-                await aclose()
+            if backend is None:
+                await close_backend(chosen)
             gateway.close()
 
     if cfg.critic.prompt_dir:

@@ -21,7 +21,13 @@ from typing import Any, cast
 
 from PIL import Image
 
-from hivig.backends import BackendError, Generation, InferenceBackend, Sampling
+from hivig.backends import (
+    BackendError,
+    Generation,
+    InferenceBackend,
+    Sampling,
+    backend_cancellable,
+)
 from hivig.contracts import (
     INITIAL_HISTORY,
     ContractError,
@@ -356,7 +362,7 @@ class Critic:
         try:
             gen = await asyncio.wait_for(asyncio.shield(work), deadline)
         except (asyncio.TimeoutError, TimeoutError):
-            if getattr(self.backend, "cancellable", False):
+            if backend_cancellable(self.backend):
                 work.cancel()
             return self._degraded(call, "timeout", start)
         except ApiError as e:  # a screenshot of the prompt is gone (evicted, another gateway)

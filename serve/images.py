@@ -37,6 +37,7 @@ from PIL import Image
 
 from hivig.backends.images import ImagePayloadCache
 from hivig.config import FrameConfig
+from hivig.files import write_atomic
 from hivig.vision import (
     CANONICAL,
     FAST_PNG_LEVEL,
@@ -250,7 +251,8 @@ class ImageStore:
         # A screenshot that cannot be written (a read-only or full disk) is still served from
         # memory: the step goes on, only a later diagnosis lacks its picture.
         try:
-            _atomic_write(path, payload)
+            # Not synced: a screenshot lost to a crash is sent again by the runner's next step.
+            write_atomic(path, payload, durable=False, mkdir=False)
         except OSError as e:
             with self._lock:
                 self.write_errors += 1
@@ -383,16 +385,6 @@ def require_png_or_jpeg(data: bytes) -> None:
         raise ApiError(
             415, "bad_image", "screenshot is neither PNG nor JPEG; send it as PNG or JPEG"
         )
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from hivig import jsonio
 from hivig.contracts import INITIAL_HISTORY
+from hivig.files import atomic_path
 from serve.errors import StorageError
 
 logger = logging.getLogger(__name__)
@@ -633,18 +634,15 @@ def _quarantine(path: Path) -> Path:
 
 def _copy_to(db: sqlite3.Connection, path: Path) -> None:
     """Write everything ``db`` holds to a new file at ``path``, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.copy-{os.getpid()}")
-    try:
-        out = sqlite3.connect(str(tmp))
+    with atomic_path(path) as tmp:
         try:
-            db.backup(out)
+            out = sqlite3.connect(str(tmp))
+            try:
+                db.backup(out)
+            finally:
+                out.close()
         finally:
-            out.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-        tmp.with_name(tmp.name + "-journal").unlink(missing_ok=True)
+            tmp.with_name(tmp.name + "-journal").unlink(missing_ok=True)
 
 
 def open_store(kind: str, state_dir: str | Path) -> SessionStore:
