@@ -1,8 +1,9 @@
 """The FastAPI app of the critic gateway: ``create_app(config, backend)``.
 
 The routes (``serve.routes``, one router per resource) validate their body into a
-``serve.protocol`` model and hand it to ``serve.gateway.Gateway``. The backend is created in the
-lifespan hook (never at import), or injected, which is how tests use a stub::
+``serve.protocol`` model, call one service of ``serve.gateway.Gateway`` and dump its answer.
+The backend is created in the lifespan hook (never at import), or injected, which is how tests
+use a stub::
 
     app = create_app(load_config(ServeConfig, "configs/serve/local.yaml"), backend=None)
     uvicorn.run(app, host="127.0.0.1", port=8080)
@@ -311,7 +312,7 @@ async def _warm_up(app: FastAPI, gateway: Gateway, retry_s: float = 10.0) -> Non
     """
     while True:
         try:
-            app.state.ready_detail = await gateway.warm_up()
+            app.state.ready_detail = await gateway.steps.warm_up()
             app.state.ready = True
             return
         except Exception as e:  # readiness stays red and says why; liveness is unaffected

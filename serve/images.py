@@ -1,4 +1,8 @@
-"""Screenshots by reference: decoded once, stored once, canonical frames cached.
+"""Screenshots by reference: decoded once, stored once, canonical frames cached, marks drawn.
+
+``ImageStore`` is the one owner of a screen's way from the bytes a client sent to the bytes a
+model is sent: clean canonical frame -> marked frame (``marked_frame``, ``annotated_image``)
+-> PNG payload handed to the transport's cache.
 
 A screenshot arrives inline (base64 PNG/JPEG) or as an ``image_ref`` from an earlier upload. Its
 reference names the frame the critic sees: the SHA-256 of the screenshot's size and of its
@@ -38,6 +42,7 @@ from PIL import Image
 from hivig.backends.images import ImagePayloadCache
 from hivig.config import FrameConfig
 from hivig.files import write_atomic
+from hivig.messages import ImageRef, Mark
 from hivig.vision import (
     CANONICAL,
     FAST_PNG_LEVEL,
@@ -47,8 +52,12 @@ from hivig.vision import (
     ImageError,
     canonical_frame,
     clean_frame_of,
+    draw_marks,
     encode_png,
     load_image,
+    marked_frame_of,
+    marked_rows,
+    size_class_for_platform,
 )
 from serve.errors import ApiError
 
@@ -343,6 +352,46 @@ class ImageStore:
     def clean_frame(self, ref: str) -> Image.Image:
         """The clean canonical frame of ``ref`` (shared: callers must not draw on it)."""
         return self._frames.get(ref, lambda: self._from_disk(ref))
+
+    # -- marked frames: what the model and the caller see -------------------------------------
+
+    def marked_frame(self, ref: ImageRef) -> Image.Image:
+        """The frame of a prompt's image: the clean frame of ``ref.path`` with ``ref.marks``.
+
+        A frame without marks is the cached object itself (nobody draws on it): the transport's
+        payload cache then encodes each screen once, not once per prompt it appears in (the
+        "after" of one step is the next "before"). A marked copy's PNG is handed to the
+        transport from the clean frame's bands (``prime_marked``).
+        """
+        clean = self.clean_frame(ref.path)
+        policy = self.policy
+        if ref.marks and not policy.is_canonical:
+            # Markers drawn before a resize (a LlamaFactory-trained profile) need the original.
+            f = self.frame
+            original = self.original(ref.path) if policy.markers == "original" else clean
+            return marked_frame_of(
+                original,
+                clean,
+                policy,
+                ref.marks,
+                ref.size_class,
+                f.min_pixels,
+                f.max_pixels,
+                f.factor,
+            )[0]
+        if not ref.marks:
+            return clean
+        marked = draw_marks(clean, ref.marks, ref.size_class).image
+        rows = marked_rows(ref.marks, *marked.size, ref.size_class)
+        self.prime_marked(ref.path, marked, rows)
+        return marked
+
+    def annotated_image(self, ref: str, marks: list[Mark], platform: str) -> str:
+        """``annotated_image`` of a verdict: the frame of ``ref`` with ``marks``, as a PNG data
+        URL (what ``return_image`` asks for)."""
+        image = draw_marks(self.clean_frame(ref), marks, size_class_for_platform(platform)).image
+        png = encode_png(image, FAST_PNG_LEVEL)
+        return "data:image/png;base64," + base64.b64encode(png).decode()
 
     def _from_disk(self, ref: str) -> Image.Image:
         image = load_image(self.require(ref))

@@ -233,7 +233,7 @@ def test_unknown_sessions_leave_no_locks_and_old_answers_are_pruned(tmp_path):
         for i in range(50):
             c.post(f"/v1/sessions/nope{i}/observe", json={"step_idx": 0, "screenshot": "x"})
         gateway = c.app.state.gateway
-        assert not any(k.startswith("nope") for k in gateway._locks)
+        assert not any(k.startswith("nope") for k in gateway.sessions.locks)
         sid = _start(c)
         _observe(c, sid, 0)
         for k in range(1, 6):
