@@ -73,7 +73,7 @@ def test_an_unhandled_error_still_answers_in_the_error_shape(tmp_path, monkeypat
         sid = _start(c)
         _observe(c, sid, 0)
         gateway = c.app.state.gateway
-        monkeypatch.setattr(gateway, "_critique", lambda *a, **k: 1 / 0)
+        monkeypatch.setattr(gateway.steps, "_critique", lambda *a, **k: 1 / 0)
         r = _critique(c, sid, 0, CLICK)
         assert r.status_code == 500 and r.json()["error"]["code"] == "internal"
 
