@@ -1,8 +1,9 @@
 """The FastAPI app of the critic gateway: ``create_app(config, backend)``.
 
 The routes (``serve.routes``, one router per resource) validate their body into a
-``serve.protocol`` model and hand it to ``serve.gateway.Gateway``. The backend is created in the
-lifespan hook (never at import), or injected, which is how tests use a stub::
+``serve.protocol`` model, call one service of ``serve.gateway.Gateway`` and dump its answer.
+The backend is created in the lifespan hook (never at import), or injected, which is how tests
+use a stub::
 
     app = create_app(load_config(ServeConfig, "configs/serve/local.yaml"), backend=None)
     uvicorn.run(app, host="127.0.0.1", port=8080)
@@ -27,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hivig.backends import InferenceBackend, build_backend
+from hivig.backends import InferenceBackend, backend_model_name, build_backend, close_backend
 from hivig.checkpoint_files import CheckpointError, read_frame
 from hivig.config import ConfigError, FrameConfig
 from hivig.profiles import ProfileError, load_profile
@@ -72,7 +73,7 @@ def checkpoint_frame(path: str) -> FrameConfig:
 
 def model_version(cfg: ServeConfig, backend: InferenceBackend) -> str:
     """What ``model_version`` reports: the backend's model name, else the configured one."""
-    return str(getattr(backend, "model_name", "") or getattr(backend, "model", "") or cfg.model)
+    return backend_model_name(backend) or cfg.model
 
 
 def _profile_template(cfg: ServeConfig) -> str | None:
@@ -121,9 +122,8 @@ def create_app(cfg: ServeConfig, backend: InferenceBackend | None = None) -> Fas
             for task in tasks:
                 task.cancel()
             gateway.stop_sweeps()
-            aclose = getattr(chosen, "aclose", None)
-            if backend is None and aclose is not None:
-                await aclose()
+            if backend is None:
+                await close_backend(chosen)
             gateway.close()
 
     if cfg.critic.prompt_dir:
@@ -312,7 +312,7 @@ async def _warm_up(app: FastAPI, gateway: Gateway, retry_s: float = 10.0) -> Non
     """
     while True:
         try:
-            app.state.ready_detail = await gateway.warm_up()
+            app.state.ready_detail = await gateway.steps.warm_up()
             app.state.ready = True
             return
         except Exception as e:  # readiness stays red and says why; liveness is unaffected

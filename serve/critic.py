@@ -21,7 +21,13 @@ from typing import Any, cast
 
 from PIL import Image
 
-from hivig.backends import BackendError, Generation, InferenceBackend, Sampling
+from hivig.backends import (
+    BackendError,
+    Generation,
+    InferenceBackend,
+    Sampling,
+    backend_cancellable,
+)
 from hivig.contracts import (
     INITIAL_HISTORY,
     ContractError,
@@ -40,7 +46,7 @@ from hivig.prompts import (
     load_prompt,
     load_prompt_dir,
 )
-from hivig.vision import draw_marks, marked_frame_of, marked_rows, size_class_for_platform
+from hivig.vision import size_class_for_platform
 from serve.config import ServeConfig
 from serve.errors import ApiError
 from serve.images import ImageStore
@@ -304,23 +310,7 @@ class Critic:
         )
 
     def _frame(self, ref: ImageRef) -> Image.Image:
-        clean = self.images.clean_frame(ref.path)
-        policy = self.images.policy
-        if ref.marks and not policy.is_canonical:
-            # Markers drawn before a resize (a LlamaFactory-trained profile) need the original.
-            f = self.cfg.frame
-            budget = (f.min_pixels, f.max_pixels, f.factor)
-            original = self.images.original(ref.path) if policy.markers == "original" else clean
-            return marked_frame_of(original, clean, policy, ref.marks, ref.size_class, *budget)[0]
-        if not ref.marks:
-            # Passed as the cached object itself (nobody draws on it): the transport's payload
-            # cache then encodes each screen once, not once per prompt it appears in (the
-            # "after" of one step is the next "before").
-            return clean
-        marked = draw_marks(clean, ref.marks, ref.size_class).image
-        rows = marked_rows(ref.marks, *marked.size, ref.size_class)
-        self.images.prime_marked(ref.path, marked, rows)
-        return marked
+        return self.images.marked_frame(ref)
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -356,7 +346,7 @@ class Critic:
         try:
             gen = await asyncio.wait_for(asyncio.shield(work), deadline)
         except (asyncio.TimeoutError, TimeoutError):
-            if getattr(self.backend, "cancellable", False):
+            if backend_cancellable(self.backend):
                 work.cancel()
             return self._degraded(call, "timeout", start)
         except ApiError as e:  # a screenshot of the prompt is gone (evicted, another gateway)

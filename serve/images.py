@@ -1,4 +1,8 @@
-"""Screenshots by reference: decoded once, stored once, canonical frames cached.
+"""Screenshots by reference: decoded once, stored once, canonical frames cached, marks drawn.
+
+``ImageStore`` is the one owner of a screen's way from the bytes a client sent to the bytes a
+model is sent: clean canonical frame -> marked frame (``marked_frame``, ``annotated_image``)
+-> PNG payload handed to the transport's cache.
 
 A screenshot arrives inline (base64 PNG/JPEG) or as an ``image_ref`` from an earlier upload. Its
 reference names the frame the critic sees: the SHA-256 of the screenshot's size and of its
@@ -37,6 +41,8 @@ from PIL import Image
 
 from hivig.backends.images import ImagePayloadCache
 from hivig.config import FrameConfig
+from hivig.files import write_atomic
+from hivig.messages import ImageRef, Mark
 from hivig.vision import (
     CANONICAL,
     FAST_PNG_LEVEL,
@@ -46,8 +52,12 @@ from hivig.vision import (
     ImageError,
     canonical_frame,
     clean_frame_of,
+    draw_marks,
     encode_png,
     load_image,
+    marked_frame_of,
+    marked_rows,
+    size_class_for_platform,
 )
 from serve.errors import ApiError
 
@@ -250,7 +260,8 @@ class ImageStore:
         # A screenshot that cannot be written (a read-only or full disk) is still served from
         # memory: the step goes on, only a later diagnosis lacks its picture.
         try:
-            _atomic_write(path, payload)
+            # Not synced: a screenshot lost to a crash is sent again by the runner's next step.
+            write_atomic(path, payload, durable=False, mkdir=False)
         except OSError as e:
             with self._lock:
                 self.write_errors += 1
@@ -342,6 +353,46 @@ class ImageStore:
         """The clean canonical frame of ``ref`` (shared: callers must not draw on it)."""
         return self._frames.get(ref, lambda: self._from_disk(ref))
 
+    # -- marked frames: what the model and the caller see -------------------------------------
+
+    def marked_frame(self, ref: ImageRef) -> Image.Image:
+        """The frame of a prompt's image: the clean frame of ``ref.path`` with ``ref.marks``.
+
+        A frame without marks is the cached object itself (nobody draws on it): the transport's
+        payload cache then encodes each screen once, not once per prompt it appears in (the
+        "after" of one step is the next "before"). A marked copy's PNG is handed to the
+        transport from the clean frame's bands (``prime_marked``).
+        """
+        clean = self.clean_frame(ref.path)
+        policy = self.policy
+        if ref.marks and not policy.is_canonical:
+            # Markers drawn before a resize (a LlamaFactory-trained profile) need the original.
+            f = self.frame
+            original = self.original(ref.path) if policy.markers == "original" else clean
+            return marked_frame_of(
+                original,
+                clean,
+                policy,
+                ref.marks,
+                ref.size_class,
+                f.min_pixels,
+                f.max_pixels,
+                f.factor,
+            )[0]
+        if not ref.marks:
+            return clean
+        marked = draw_marks(clean, ref.marks, ref.size_class).image
+        rows = marked_rows(ref.marks, *marked.size, ref.size_class)
+        self.prime_marked(ref.path, marked, rows)
+        return marked
+
+    def annotated_image(self, ref: str, marks: list[Mark], platform: str) -> str:
+        """``annotated_image`` of a verdict: the frame of ``ref`` with ``marks``, as a PNG data
+        URL (what ``return_image`` asks for)."""
+        image = draw_marks(self.clean_frame(ref), marks, size_class_for_platform(platform)).image
+        png = encode_png(image, FAST_PNG_LEVEL)
+        return "data:image/png;base64," + base64.b64encode(png).decode()
+
     def _from_disk(self, ref: str) -> Image.Image:
         image = load_image(self.require(ref))
         self._remember_size(ref, image.size)
@@ -383,16 +434,6 @@ def require_png_or_jpeg(data: bytes) -> None:
         raise ApiError(
             415, "bad_image", "screenshot is neither PNG nor JPEG; send it as PNG or JPEG"
         )
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")

@@ -6,8 +6,8 @@ documented error shape, never a silent coercion. The OpenAPI document (``/openap
 generated from these models. Actions stay JSON values here: their language (typed, raw text,
 coordinate spaces) is ``serve.actions``'s to read, with its own ``bad_action`` answers.
 
-Response models document the answers; the routes return plain dicts (the gateway builds them in
-one place), so a field added there is never dropped by a filter here.
+Response models are what the services build and the routes dump (``dump_answer``); their fields
+are declared in wire order, and an answer keeps any field beyond them (``extra="allow"``).
 """
 
 from __future__ import annotations
@@ -272,31 +272,18 @@ class DiagnoseRequest(_Closed):
 
 
 # ---------------------------------------------------------------------------------------------
-# Responses (documentation: the answers keep every field the gateway writes)
+# Responses
+#
+# The services build their answers as these objects (``model_construct``: the values are the
+# gateway's own, so nothing is validated on the request path) and the routes dump them with
+# ``dump_answer``. Fields are declared in the order they go on the wire; a field left out of
+# ``model_construct`` is left out of the answer too (a stateless answer has no ``session_id``),
+# and ``trace`` is set only when the session's trace lacks events. Tests validate every route's
+# real answer, and every answer documented in ``docs/serving.md``, against these models.
 
-
-class Versions(_Open):
-    model_version: str
-    prompt_version: str
-    schema_version: str
-
-
-class SessionCreated(Versions):
-    session_id: str
-    created: bool
-    echo: dict[str, Any]
-
-
-class SessionInfo(Versions):
-    session_id: str
-    step_idx: int
-    closed: bool
-    echo: dict[str, Any]
-
-
-class SessionClosed(Versions):
-    session_id: str
-    closed: bool
+TraceFlag = Literal["pending", "incomplete"]
+"""``pending``: some of the session's trace events wait to be written; ``incomplete``: some were
+lost."""
 
 
 class HistoryOut(_Open):
@@ -306,7 +293,37 @@ class HistoryOut(_Open):
     stale: bool
 
 
-class ObserveAnswer(Versions):
+class SessionCreated(_Open):
+    session_id: str
+    created: bool
+    echo: dict[str, Any]
+    model_version: str
+    prompt_version: str
+    schema_version: str
+    trace: TraceFlag | None = None
+
+
+class SessionInfo(_Open):
+    session_id: str
+    step_idx: int
+    closed: bool
+    echo: dict[str, Any]
+    model_version: str
+    prompt_version: str
+    schema_version: str
+
+
+class SessionClosed(_Open):
+    session_id: str
+    closed: bool
+    model_version: str
+    prompt_version: str
+    schema_version: str
+    trace: TraceFlag | None = None
+
+
+class ObserveAnswer(_Open):
+    session_id: str | None = Field(None, description="absent from the stateless answer")
     step_idx: int
     status: Literal["ok", "degraded"]
     reason: str | None = None
@@ -318,6 +335,10 @@ class ObserveAnswer(Versions):
     echo: dict[str, Any] | None = None
     timing_ms: dict[str, float]
     usage: dict[str, int]
+    model_version: str
+    prompt_version: str
+    schema_version: str
+    trace: TraceFlag | None = None
 
 
 class Marker(_Open):
@@ -329,45 +350,76 @@ class Marker(_Open):
 
 
 class VerdictAnswer(_Open):
+    """One verdict: the answer to ``action``, or one of ``results`` for ``candidates``."""
+
+    marker: Marker | None = None
+    action_text: Any = None
+    parse_error: str | None = None
+    thinking: str | None = None
+    confidence: float | None = None
+    annotated_image: str | None = None
     status: Literal["ok", "degraded"]
     verdict: Literal["good", "bad", "abstain"]
     source: Literal["model", "rule", "fallback"]
     reason: str | None = None
     error_dimension: str | None = None
     explanation: str
-    confidence: float | None = None
-    marker: Marker | None = None
-    action_text: Any = None
-    parse_error: str | None = None
     parse_status: str
-    thinking: str | None = None
-    annotated_image: str | None = None
+    truncated: bool = False
+    usage: dict[str, int] | None = None
+    model_ms: float | None = None
     recurrence: dict[str, Any] | None = None
 
 
-class CritiqueAnswer(VerdictAnswer, Versions):
+class CritiqueAnswer(VerdictAnswer):
+    """The verdict on ``action`` with what every critique answer carries."""
+
     history_version: int
-    echo: dict[str, Any] | None = None
+    echo: dict[str, Any] | None = Field(None, description="absent from the stateless answer")
     timing_ms: dict[str, float]
+    model_version: str
+    prompt_version: str
+    schema_version: str
+    trace: TraceFlag | None = None
 
 
-class RankedAnswer(Versions):
+class RankedAnswer(_Open):
     results: list[VerdictAnswer]
     ranking: list[int]
     history_version: int
-    echo: dict[str, Any] | None = None
+    echo: dict[str, Any] | None = Field(None, description="absent from the stateless answer")
     timing_ms: dict[str, float]
+    model_version: str
+    prompt_version: str
+    schema_version: str
+    trace: TraceFlag | None = None
 
 
-class ImageStored(Versions):
+class ImageStored(_Open):
     image_ref: str
     w: int
     h: int
+    timing_ms: dict[str, float]
+    model_version: str
+    prompt_version: str
+    schema_version: str
 
 
 class JobAnswer(_Open):
+    """A diagnosis job: as started (``pending``), and as ``GET /v1/jobs/{id}`` shows it."""
+
     job_id: str
     status: Literal["pending", "done", "failed"]
+    running: bool | None = None
+    input: str | None = None
+    out: str | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = None
+    html: str | None = None
+    finished: float | None = None
+    model_version: str
+    prompt_version: str
+    schema_version: str
 
 
 class ErrorDetail(BaseModel):
@@ -379,6 +431,42 @@ class ErrorAnswer(BaseModel):
     """Every failure, on every route (unknown routes included)."""
 
     error: ErrorDetail
+
+
+Answer = (
+    SessionCreated
+    | SessionInfo
+    | SessionClosed
+    | ObserveAnswer
+    | CritiqueAnswer
+    | RankedAnswer
+    | ImageStored
+    | JobAnswer
+)
+"""What a ``/v1`` route answers on success."""
+
+
+def dump_answer(answer: BaseModel) -> dict[str, Any]:
+    """The JSON object of an answer: the fields it was built with, in declared order, then any
+    extra ones (nested answers dumped the same way).
+
+    ``model_dump`` would also write the defaults of fields left out, and re-check every value;
+    the answer's own ``__dict__`` is the gateway's data already.
+    """
+    fields_set = answer.model_fields_set
+    out = {k: _dumped(v) for k, v in answer.__dict__.items() if k in fields_set}
+    extra = answer.__pydantic_extra__
+    if extra:
+        out.update(extra)
+    return out
+
+
+def _dumped(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return dump_answer(value)
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        return [dump_answer(v) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------------------------------------

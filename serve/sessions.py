@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from hivig import jsonio
 from hivig.contracts import INITIAL_HISTORY
+from hivig.files import atomic_path
 from serve.errors import StorageError
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,8 @@ class SessionState:
     it back verbatim (``render.summary_feedback: inner``); empty: ``summary`` is fed back."""
     steps: list[dict[str, Any]] = field(default_factory=list)
     """Executed steps, oldest first: ``step_idx``, ``intent``, ``action_text``, ``step_text``,
-    ``image_ref``, ``last_action_result``, ``actions`` (tool-call JSON, or null when raw)."""
+    ``image_ref``, ``last_action_result``, ``progress_summary``, ``actions`` (tool-call JSON, or
+    null when raw) and, once the next screen is seen, ``changed`` (``serve.protocol.EchoStep``)."""
     pointer: list[int] | None = None
     detector: str | None = None
     """The recurrence detector's state (``hivig.recurrence.DetectorState.to_json``)."""
@@ -121,14 +123,40 @@ class SessionState:
         return cls(**_document(text))
 
 
+_REQUEST = "_request"
+"""Where a stored document keeps ``StoredResponse.request`` beside the answer's fields."""
+
+
 @dataclass(frozen=True)
 class StoredResponse:
-    """A response filed under ``(session, kind, step, key)`` for idempotent retries."""
+    """A response filed under ``(session, kind, step, key)`` for idempotent retries.
+
+    Attributes:
+        kind: ``observe`` or ``critique``.
+        step_idx: The step it answered.
+        key: What else names the request (a critique's proposals and screen); ``""`` for none.
+        body: The answer as sent (``serve.protocol.dump_answer``), replayed as is.
+        request: A digest of what the request stated beyond its key, compared on a retry (an
+            observe's action and previous screen); ``None`` when there is nothing to compare.
+    """
 
     kind: str
     step_idx: int
     key: str
     body: dict[str, Any]
+    request: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        """The JSON object stored: the answer's fields, then the request digest."""
+        return self.body if self.request is None else {**self.body, _REQUEST: self.request}
+
+    @classmethod
+    def of_document(
+        cls, kind: str, step_idx: int, key: str, document: dict[str, Any]
+    ) -> StoredResponse:
+        """Inverse of ``document``."""
+        request = document.pop(_REQUEST, None)
+        return cls(kind, step_idx, key, document, request)
 
 
 class SessionStore(Protocol):
@@ -152,7 +180,7 @@ class SessionStore(Protocol):
 
     def response(
         self, session_id: str, kind: str, step_idx: int, key: str
-    ) -> dict[str, Any] | None:
+    ) -> StoredResponse | None:
         """A stored response, or ``None``."""
         ...
 
@@ -215,14 +243,16 @@ class MemoryStore:
                     del self._responses[key]
             if response is not None:
                 key = (state.session_id, response.kind, response.step_idx, response.key)
-                self._responses[key] = jsonio.dumps(response.body)
+                self._responses[key] = jsonio.dumps(response.document())
 
     def response(
         self, session_id: str, kind: str, step_idx: int, key: str
-    ) -> dict[str, Any] | None:
+    ) -> StoredResponse | None:
         with self._lock:
             text = self._responses.get((session_id, kind, step_idx, key))
-        return _document(text) if text is not None else None
+        if text is None:
+            return None
+        return StoredResponse.of_document(kind, step_idx, key, _document(text))
 
     def expire(
         self, idle_before: float, busy: frozenset[str] = frozenset(), limit: int | None = None
@@ -404,7 +434,7 @@ class SQLiteStore:
         prune_before: int | None = None,
     ) -> None:
         text = state.to_json()  # serialised before the lock: other sessions' writes go on
-        body = jsonio.dumps(response.body).decode() if response is not None else None
+        body = jsonio.dumps(response.document()).decode() if response is not None else None
         with self._use("write", write=True) as db:
             db.execute("BEGIN")
             try:
@@ -440,14 +470,16 @@ class SQLiteStore:
 
     def response(
         self, session_id: str, kind: str, step_idx: int, key: str
-    ) -> dict[str, Any] | None:
+    ) -> StoredResponse | None:
         with self._use("read") as db:
             row = db.execute(
                 "SELECT body FROM responses"
                 " WHERE session_id = ? AND kind = ? AND step_idx = ? AND key = ?",
                 (session_id, kind, step_idx, key),
             ).fetchone()
-        return _document(row[0]) if row else None
+        if not row:
+            return None
+        return StoredResponse.of_document(kind, step_idx, key, _document(row[0]))
 
     def expire(
         self, idle_before: float, busy: frozenset[str] = frozenset(), limit: int | None = None
@@ -633,18 +665,15 @@ def _quarantine(path: Path) -> Path:
 
 def _copy_to(db: sqlite3.Connection, path: Path) -> None:
     """Write everything ``db`` holds to a new file at ``path``, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.copy-{os.getpid()}")
-    try:
-        out = sqlite3.connect(str(tmp))
+    with atomic_path(path) as tmp:
         try:
-            db.backup(out)
+            out = sqlite3.connect(str(tmp))
+            try:
+                db.backup(out)
+            finally:
+                out.close()
         finally:
-            out.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-        tmp.with_name(tmp.name + "-journal").unlink(missing_ok=True)
+            tmp.with_name(tmp.name + "-journal").unlink(missing_ok=True)
 
 
 def open_store(kind: str, state_dir: str | Path) -> SessionStore:

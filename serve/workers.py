@@ -17,6 +17,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from hivig.config import config_to_yaml, load_config
+from hivig.files import write_atomic
 from serve.config import ServeConfig
 from serve.server import GATEWAY_LOOP, http_protocol
 
@@ -64,9 +65,7 @@ def run(cfg: ServeConfig) -> None:
     import uvicorn
 
     resolved = Path(cfg.sessions.state_dir) / ".gateway-config.yaml"
-    tmp = resolved.with_name(f".gateway-config.{os.getpid()}.tmp")
-    tmp.write_text(config_to_yaml(cfg), encoding="utf-8")
-    os.replace(tmp, resolved)
+    write_atomic(resolved, config_to_yaml(cfg))
     os.environ[CONFIG_ENV] = str(resolved)
     os.environ["HIVIG_SERVE_HEADER_TIMEOUT_S"] = str(cfg.limits.header_timeout_s)
     uvicorn.run(

@@ -19,7 +19,7 @@ import pytest
 
 from hivig.config import ConfigError
 from serve.app import create_app
-from serve.gateway import _lock_file
+from serve.services.sessions import hold_lock_file
 from serve.sessions import _SCHEMA, SessionState
 from tests.fakes.gateway import (
     CLICK,
@@ -124,7 +124,7 @@ def test_the_sweep_closes_every_slice_and_skips_a_session_being_served(tmp_path)
     ids = _idle_sessions(tmp_path / "state", 600, last_seen=time.time() - 3600, steps=1)
     with gateway_client(tmp_path, None, "sessions.ttl_s=600") as c:
         gateway = c.app.state.gateway
-        served = gateway._locks.setdefault(ids[0], asyncio.Lock())
+        served = gateway.sessions.locks.setdefault(ids[0], asyncio.Lock())
         asyncio.run(served.acquire())  # a request for it is in flight
         assert sorted(gateway.expire()) == ids[1:]  # 600 sessions: three slices
         served.release()
@@ -309,7 +309,7 @@ def test_a_waiter_on_a_removed_lock_file_locks_the_new_one(tmp_path):
     async def scenario() -> tuple[tuple[int, int], tuple[int, int]]:
         held = os.open(path, os.O_RDWR | os.O_CREAT)
         fcntl.flock(held, fcntl.LOCK_EX)
-        waiter = asyncio.create_task(_lock_file(path))
+        waiter = asyncio.create_task(hold_lock_file(path))
         await asyncio.sleep(0.05)  # it has opened the file and waits for the lock
         path.unlink()  # the sweep removes it, holding the lock
         os.close(held)

@@ -309,10 +309,10 @@ def test_large_screenshots_cannot_starve_an_ordinary_one(tmp_path):
 def test_a_screenshot_that_cannot_be_written_is_served_from_memory(tmp_path, monkeypatch):
     import serve.images
 
-    def refuse(path, data):
+    def refuse(path, data, **kw):
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(serve.images, "_atomic_write", refuse)
+    monkeypatch.setattr(serve.images, "write_atomic", refuse)
     with gateway_client(tmp_path) as c:
         sid = start_session(c)
         first = observe(c, sid, 0)

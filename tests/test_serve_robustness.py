@@ -73,7 +73,7 @@ def test_an_unhandled_error_still_answers_in_the_error_shape(tmp_path, monkeypat
         sid = _start(c)
         _observe(c, sid, 0)
         gateway = c.app.state.gateway
-        monkeypatch.setattr(gateway, "_critique", lambda *a, **k: 1 / 0)
+        monkeypatch.setattr(gateway.steps, "_critique", lambda *a, **k: 1 / 0)
         r = _critique(c, sid, 0, CLICK)
         assert r.status_code == 500 and r.json()["error"]["code"] == "internal"
 
@@ -233,7 +233,7 @@ def test_unknown_sessions_leave_no_locks_and_old_answers_are_pruned(tmp_path):
         for i in range(50):
             c.post(f"/v1/sessions/nope{i}/observe", json={"step_idx": 0, "screenshot": "x"})
         gateway = c.app.state.gateway
-        assert not any(k.startswith("nope") for k in gateway._locks)
+        assert not any(k.startswith("nope") for k in gateway.sessions.locks)
         sid = _start(c)
         _observe(c, sid, 0)
         for k in range(1, 6):

@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from hivig.backends.base import (
+    Backend,
     BackendBadRequest,
     BackendBadResponse,
     BackendError,
@@ -27,6 +28,10 @@ from hivig.backends.base import (
     Sampling,
     SyncBackend,
     Usage,
+    backend_cancellable,
+    backend_model_name,
+    backend_png_payloads,
+    close_backend,
     generate_many,
     image_digest,
     png_bytes,
@@ -139,6 +144,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "Backend",
     "BackendBadRequest",
     "BackendBadResponse",
     "BackendError",
@@ -159,7 +165,11 @@ __all__ = [
     "SyncBackend",
     "TransformersBackend",
     "Usage",
+    "backend_cancellable",
+    "backend_model_name",
+    "backend_png_payloads",
     "build_backend",
+    "close_backend",
     "default_image_cache",
     "generate_many",
     "image_digest",

@@ -13,13 +13,13 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from PIL import Image
 
-from hivig.backends.images import default_image_cache
+from hivig.backends.images import ImagePayloadCache, default_image_cache
 from hivig.contracts import UNCLOSED_THINK, ContractError, split_think
 from hivig.messages import ChatMessage, ImagePart, TextPart
 from hivig.vision import encode_png
@@ -258,9 +258,9 @@ class RetriesExhausted(BackendError):
 class InferenceBackend(Protocol):
     """Given chat messages with images, return text, reasoning and usage.
 
-    A backend whose ``generate`` really stops when cancelled (a remote call) says so with a
-    class attribute ``cancellable = True``; callers then cancel at their deadline instead of
-    waiting for work that runs on in a thread.
+    ``generate`` is all a backend must implement; what it may offer beyond it (its model name,
+    whether a call can be cancelled, its PNG payload cache, ``aclose``) is ``Backend``'s, with
+    the defaults callers assume for a backend without it.
     """
 
     async def generate(
@@ -282,6 +282,65 @@ class InferenceBackend(Protocol):
             BackendError: The backend could not produce an answer.
         """
         ...
+
+
+class Backend:
+    """The members a backend may offer beyond ``generate``, with the defaults callers assume.
+
+    The concrete backends (``OpenAIClient``, ``TransformersBackend``) inherit it and override
+    what they have. A backend that only implements ``generate`` (a test fake, a scripted demo)
+    need not: callers read these members through ``backend_model_name``, ``backend_cancellable``,
+    ``backend_png_payloads`` and ``close_backend``, which give the same defaults for it.
+    """
+
+    model_name: str = ""
+    """The model that answers, as recorded in results and reports; empty when unknown."""
+    cancellable: bool = False
+    """Whether cancelling ``generate`` really stops the work (a remote call): callers then
+    cancel at their deadline instead of waiting for work that runs on in a thread."""
+
+    @property
+    def png_payloads(self) -> ImagePayloadCache | None:
+        """The payload cache this backend's PNG image parts come from, when it sends PNGs.
+
+        A caller that encodes a frame as PNG anyway may hand it the bytes (``prime_png``).
+        """
+        return None
+
+    async def aclose(self) -> None:
+        """Release what the backend holds (connections); it may be used again afterwards."""
+        return None
+
+
+_DEFAULTS = Backend()
+
+
+def _member(backend: object, name: str) -> Any:
+    """``backend``'s member ``name``, or ``Backend``'s default for one that lacks it."""
+    return getattr(backend, name, getattr(_DEFAULTS, name))
+
+
+def backend_model_name(backend: object) -> str:
+    """The model a backend names (``model_name``, else an OpenAI client's ``model``); ``""``."""
+    name = _member(backend, "model_name") or getattr(backend, "model", "")
+    return name if isinstance(name, str) else str(name or "")
+
+
+def backend_cancellable(backend: object) -> bool:
+    """Whether cancelling the backend's ``generate`` stops its work (``Backend.cancellable``)."""
+    return bool(_member(backend, "cancellable"))
+
+
+def backend_png_payloads(backend: object) -> ImagePayloadCache | None:
+    """The backend's PNG payload cache (``Backend.png_payloads``), or ``None``."""
+    return _member(backend, "png_payloads")
+
+
+async def close_backend(backend: object) -> None:
+    """Await the backend's ``aclose`` (``Backend.aclose``; nothing for one without)."""
+    aclose = getattr(backend, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 @runtime_checkable
@@ -462,9 +521,7 @@ class SyncBackend:
         """Close the wrapped backend (if it has ``aclose``) and stop the loop."""
         if self._closed:
             return
-        aclose: Callable[[], Awaitable[None]] | None = getattr(self.backend, "aclose", None)
-        if aclose is not None:
-            self.run(_await(aclose))
+        self.run(close_backend(self.backend))
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
@@ -475,10 +532,6 @@ class SyncBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-async def _await(fn: Callable[[], Awaitable[None]]) -> None:
-    await fn()
 
 
 async def generate_many(

@@ -38,6 +38,7 @@ import httpx
 
 from hivig import jsonio
 from hivig.backends.base import (
+    Backend,
     BackendBadResponse,
     BackendError,
     BackendErrorBody,
@@ -93,7 +94,7 @@ class ClientStats:
         return asdict(self)
 
 
-class OpenAIClient:
+class OpenAIClient(Backend):
     """``InferenceBackend`` over HTTP ``POST {base_url}/chat/completions``.
 
     The client binds to the first event loop that uses it (pooled connections cannot move
@@ -235,6 +236,11 @@ class OpenAIClient:
             latency_s=latency,
             attempts=attempts,
         )
+
+    @property
+    def model_name(self) -> str:  # type: ignore[override]
+        """The served model name sent with every request."""
+        return self.model
 
     @property
     def png_payloads(self) -> ImagePayloadCache | None:

@@ -20,6 +20,7 @@ import torch
 from transformers import GenerationConfig
 
 from hivig.backends.base import (
+    Backend,
     BackendBadRequest,
     Generation,
     Sampling,
@@ -34,7 +35,7 @@ from hivig.models import qwen_vl
 logger = get_logger(__name__)
 
 
-class TransformersBackend:
+class TransformersBackend(Backend):
     """``InferenceBackend`` over ``model.generate``, prompts encoded as in training.
 
     The sampling parameters are passed as an explicit ``GenerationConfig``, so defaults stored

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hivig.backends import InferenceBackend, Sampling, SyncBackend
+from hivig.backends import InferenceBackend, Sampling, SyncBackend, backend_model_name
 from hivig.config import FrameConfig
 from hivig.screens import volatile_boxes
 from hivig.taxonomy import Dimension, lookup_dimension
@@ -191,8 +191,7 @@ async def diagnose_async(
         inspector = Inspector(backend, frame=frame, sampling=sampling, use_history=use_history)
         by_step = {s.step: s for s in run.steps}
         inspections = await inspector.inspect_all(run, [by_step[n] for n in considered])
-        name = getattr(backend, "model_name", None) or getattr(backend, "model", None)
-        name = str(name) if name else type(backend).__name__
+        name = backend_model_name(backend) or type(backend).__name__
     return _finish(run, screens, ranked, changes, considered, inspections, name, out_dir)
 
 

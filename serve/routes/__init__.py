@@ -1,7 +1,7 @@
 """The gateway's HTTP routes, one router per resource.
 
-Each route reads its body into a ``serve.protocol`` model (``body``), hands it to
-``serve.gateway.Gateway`` and answers with what the gateway returns.
+Each route reads its body into a ``serve.protocol`` model (``body``), calls one method of one
+service of ``serve.gateway.Gateway`` and dumps the answer object it returns.
 """
 
 from __future__ import annotations

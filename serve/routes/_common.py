@@ -1,4 +1,8 @@
-"""What every route shares: the strict JSON body reader, the gateway, latency timing."""
+"""What every route shares: the strict JSON body reader, the gateway, latency timing.
+
+A route parses its body (``body``), calls one service method of the gateway and dumps the
+answer object it gets (``serve.respond.answer_response``); it decides nothing itself.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from hivig import jsonio
 from serve.errors import ApiError
 from serve.gateway import Gateway
 from serve.protocol import ErrorAnswer, error_of
-from serve.respond import JSONResponse
+from serve.respond import JSONResponse, answer_response
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -93,12 +97,12 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 async def timed(
-    route: str, request: Request, work: Awaitable[dict[str, Any]], status: int = 200
+    route: str, request: Request, work: Awaitable[BaseModel], status: int = 200
 ) -> JSONResponse:
-    """Answer with ``work``'s result, its latency observed under ``route``."""
+    """Answer with ``work``'s answer object, its latency observed under ``route``."""
     start = time.perf_counter()
     try:
         out = await work
     finally:
         gateway(request).metrics.latency.labels(route).observe(time.perf_counter() - start)
-    return JSONResponse(out, status)
+    return answer_response(out, status)

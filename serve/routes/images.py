@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 
 from serve.protocol import ImageStored, ImageUpload
-from serve.respond import JSONResponse
+from serve.respond import JSONResponse, answer_response
 from serve.routes._common import ERRORS, body, gateway, openapi_body
 
 router = APIRouter(prefix="/v1/images", tags=["images"], responses=ERRORS)
@@ -21,4 +21,4 @@ router = APIRouter(prefix="/v1/images", tags=["images"], responses=ERRORS)
 )
 async def upload(request: Request, req: Annotated[ImageUpload, body(ImageUpload)]) -> JSONResponse:
     """Store a screenshot; its reference names the frame the critic sees (``serve.images``)."""
-    return JSONResponse(await gateway(request).upload(req), 201)
+    return answer_response(await gateway(request).uploads.upload(req), 201)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 
 from serve.protocol import DiagnoseRequest, JobAnswer
-from serve.respond import JSONResponse
+from serve.respond import JSONResponse, answer_response
 from serve.routes._common import ERRORS, body, gateway, openapi_body
 
 router = APIRouter(prefix="/v1", tags=["diagnosis"], responses=ERRORS)
@@ -23,10 +23,10 @@ async def diagnose(
     request: Request, req: Annotated[DiagnoseRequest, body(DiagnoseRequest)]
 ) -> JSONResponse:
     """Start a diagnosis of a session's trace or of a result folder under the allowed roots."""
-    return JSONResponse(gateway(request).start_diagnosis(req), 202)
+    return answer_response(gateway(request).diagnoses.start(req), 202)
 
 
 @router.get("/jobs/{job_id}", responses={200: {"model": JobAnswer}})
 async def job(job_id: str, request: Request) -> JSONResponse:
     """A job's status, and its result once done."""
-    return JSONResponse(gateway(request).job(job_id))
+    return answer_response(gateway(request).diagnoses.get(job_id))

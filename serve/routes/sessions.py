@@ -17,7 +17,7 @@ from serve.protocol import (
     SessionCreated,
     SessionInfo,
 )
-from serve.respond import JSONResponse
+from serve.respond import JSONResponse, answer_response
 from serve.routes._common import ERRORS, body, gateway, openapi_body, timed
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERRORS)
@@ -33,7 +33,7 @@ async def create_session(
     request: Request, req: Annotated[SessionCreate, body(SessionCreate)]
 ) -> JSONResponse:
     """Start an episode, or re-create a lost one from its ``echo``."""
-    return JSONResponse(gateway(request).create(req), 201)
+    return answer_response(gateway(request).sessions.create(req), 201)
 
 
 @router.post(
@@ -45,7 +45,7 @@ async def observe(
     sid: str, request: Request, req: Annotated[Observe, body(Observe)]
 ) -> JSONResponse:
     """The executed step and the screen after it: the history update."""
-    return await timed("observe", request, gateway(request).observe(sid, req))
+    return await timed("observe", request, gateway(request).steps.observe(sid, req))
 
 
 @router.post(
@@ -57,13 +57,13 @@ async def critique(
     sid: str, request: Request, req: Annotated[Critique, body(Critique)]
 ) -> JSONResponse:
     """The verdict on a proposed action (``action``), or ranked verdicts (``candidates``)."""
-    return await timed("critique", request, gateway(request).critique(sid, req))
+    return await timed("critique", request, gateway(request).steps.critique(sid, req))
 
 
 @router.get("/{sid}", responses={200: {"model": SessionInfo}})
 async def get_session(sid: str, request: Request) -> JSONResponse:
     """The session's step and echo."""
-    return JSONResponse(gateway(request).get(sid))
+    return answer_response(gateway(request).sessions.get(sid))
 
 
 @router.delete("/{sid}", responses={200: {"model": SessionClosed}})
@@ -75,4 +75,4 @@ async def close_session(
     ``?outcome=success|failure``: the task's evaluated outcome, as the runner's evaluator scored
     it; recorded on the trace's close event (``data_gen ingest-runs --format trace`` reads it).
     """
-    return JSONResponse(await gateway(request).close_session(sid, outcome))
+    return answer_response(await gateway(request).sessions.close(sid, outcome))

@@ -28,7 +28,8 @@ async def observe_stateless(
     request: Request, req: Annotated[ObserveStateless, body(ObserveStateless)]
 ) -> JSONResponse:
     """A history update from the caller's previous summary and the two screens."""
-    return await timed("observe_stateless", request, gateway(request).observe_stateless(req))
+    work = gateway(request).steps.observe_stateless(req)
+    return await timed("observe_stateless", request, work)
 
 
 @router.post(
@@ -40,4 +41,5 @@ async def critique_stateless(
     request: Request, req: Annotated[CritiqueStateless, body(CritiqueStateless)]
 ) -> JSONResponse:
     """A verdict from the caller's executed trajectory and the current screen."""
-    return await timed("critique_stateless", request, gateway(request).critique_stateless(req))
+    work = gateway(request).steps.critique_stateless(req)
+    return await timed("critique_stateless", request, work)

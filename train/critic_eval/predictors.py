@@ -15,7 +15,13 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from hivig.backends import BackendError, InferenceBackend, Sampling, split_reasoning
+from hivig.backends import (
+    BackendError,
+    InferenceBackend,
+    Sampling,
+    close_backend,
+    split_reasoning,
+)
 from hivig.config import FrameConfig
 from hivig.logging import get_logger
 from hivig.records import SFTRecord, record_messages
@@ -146,9 +152,7 @@ class BackendPredictor:
 
     async def aclose(self) -> None:
         """Close the backend if it holds connections."""
-        aclose = getattr(self.backend, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await close_backend(self.backend)
 
 
 async def predict_all(
