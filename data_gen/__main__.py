@@ -453,7 +453,7 @@ class _Lenient(argparse.ArgumentParser):
 
 def _has_runs(fmt: str, root: Path) -> bool:
     """Whether ``root`` holds a run of ``fmt`` with at least one step (stops at the first)."""
-    from data_gen.runs._discover import discover
+    from data_gen.runs import discover
 
     return any(run.steps for run in discover(fmt, root))
 

@@ -74,8 +74,7 @@ from hivig.screens import (
     screen_key,
     volatile_boxes,
 )
-from hivig.vision._fingerprint import GridBox
-from hivig.vision._png import deflate
+from hivig.vision import GridBox, deflate
 
 logger = logging.getLogger(__name__)
 

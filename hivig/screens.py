@@ -48,7 +48,7 @@ from hivig.actions.model import (
     platform_name,
 )
 from hivig.config import ConfigError
-from hivig.vision._fingerprint import (
+from hivig.vision import (
     GridBox,
     array_fingerprint,
     dhash_array,

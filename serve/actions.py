@@ -18,6 +18,7 @@ from typing import Any
 
 from hivig.actions import (
     AGENT_FORMATS,
+    SCROLL_PIXELS_PER_CLICK,
     Action,
     ActionError,
     ElementAction,
@@ -34,7 +35,6 @@ from hivig.actions import (
     render_tool_calls,
     space_for_platform,
 )
-from hivig.actions._normalise import SCROLL_PIXELS_PER_CLICK
 from hivig.actions.model import round_half_up
 from hivig.messages import Mark
 from hivig.prompts import format_raw_step, format_step

@@ -41,7 +41,7 @@ from hivig.actions import (
     parse_tool_calls,
     render_tool_calls,
 )
-from hivig.actions.osworld import _Source
+from hivig.actions.osworld import StatementSource
 from hivig.actions.scalecua import SIGNATURES
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -191,7 +191,7 @@ def test_osworld_statement_text_matches_ast(code):
         body = ast.parse(code).body
     except (SyntaxError, ValueError):
         return
-    source = _Source(code)
+    source = StatementSource(code)
     for stmt in body:
         assert source.segment(stmt) == ast.get_source_segment(code, stmt)
 

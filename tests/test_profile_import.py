@@ -31,7 +31,7 @@ from hivig.profiles.reference import (
     ReferenceImportError,
     import_reference,
 )
-from hivig.prompts._template import _parse
+from hivig.prompts import parse_template
 
 FIXTURE = Path(__file__).parent / "fixtures" / "reference_repo"
 
@@ -154,7 +154,9 @@ VALUES = {
 
 def test_critique_template_round_trips(imported: Path) -> None:
     critique = _module(FIXTURE, CRITIQUE_SFT)
-    template = _parse("critic_critique", 1, (imported / "critic_critique.txt").read_text("utf-8"))
+    template = parse_template(
+        "critic_critique", 1, (imported / "critic_critique.txt").read_text("utf-8")
+    )
     for space, theirs in (("computer_use", "desktop"), ("mobile_use", "mobile")):
         action_space = (imported / f"action_space_{space}.txt").read_text("utf-8")
         taxonomy = (imported / "taxonomy.txt").read_text("utf-8")
@@ -180,7 +182,9 @@ def test_critique_template_round_trips(imported: Path) -> None:
 
 def test_history_template_round_trips(imported: Path) -> None:
     summary = _module(FIXTURE, SUMMARY_SFT)
-    template = _parse("critic_history", 1, (imported / "critic_history.txt").read_text("utf-8"))
+    template = parse_template(
+        "critic_history", 1, (imported / "critic_history.txt").read_text("utf-8")
+    )
     action_space = (imported / "action_space_mobile_use.txt").read_text("utf-8")
     system, user = template.render(
         action_space=action_space,

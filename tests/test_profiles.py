@@ -17,8 +17,12 @@ from hivig.profiles import (
     default_profile,
     load_profile,
 )
-from hivig.prompts import PromptError, build_critique_messages, build_history_messages
-from hivig.prompts._template import _parse
+from hivig.prompts import (
+    PromptError,
+    build_critique_messages,
+    build_history_messages,
+    parse_template,
+)
 from serve.app import create_app
 from serve.config import ConfigError
 from tests.fakes.gateway import CLICK, ScriptedBackend, observe, serve_config, start_session
@@ -98,7 +102,7 @@ def test_the_default_profile_builds_the_golden_prompts_byte_for_byte(tmp_path):
 
 
 def test_inline_slots_put_each_image_where_it_stands():
-    t = _parse("critic_history", 1, INLINE_HISTORY)
+    t = parse_template("critic_history", 1, INLINE_HISTORY)
     before, after = ImageRef("b.png"), ImageRef("a.png")
     # A value that spells a slot stays text: slots are cut out of the template, not the values.
     messages = t.render(
@@ -114,7 +118,7 @@ def test_inline_slots_put_each_image_where_it_stands():
     assert parts[0].text == "Goal:\ntype $before\n\nBefore summary:\nnone\n\nBefore:\n"
     assert parts[1].image is before and parts[3].image is after
     assert parts[2].text == "\n\nStep:\nclick\n\nAfter:\n"
-    shot = _parse("critic_critique", 1, INLINE_CRITIQUE).render(
+    shot = parse_template("critic_critique", 1, INLINE_CRITIQUE).render(
         action_space="A", taxonomy="T", task="t", history="h", screenshot=before, step="s"
     )
     assert (
@@ -132,7 +136,9 @@ def test_inline_slots_put_each_image_where_it_stands():
 )
 def test_an_inline_slot_stands_exactly_once(user, message):
     with pytest.raises(PromptError, match=message):
-        _parse("critic_critique", 1, f"@@ system\n$action_space $taxonomy\n@@ user\n{user}\n")
+        parse_template(
+            "critic_critique", 1, f"@@ system\n$action_space $taxonomy\n@@ user\n{user}\n"
+        )
 
 
 def test_a_profile_folder_with_a_missing_or_bad_part_is_one_line(tmp_path):

@@ -38,8 +38,8 @@ from hivig.prompts import (
     format_step,
     format_trajectory,
     load_prompt,
+    parse_template,
 )
-from hivig.prompts._template import _parse
 from hivig.taxonomy import DIMENSIONS, lookup_dimension
 
 BEFORE = ImageRef("ep1/step_0.png")
@@ -126,22 +126,22 @@ def test_render_rejects_missing_unused_and_wrong_kinds():
 
 
 def test_values_are_not_substituted_twice():
-    t = _parse("x", 1, "@@ system\n$a\n@@ user\n$b")
+    t = parse_template("x", 1, "@@ system\n$a\n@@ user\n$b")
     msgs = t.render(a="$b", b="${a} $$")
     assert msgs[0].text() == "$b" and msgs[1].text() == "${a} $$"
 
 
 def test_template_file_format_errors():
-    ok = _parse("x", 1, "@@ system\nS $a\n@@ user\n@@ images img\nU $b $$5")
+    ok = parse_template("x", 1, "@@ system\nS $a\n@@ user\n@@ images img\nU $b $$5")
     assert ok.image_slots == ("img",) and ok.placeholders == ("a", "b", "img")
     msgs = ok.render(a="1", b="2", img=BEFORE)
     assert msgs[0].text() == "S 1" and msgs[1].text() == "U 2 $5"
     with pytest.raises(PromptError, match="must start"):
-        _parse("x", 1, "S\n@@ user\nU")
+        parse_template("x", 1, "S\n@@ user\nU")
     with pytest.raises(PromptError, match="no '@@ user'"):
-        _parse("x", 1, "@@ system\nS")
+        parse_template("x", 1, "@@ system\nS")
     with pytest.raises(PromptError, match="malformed placeholder"):
-        _parse("x", 1, "@@ system\nprice $5\n@@ user\nU")
+        parse_template("x", 1, "@@ system\nprice $5\n@@ user\nU")
 
 
 # -------------------------------------------------------------------------------------------

@@ -554,7 +554,7 @@ def test_readiness_stays_red_when_the_backend_is_down(tmp_path):
 
 
 def test_a_prompt_profile_replaces_the_wording(tmp_path):
-    from hivig.prompts._template import load_prompt
+    from hivig.prompts import load_prompt
 
     profile = tmp_path / "profile"
     profile.mkdir()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hivig.models import qwen_vl
-from train._cli import main
+from train.cli import main
 from train.synthetic import write_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -638,7 +638,7 @@ def test_backend_names_stay_apart():
 
 
 def test_train_evaluate_dispatches_here(generated, tmp_path, capsys):
-    from train._cli import main as train_main
+    from train.cli import main as train_main
 
     out = tmp_path / "via_train"
     argv = ["evaluate", "--data", str(generated), "--backend", "oracle", "--out", str(out)]

@@ -9,7 +9,7 @@ import pytest
 from _sample_run import ingested_demo_config
 
 from data_gen.run import run as run_data_gen
-from train._cli import main
+from train.cli import main
 
 pytestmark = pytest.mark.slow
 

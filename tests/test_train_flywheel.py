@@ -140,7 +140,7 @@ def test_checkpoint_of_another_architecture_is_refused(tiny_checkpoint, tmp_path
 
 
 def _cli_error(capsys, monkeypatch, tmp_path, init: Path) -> str:
-    from train._cli import main as train_main
+    from train.cli import main as train_main
 
     # The CLI attaches a stderr log handler once per process; log lines are not what is read.
     monkeypatch.setattr("hivig.logging._CONFIGURED", True)

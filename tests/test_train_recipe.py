@@ -56,7 +56,7 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_dry_run_prints_the_resolved_config(data_dir, tmp_path, capsys):
-    from train._cli import main
+    from train.cli import main
 
     assert main(["--config", str(TINY_YAML), f"data={data_dir}", "optim.lr=0.5", "--dry-run"]) == 0
     printed = capsys.readouterr().out
@@ -289,7 +289,7 @@ def test_lora_trains_only_adapters_and_merges_to_the_same_logits(data_dir, tmp_p
 
     from hivig.models.qwen_vl import encode_sample
     from hivig.tiny import synthetic_conversation
-    from train._cli import main
+    from train.cli import main
 
     base = save_tiny_checkpoint(tmp_path / "base")
     out = tmp_path / "lora"

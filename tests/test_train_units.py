@@ -385,7 +385,7 @@ def test_lora_refuses_module_group_flags_it_would_ignore(flag):
 
 
 def test_cli_help_names_the_merge_lora_command(capsys):
-    from train._cli import main
+    from train.cli import main
 
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -24,7 +24,7 @@ from __future__ import annotations
 from data_gen.runs._api import OUTCOMES, IngestRunsError, ingest_runs
 from data_gen.runs._cli import add_subcommand, main
 from data_gen.runs._convert import check, grid_lines, unit_calls
-from data_gen.runs._discover import BENCHMARKS, FORMATS
+from data_gen.runs._discover import BENCHMARKS, FORMATS, discover
 from data_gen.runs._write import REASONS
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "IngestRunsError",
     "add_subcommand",
     "check",
+    "discover",
     "grid_lines",
     "ingest_runs",
     "main",

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from hivig.actions import (
+    SCROLL_PIXELS_PER_CLICK,
     Action,
     ActionError,
     Answer,
@@ -44,7 +45,6 @@ from hivig.actions import (
     normalise_calls,
     parse_scalecua_calls,
 )
-from hivig.actions._normalise import SCROLL_PIXELS_PER_CLICK
 
 GRID = 1000
 """Side of the grid trace actions are written on."""

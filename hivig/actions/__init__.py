@@ -6,6 +6,7 @@ Qwen3-VL tool-call ``arguments`` object. Parsers are total: on any input they re
 """
 
 from hivig.actions._calls import RawCall
+from hivig.actions._normalise import SCROLL_PIXELS_PER_CLICK
 from hivig.actions._tags import first_block
 from hivig.actions.agent import (
     AGENT_FORMATS,
@@ -80,6 +81,7 @@ from hivig.actions.scalecua import (
 )
 
 __all__ = [
+    "SCROLL_PIXELS_PER_CLICK",
     "AGENT_FORMATS",
     "COORD_SPACES",
     "DEFAULT_COORD_SPACE",

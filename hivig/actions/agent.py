@@ -23,7 +23,7 @@ from hivig.actions._calls import RawCall, parse_module
 from hivig.actions._normalise import SCROLL_PIXELS_PER_CLICK, map_calls
 from hivig.actions._strict_json import decode_objects, loads
 from hivig.actions._tags import all_blocks, first_block
-from hivig.actions.androidworld import _translate as _androidworld_calls
+from hivig.actions.androidworld import androidworld_calls
 from hivig.actions.keys import PYAUTOGUI_KEY_TABLE, is_key_name
 from hivig.actions.model import (
     GRID_MAX,
@@ -37,7 +37,7 @@ from hivig.actions.model import (
     is_number,
     space_for_platform,
 )
-from hivig.actions.osworld import OSWORLD_WAIT_SECONDS, _Source, _statement_calls
+from hivig.actions.osworld import OSWORLD_WAIT_SECONDS, StatementSource, statement_calls
 from hivig.actions.scalecua import parse_scalecua_calls
 
 AgentFormat = Literal["auto", "qwen", "scalecua", "osworld", "androidworld", "webarena_code"]
@@ -184,7 +184,7 @@ def _repair_write_line(line: str) -> str | None:
 # OSWorld pyautogui code
 
 
-def _osworld_statement(stmt: ast.stmt, source: _Source) -> list[RawCall] | ActionError:
+def _osworld_statement(stmt: ast.stmt, source: StatementSource) -> list[RawCall] | ActionError:
     value = stmt.value if isinstance(stmt, ast.Expr) else None
     if isinstance(value, ast.Constant) and isinstance(value.value, str):
         return []  # a thought block written as a bare string before the call
@@ -194,10 +194,11 @@ def _osworld_statement(stmt: ast.stmt, source: _Source) -> list[RawCall] | Actio
     owner = func.value if isinstance(func, ast.Attribute) else None
     if isinstance(owner, ast.Name) and owner.id == "pyautogui" and func.attr == "sleep":  # type: ignore[union-attr]
         owner.id = "time"  # pyautogui.sleep is time.sleep
-    return _statement_calls(stmt, source)
+    return statement_calls(stmt, source)
 
 
-def _osworld_calls(text: str) -> list[RawCall] | ActionError:
+def osworld_calls(text: str) -> list[RawCall] | ActionError:
+    """Raw calls of OSWorld-style pyautogui code (fences, imports, ``WAIT``/``DONE``/``FAIL``)."""
     code = _unfence(text).strip()
     special = _SPECIAL_NAMES.get(code)
     if special is not None:
@@ -208,7 +209,7 @@ def _osworld_calls(text: str) -> list[RawCall] | ActionError:
         body = parse_module(code)
         if isinstance(body, ActionError):
             return body
-    source = _Source(code)
+    source = StatementSource(code)
     calls: list[RawCall] = []
     for stmt in body:
         got = _osworld_statement(stmt, source)
@@ -349,7 +350,7 @@ def _terminate_status(call: RawCall) -> RawCall:
     return RawCall(call.name, kwargs, alias=call.alias, line=call.line)
 
 
-def _repair_calls(calls: list[RawCall]) -> list[RawCall]:
+def repair_calls(calls: list[RawCall]) -> list[RawCall]:
     """The key and status repairs of model text read by a tolerant harness parser (ScaleCUA)."""
     return _settle_keys([_terminate_status(_split_combo(c)) for c in calls])
 
@@ -358,7 +359,8 @@ def _repair_calls(calls: list[RawCall]) -> list[RawCall]:
 _ENTER_CALL = re.compile(r"^enter\(\s*\)$")
 
 
-def _scalecua_calls(text: str) -> list[RawCall] | ActionError:
+def scalecua_calls(text: str) -> list[RawCall] | ActionError:
+    """Raw calls of ScaleCUA-style action text, read as tolerantly as its harness reads it."""
     lines = [
         "press(keys='enter')" if _ENTER_CALL.match(line) else line
         for line in _scalecua_lines(text).splitlines()
@@ -366,7 +368,7 @@ def _scalecua_calls(text: str) -> list[RawCall] | ActionError:
     calls = parse_scalecua_calls("\n".join(lines))
     if isinstance(calls, ActionError):
         return calls
-    return _repair_calls(calls)
+    return repair_calls(calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -490,7 +492,8 @@ def _python_dict(text: str) -> dict[str, Any] | None:
     return None
 
 
-def _androidworld_object(action: Any) -> dict[str, Any] | ActionError:
+def androidworld_object(action: Any) -> dict[str, Any] | ActionError:
+    """The AndroidWorld action object in ``action`` (a dict, JSON, or a Python dict literal)."""
     obj = action
     if isinstance(action, str):
         obj = loads(action.strip(), "action")
@@ -524,14 +527,14 @@ def _element_actions(obj: dict[str, Any]) -> list[Action] | ActionError | None:
 
 
 def _parse_androidworld(action: Any, platform: str, scale: str | None, w: int, h: int) -> Any:
-    obj = _androidworld_object(action)
+    obj = androidworld_object(action)
     if isinstance(obj, ActionError):
         return obj
     if space_for_platform(platform) == MOBILE:
         by_index = _element_actions(obj)
         if by_index is not None:
             return by_index
-    calls = _androidworld_calls(obj)
+    calls = androidworld_calls(obj)
     if isinstance(calls, ActionError):
         return calls
     out = map_calls(calls, platform, w, h, scale)
@@ -810,9 +813,9 @@ def parse_agent_output(
         # Executed code: keys are read as pyautogui presses them, with no repair. It treats
         # "ctrl+s" as an unknown key (nothing happens), raises on hotkey(['ctrl', 'a']) and
         # keeps a lone keyDown held; those stay errors and are judged as written.
-        calls = _osworld_calls(output)  # type: ignore[arg-type]
+        calls = osworld_calls(output)  # type: ignore[arg-type]
     elif fmt == "scalecua":
-        calls = _scalecua_calls(output)  # type: ignore[arg-type]
+        calls = scalecua_calls(output)  # type: ignore[arg-type]
     else:
         calls = _webarena_calls(output, w, h)
     if isinstance(calls, ActionError):

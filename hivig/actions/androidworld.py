@@ -39,7 +39,8 @@ def _direction(obj: dict[str, Any], reverse: bool) -> list[RawCall] | ActionErro
     return [RawCall("swipe", {"direction": finger, "amount": SCROLL_AMOUNT})]
 
 
-def _translate(obj: dict[str, Any]) -> list[RawCall] | ActionError:
+def androidworld_calls(obj: dict[str, Any]) -> list[RawCall] | ActionError:
+    """One AndroidWorld action object -> ScaleCUA-style raw calls, or an ``ActionError``."""
     kind = obj.get("action_type")
     if not isinstance(kind, str):
         return ActionError("bad_argument", "action_type must be a string")
@@ -99,7 +100,7 @@ def parse_androidworld(
             return obj
     if not isinstance(obj, dict):
         return ActionError("bad_syntax", "an AndroidWorld action must be a JSON object")
-    calls = _translate(obj)
+    calls = androidworld_calls(obj)
     if isinstance(calls, ActionError):
         return calls
     out = map_calls(calls, "android", width, height, "pixel")

@@ -95,7 +95,7 @@ def _translate(func: str, args: list[Any], kwargs: dict[str, Any], line: str) ->
     return [RawCall(name, bound, line=line)]
 
 
-class _Source:
+class StatementSource:
     """Statement text by ``ast`` position, in time linear in the code's length.
 
     ``ast.get_source_segment`` splits the whole source on every call, which is quadratic over a
@@ -113,6 +113,7 @@ class _Source:
         return self.encoded[number]
 
     def segment(self, stmt: ast.stmt) -> str:
+        """The source text of ``stmt`` (its node type's name where positions are missing)."""
         first, last = stmt.lineno, stmt.end_lineno or stmt.lineno
         start, end = stmt.col_offset, stmt.end_col_offset
         if not 1 <= first <= last <= len(self.lines) or end is None:
@@ -125,7 +126,8 @@ class _Source:
         return raw.decode("utf-8", "replace")
 
 
-def _statement_calls(stmt: ast.stmt, source: _Source) -> list[RawCall] | ActionError:
+def statement_calls(stmt: ast.stmt, source: StatementSource) -> list[RawCall] | ActionError:
+    """One pyautogui statement -> raw calls (none for imports and ``pass``), or an error."""
     line = source.segment(stmt)
     if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
         return []
@@ -172,9 +174,9 @@ def parse_osworld(
     if isinstance(body, ActionError):
         return body
     calls: list[RawCall] = []
-    source = _Source(code)
+    source = StatementSource(code)
     for stmt in body:
-        got = _statement_calls(stmt, source)
+        got = statement_calls(stmt, source)
         if isinstance(got, ActionError):
             return got
         calls.extend(got)

@@ -38,7 +38,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hivig.prompts._template import PromptError, PromptTemplate, _parse, load_prompt
+from hivig.prompts import PromptError, PromptTemplate, load_prompt, parse_template
 from hivig.vision import FramePolicy
 
 PROFILE_YAML = "profile.yaml"
@@ -244,7 +244,7 @@ def default_profile() -> Profile:
     # Imported here: hivig.prompts imports this package's public names.
     from hivig.actions import action_space
     from hivig.contracts import INITIAL_HISTORY
-    from hivig.prompts._builders import taxonomy_text
+    from hivig.prompts import taxonomy_text
 
     spaces = {
         space: json.dumps(action_space(space), ensure_ascii=False) for space in ACTION_SPACE_FILES
@@ -304,7 +304,7 @@ def _section(root: Path, body: dict[str, Any], key: str, cls: type) -> Any:
 def _template(root: Path, name: str) -> PromptTemplate:
     file = TEMPLATE_FILES[name]
     try:
-        template = _parse(name, 1, _read_text(root, file))
+        template = parse_template(name, 1, _read_text(root, file))
     except PromptError as e:
         raise ProfileError(f"{root / file}: {e}") from None
     documented = load_prompt(name)

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 from hivig.messages import ImagePart, ImageRef, TextPart
 from hivig.profiles._profile import template_file_text
-from hivig.prompts._template import PromptError, PromptTemplate, _parse
+from hivig.prompts import PromptError, PromptTemplate, parse_template
 
 REVISION = "fd1d4a2"
 """The revision of G-JWLee/HiViG this importer supports."""
@@ -961,7 +961,7 @@ def _round_trip(
 ) -> None:
     """Refuse unless rendering ``text`` gives what ``str.format`` gives on their constants."""
     try:
-        template = _parse(name, 1, text)
+        template = parse_template(name, 1, text)
     except PromptError as e:
         raise ReferenceImportError(f"{name}: the converted template does not parse ({e})") from None
     ours = [*system[1].values(), *user[1].values()]

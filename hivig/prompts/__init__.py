@@ -29,6 +29,7 @@ from hivig.prompts._template import (
     available_prompts,
     load_prompt,
     load_prompt_dir,
+    parse_template,
 )
 
 CRITIC_PROMPTS = ("critic_history", "critic_critique")
@@ -64,5 +65,6 @@ __all__ = [
     "format_trajectory",
     "load_prompt",
     "load_prompt_dir",
+    "parse_template",
     "taxonomy_text",
 ]

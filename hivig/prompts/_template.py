@@ -157,7 +157,7 @@ def _split_slots(text: str, slots: tuple[str, ...]) -> list[str | tuple[str]]:
     return out
 
 
-def _parse(name: str, version: int, text: str) -> PromptTemplate:
+def parse_template(name: str, version: int, text: str) -> PromptTemplate:
     lines = text.split("\n")
     if not lines or lines[0].strip() != _SYSTEM:
         raise PromptError(f"{name}_v{version}: the file must start with {_SYSTEM!r}")
@@ -233,7 +233,7 @@ def load_prompt(name: str, version: int | None = None) -> PromptTemplate:
     if chosen not in versions:
         raise PromptError(f"prompt {name!r} has no version {version}; shipped: {list(versions)}")
     text = resources.files("hivig.prompts").joinpath(f"{name}_v{chosen}.txt").read_text("utf-8")
-    return _parse(name, chosen, text)
+    return parse_template(name, chosen, text)
 
 
 def load_prompt_dir(directory: str | Path, names: tuple[str, ...]) -> dict[str, PromptTemplate]:
@@ -267,7 +267,9 @@ def load_prompt_dir(directory: str | Path, names: tuple[str, ...]) -> dict[str, 
         if name not in found:
             raise PromptError(f"prompt profile {root} has no {name}_v<N>.txt")
         version = max(found[name])
-        template = _parse(name, version, (root / f"{name}_v{version}.txt").read_text("utf-8"))
+        template = parse_template(
+            name, version, (root / f"{name}_v{version}.txt").read_text("utf-8")
+        )
         shipped = load_prompt(name)
         if set(template.placeholders) != set(shipped.placeholders) or (
             template.image_slots != shipped.image_slots

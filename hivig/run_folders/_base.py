@@ -23,12 +23,12 @@ from hivig.actions import (
 # The tolerant readers' call lists (before the grid mapping): ingest-runs writes them out in
 # ScaleCUA's own convention, so they are read here once, by the same code the grid actions use.
 from hivig.actions.agent import (
-    _androidworld_object,
-    _osworld_calls,
-    _repair_calls,
-    _scalecua_calls,
+    androidworld_object,
+    osworld_calls,
+    repair_calls,
+    scalecua_calls,
 )
-from hivig.actions.androidworld import _translate as _androidworld_calls
+from hivig.actions.androidworld import androidworld_calls
 from hivig.vision import smart_resize
 
 LAYOUTS = ("osworld", "windowsagentarena", "androidlab", "webarena")
@@ -154,7 +154,9 @@ def png_size(path: Path) -> tuple[int, int] | None:
     return (width, height) if width > 0 and height > 0 else None
 
 
-def _jsonl(path: Path, skipped: list[tuple[str, str, str]]) -> list[tuple[int, dict[str, Any]]]:
+def read_jsonl_rows(
+    path: Path, skipped: list[tuple[str, str, str]]
+) -> list[tuple[int, dict[str, Any]]]:
     out: list[tuple[int, dict[str, Any]]] = []
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -179,23 +181,23 @@ def _jsonl(path: Path, skipped: list[tuple[str, str, str]]) -> list[tuple[int, d
     return out
 
 
-def _text(value: object) -> str | None:
+def nonblank(value: object) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def _cap(text: str | None) -> str | None:
+def capped_text(text: str | None) -> str | None:
     if text is None or len(text) <= _TEXT_CAP:
         return text
     return text[: _TEXT_CAP - 3] + "..."
 
 
-def _number(value: object) -> float | None:
+def as_number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
 
 
-def _inside(folder: Path, name: object) -> Path | None:
+def file_in(folder: Path, name: object) -> Path | None:
     """``folder/name`` when ``name`` is a plain file name that exists there (never ``..``)."""
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in ("..", "."):
         return None
@@ -203,7 +205,7 @@ def _inside(folder: Path, name: object) -> Path | None:
     return path if path.is_file() else None
 
 
-def _sections(response: str | None) -> tuple[str | None, str | None, str | None]:
+def response_sections(response: str | None) -> tuple[str | None, str | None, str | None]:
     """``(think, operation, action)`` blocks of a ScaleCUA-style response."""
     if response is None:
         return None, None, None
@@ -212,7 +214,7 @@ def _sections(response: str | None) -> tuple[str | None, str | None, str | None]
     return think, operation, action
 
 
-def _parsed(
+def parse_response(
     raw: str, fmt: str, platform: str, screen: tuple[int, int] | None, **kw: Any
 ) -> tuple[list[Action] | None, str | None]:
     if screen is None:
@@ -231,7 +233,7 @@ def _number_pair(value: object) -> bool:
     return (
         isinstance(value, (list, tuple))
         and len(value) == 2
-        and all(_number(v) is not None for v in value)
+        and all(as_number(v) is not None for v in value)
     )
 
 
@@ -254,20 +256,20 @@ def pixel_calls(
         The calls, or ``None`` when the text does not read.
     """
     if fmt == "androidworld":
-        obj = _androidworld_object(text)
-        calls = obj if isinstance(obj, ActionError) else _androidworld_calls(obj)
+        obj = androidworld_object(text)
+        calls = obj if isinstance(obj, ActionError) else androidworld_calls(obj)
     else:
-        calls = _scalecua_calls(text) if fmt == "scalecua" else _osworld_calls(text)
+        calls = scalecua_calls(text) if fmt == "scalecua" else osworld_calls(text)
     if isinstance(calls, ActionError):
         return None
     if fmt == "osworld":
-        calls = _repair_calls(calls)
+        calls = repair_calls(calls)
     sx, sy = scale
     out = []
     for call in calls:
         kw = dict(call.kwargs)
         for key, factor in zip(_COORD_KEYS, (sx, sy), strict=True):
-            if _number(kw.get(key)) is not None:
+            if as_number(kw.get(key)) is not None:
                 kw[key] = kw[key] * factor
         for key in _PAIR_KEYS:
             if _number_pair(kw.get(key)):
@@ -276,7 +278,7 @@ def pixel_calls(
     return tuple(out)
 
 
-def _frame_ratio(
+def frame_ratio(
     screen: tuple[int, int] | None, frame: tuple[int, int] | None
 ) -> tuple[float, float]:
     if screen is None or frame is None:
@@ -284,7 +286,9 @@ def _frame_ratio(
     return screen[0] / frame[0], screen[1] / frame[1]
 
 
-def _resized(screen: tuple[int, int] | None, budget: tuple[int, int]) -> tuple[int, int] | None:
+def resized_frame(
+    screen: tuple[int, int] | None, budget: tuple[int, int]
+) -> tuple[int, int] | None:
     """``(w, h)`` of the smart-resized frame the policy saw of ``screen``."""
     if screen is None:
         return None
@@ -292,11 +296,11 @@ def _resized(screen: tuple[int, int] | None, budget: tuple[int, int]) -> tuple[i
     return w, h
 
 
-def _first_size(paths: list[Path | None]) -> tuple[int, int] | None:
+def first_png_size(paths: list[Path | None]) -> tuple[int, int] | None:
     return next((s for p in paths if p is not None and (s := png_size(p))), None)
 
 
-def _score_file(path: Path, notes: list[str]) -> float | None:
+def read_score(path: Path, notes: list[str]) -> float | None:
     if not path.is_file():
         notes.append(f"no {path.name}; the outcome is unknown")
         return None
@@ -308,17 +312,17 @@ def _score_file(path: Path, notes: list[str]) -> float | None:
         return None
 
 
-def _outcome(score: float | None) -> str:
+def outcome_of(score: float | None) -> str:
     return "unknown" if score is None else ("success" if score >= 1.0 else "failure")
 
 
-def _task_text(folder: Path) -> str | None:
+def task_text(folder: Path) -> str | None:
     for name in ("task.json", "example.json", "config.json"):
         path = folder / name
         try:
             obj = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
         except (OSError, ValueError):
             continue
-        if isinstance(obj, dict) and _text(obj.get("instruction")):
+        if isinstance(obj, dict) and nonblank(obj.get("instruction")):
             return obj["instruction"]
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hivig.run_folders._base import LAYOUTS, FolderRun, _jsonl
+from hivig.run_folders._base import LAYOUTS, FolderRun, read_jsonl_rows
 from hivig.run_folders.androidlab import read_androidlab
 from hivig.run_folders.osworld import read_osworld
 from hivig.run_folders.waa import read_windowsagentarena
@@ -40,7 +40,7 @@ def detect_layout(path: Path) -> str | None:
 
 def _is_waa(traj: Path) -> bool:
     """WindowsAgentArena names the screenshot ``screenshot`` (OSWorld: ``screenshot_file``)."""
-    for _line, obj in _jsonl(traj, [])[:3]:
+    for _line, obj in read_jsonl_rows(traj, [])[:3]:
         if "screenshot_file" in obj:
             return False
         if "screenshot" in obj or "agent_raw_response" in obj:

@@ -10,16 +10,16 @@ from hivig.run_folders._base import (
     ANDROIDLAB_PIXELS,
     FolderRun,
     FolderStep,
-    _cap,
-    _first_size,
-    _frame_ratio,
-    _inside,
-    _jsonl,
-    _parsed,
-    _resized,
-    _sections,
-    _text,
+    capped_text,
+    file_in,
+    first_png_size,
+    frame_ratio,
+    nonblank,
+    parse_response,
     pixel_calls,
+    read_jsonl_rows,
+    resized_frame,
+    response_sections,
 )
 
 _LAB_TS = re.compile(r"_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}$")
@@ -29,7 +29,7 @@ def _lab_image(folder: Path, value: object) -> Path | None:
     """A step's screenshot: the runner records its own absolute path; the file is in Screen/."""
     if not isinstance(value, str) or not value:
         return None
-    return _inside(folder / "Screen", value.replace("\\", "/").rsplit("/", 1)[-1])
+    return file_in(folder / "Screen", value.replace("\\", "/").rsplit("/", 1)[-1])
 
 
 def _lab_result(folder: Path, task_id: str, notes: list[str]) -> tuple[str, float | None]:
@@ -38,7 +38,7 @@ def _lab_result(folder: Path, task_id: str, notes: list[str]) -> tuple[str, floa
         path = place / "results.jsonl"
         if not path.is_file():
             continue
-        for _line, obj in _jsonl(path, []):
+        for _line, obj in read_jsonl_rows(path, []):
             result = obj.get("result")
             if obj.get("task_id") == task_id and isinstance(result, dict):
                 complete = result.get("complete")
@@ -63,17 +63,17 @@ def read_androidlab(folder: Path) -> FolderRun:
     skipped: list[tuple[str, str, str]] = []
     notes: list[str] = []
     trace = folder / "traces" / "trace.jsonl"
-    lines = _jsonl(trace, skipped)
+    lines = read_jsonl_rows(trace, skipped)
     shots = [_lab_image(folder, obj.get("image")) for _, obj in lines]
-    screen = _first_size(shots)
-    frame = _resized(screen, ANDROIDLAB_PIXELS)
+    screen = first_png_size(shots)
+    frame = resized_frame(screen, ANDROIDLAB_PIXELS)
     task: str | None = None
     steps: list[FolderStep] = []
     for (number, obj), shot in zip(lines, shots, strict=True):
         where = f"trace.jsonl:{number}"
-        task = task or _text(obj.get("target"))
-        response = _text(obj.get("current_response"))
-        think, operation, action = _sections(response)
+        task = task or nonblank(obj.get("target"))
+        response = nonblank(obj.get("current_response"))
+        think, operation, action = response_sections(response)
         parsed = obj.get("parsed_action")
         if action is None and not isinstance(parsed, dict):
             skipped.append((where, "no_action", "neither an <action> nor a parsed_action"))
@@ -85,9 +85,9 @@ def read_androidlab(folder: Path) -> FolderRun:
         calls = None
         if action is not None and frame is not None:
             kw = {"coord_space": "resized_px", "frame": frame}
-            actions, error = _parsed(action, "scalecua", "android", screen, **kw)
+            actions, error = parse_response(action, "scalecua", "android", screen, **kw)
             if actions is not None:
-                calls = pixel_calls(action, "scalecua", _frame_ratio(screen, frame))
+                calls = pixel_calls(action, "scalecua", frame_ratio(screen, frame))
         elif action is not None:
             error = "no_screen: no readable screenshot gives the screen size"
         steps.append(
@@ -98,7 +98,7 @@ def read_androidlab(folder: Path) -> FolderRun:
                 raw_action=raw,
                 actions=actions,
                 parse_error=error,
-                thought=_cap(think or response),
+                thought=capped_text(think or response),
                 intent=operation,
                 calls=calls,
             )

@@ -14,16 +14,16 @@ from hivig.run_folders._base import (
     ANDROIDWORLD_PIXELS,
     FolderRun,
     FolderStep,
-    _cap,
-    _first_size,
-    _frame_ratio,
-    _inside,
-    _number,
-    _parsed,
-    _resized,
-    _sections,
-    _text,
+    as_number,
+    capped_text,
+    file_in,
+    first_png_size,
+    frame_ratio,
+    nonblank,
+    parse_response,
     pixel_calls,
+    resized_frame,
+    response_sections,
 )
 
 _MAX_PICKLE_BYTES = 4 << 30  # a task's episodes with raw screenshots stay well under this
@@ -183,12 +183,12 @@ def _step_lists(data: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
 def _androidworld_episode(path: Path, stem: str, k: int, ep: Any) -> FolderRun:
     where = f"{path.name}[{k}]"
     ep = ep if isinstance(ep, dict) else {}
-    template = _text(ep.get("task_template")) or stem
+    template = nonblank(ep.get("task_template")) or stem
     instance = plain(ep.get("instance_id"))
     task_id = f"{template}_{instance}" if isinstance(instance, int) else f"{stem}_{k}"
-    run = FolderRun("androidworld", path, task_id, _text(ep.get("goal")), "android", None, [])
-    run.model = _text(ep.get("agent_name"))
-    success = _number(plain(ep.get("is_successful")))
+    run = FolderRun("androidworld", path, task_id, nonblank(ep.get("goal")), "android", None, [])
+    run.model = nonblank(ep.get("agent_name"))
+    success = as_number(plain(ep.get("is_successful")))
     data = ep.get("episode_data")
     if success is None or success != success or not isinstance(data, dict):  # NaN: it crashed
         run.finished = False
@@ -203,23 +203,23 @@ def _androidworld_episode(path: Path, stem: str, k: int, ep: Any) -> FolderRun:
         return values[i] if i < len(values) else None
 
     shots = [array_pixels(at("raw_screenshot", i)) for i in range(count)]
-    files = [_inside(path.parent / stem, f"screenshot_{i + 1}.png") for i in range(count)]
-    sized = next((s[:2] for s in shots if s), None) or _first_size(files)
+    files = [file_in(path.parent / stem, f"screenshot_{i + 1}.png") for i in range(count)]
+    sized = next((s[:2] for s in shots if s), None) or first_png_size(files)
     run.screen = sized
-    frame = _resized(sized, ANDROIDWORLD_PIXELS)
+    frame = resized_frame(sized, ANDROIDWORLD_PIXELS)
     for i in range(count):
-        response, output = _text(at("response", i)), _text(at("action_output", i))
-        think, operation, action = _sections(response)
+        response, output = nonblank(at("response", i)), nonblank(at("action_output", i))
+        think, operation, action = response_sections(response)
         if action is None and output is None:
             run.skipped.append((f"{where} step {i}", "no_action", "no <action> or action_output"))
             continue
         if action is not None:
             kw: dict[str, Any] = {"coord_space": "resized_px", "frame": frame} if frame else {}
-            raw, fmt, ratio = action, "scalecua", _frame_ratio(sized, frame)
+            raw, fmt, ratio = action, "scalecua", frame_ratio(sized, frame)
         else:
             kw, raw, fmt, ratio = {}, output, "androidworld", (1.0, 1.0)
-            think, operation = _text(at("action_reason", i)), _text(at("summary", i))
-        actions, error = _parsed(raw, fmt, "android", sized, **kw)  # type: ignore[arg-type]
+            think, operation = nonblank(at("action_reason", i)), nonblank(at("summary", i))
+        actions, error = parse_response(raw, fmt, "android", sized, **kw)  # type: ignore[arg-type]
         run.steps.append(
             FolderStep(
                 index=len(run.steps),
@@ -228,8 +228,8 @@ def _androidworld_episode(path: Path, stem: str, k: int, ep: Any) -> FolderRun:
                 raw_action=raw,  # type: ignore[arg-type]
                 actions=actions,
                 parse_error=error,
-                thought=_cap(think),
-                intent=_text(operation) or _text(at("operation", i)),
+                thought=capped_text(think),
+                intent=nonblank(operation) or nonblank(at("operation", i)),
                 calls=pixel_calls(raw, fmt, ratio) if actions is not None else None,  # type: ignore[arg-type]
                 image=shots[i],
             )

@@ -17,17 +17,17 @@ from hivig.run_folders._base import (
     OSWORLD_PLATFORM,
     FolderRun,
     FolderStep,
-    _cap,
-    _first_size,
-    _inside,
-    _jsonl,
-    _number,
-    _outcome,
-    _score_file,
-    _sections,
-    _task_text,
-    _text,
+    as_number,
+    capped_text,
+    file_in,
+    first_png_size,
+    nonblank,
+    outcome_of,
     pixel_calls,
+    read_jsonl_rows,
+    read_score,
+    response_sections,
+    task_text,
 )
 
 _OSWORLD_INITIAL = ("step_0.png", "step_0_*.png", "initial*.png", "screenshot_0*.png")
@@ -95,14 +95,14 @@ def _osworld_code(action: object) -> str:
 def _response_texts(response: object) -> tuple[str | None, str | None]:
     """``(think, intent)`` from a ``response`` field that is a string or an object."""
     if isinstance(response, str):
-        think, operation, _action = _sections(response)
-        return _cap(think or _text(response)), operation
+        think, operation, _action = response_sections(response)
+        return capped_text(think or nonblank(response)), operation
     if isinstance(response, dict):
-        intent = _text(response.get("intent")) or _text(response.get("action_description"))
+        intent = nonblank(response.get("intent")) or nonblank(response.get("action_description"))
         for key in ("thought", "thoughts", "reasoning", "response", "content", "text"):
-            if _text(response.get(key)):
-                return _cap(response[key]), intent
-        return _cap(json.dumps(response, ensure_ascii=False)), intent
+            if nonblank(response.get(key)):
+                return capped_text(response[key]), intent
+        return capped_text(json.dumps(response, ensure_ascii=False)), intent
     return None, None
 
 
@@ -116,7 +116,7 @@ def _info_error(info: object) -> str | None:
 
 
 def _osworld_task(folder: Path) -> str | None:
-    task = _task_text(folder)
+    task = task_text(folder)
     if task is not None:
         return task
     for name in _TASK_TEXT_FILES:
@@ -153,7 +153,7 @@ def read_osworld(folder: Path) -> FolderRun:
     skipped: list[tuple[str, str, str]] = []
     notes: list[str] = []
     records: list[tuple[int, dict[str, Any], Path | None]] = []
-    for number, obj in _jsonl(folder / "traj.jsonl", skipped):
+    for number, obj in read_jsonl_rows(folder / "traj.jsonl", skipped):
         where = f"traj.jsonl:{number}"
         if "Error" in obj and "action" not in obj:
             skipped.append((where, "error_line", str(obj["Error"])[:300]))
@@ -162,8 +162,8 @@ def read_osworld(folder: Path) -> FolderRun:
         if "action" not in obj:
             skipped.append((where, "no_action", f"keys {sorted(obj)[:8]}"))
             continue
-        records.append((number, obj, _inside(folder, obj.get("screenshot_file"))))
-    screen = _first_size([p for _, _, p in records])
+        records.append((number, obj, file_in(folder, obj.get("screenshot_file"))))
+    screen = first_png_size([p for _, _, p in records])
     if screen is None:
         notes.append(f"no readable screenshot; the screen is assumed {DEFAULT_SCREEN}")
     width, height = screen or DEFAULT_SCREEN
@@ -184,8 +184,8 @@ def read_osworld(folder: Path) -> FolderRun:
                 parse_error=None if ok else f"{parsed.reason}: {parsed.message}",  # type: ignore[union-attr]
                 thought=think,
                 intent=intent,
-                reward=_number(obj.get("reward")),
-                error=_text(obj.get("Error")) or _info_error(obj.get("info")),
+                reward=as_number(obj.get("reward")),
+                error=nonblank(obj.get("Error")) or _info_error(obj.get("info")),
                 calls=pixel_calls(strip_thought_strings(code), "osworld") if ok else None,
             )
         )
@@ -195,7 +195,7 @@ def read_osworld(folder: Path) -> FolderRun:
         notes.append(f"{missing} step(s) have no readable screenshot file")
     if steps and steps[0].screenshot is None:
         notes.append("the folder has no initial screenshot; step 1 has no before-screen")
-    score = _score_file(folder / "result.txt", notes)
+    score = read_score(folder / "result.txt", notes)
     return FolderRun(
         "osworld",
         folder,
@@ -205,7 +205,7 @@ def read_osworld(folder: Path) -> FolderRun:
         (width, height),
         steps,
         final_screenshot=before if steps else None,
-        outcome=_outcome(score),
+        outcome=outcome_of(score),
         score=score,
         skipped=skipped,
         notes=notes,

@@ -19,9 +19,9 @@ from hivig.run_folders._base import (
     OSWORLD_PLATFORM,
     FolderRun,
     FolderStep,
-    _jsonl,
-    _number,
-    _text,
+    as_number,
+    nonblank,
+    read_jsonl_rows,
 )
 
 
@@ -55,9 +55,9 @@ def trace_action(obj: object) -> tuple[str, str | None, list[Action] | None, str
     """
     if not isinstance(obj, dict):
         return "", None, None, "missing action"
-    text = _text(obj.get("action_text")) or _text(obj.get("raw")) or ""
-    intent = _text(obj.get("intent"))
-    recorded_error = _text(obj.get("parse_error"))
+    text = nonblank(obj.get("action_text")) or nonblank(obj.get("raw")) or ""
+    intent = nonblank(obj.get("intent"))
+    recorded_error = nonblank(obj.get("parse_error"))
     parsed = parse_tool_calls(text) if text else ActionError("empty", "no action text")
     if isinstance(parsed, ActionError):
         return text, intent, None, recorded_error or f"{parsed.reason}: {parsed.message}"
@@ -71,9 +71,9 @@ def trace_verdict(obj: object) -> dict[str, Any] | None:
     return {
         "verdict": obj["verdict"],
         "source": str(obj.get("source") or "model"),
-        "dimension": _text(obj.get("error_dimension")),
-        "explanation": _text(obj.get("explanation")) or "",
-        "confidence": _number(obj.get("confidence")),
+        "dimension": nonblank(obj.get("error_dimension")),
+        "explanation": nonblank(obj.get("explanation")) or "",
+        "confidence": as_number(obj.get("confidence")),
     }
 
 
@@ -103,7 +103,7 @@ def trace_session_fields(
         w, h = screen.get("w"), screen.get("h")
         if isinstance(w, int) and isinstance(h, int) and w > 0 and h > 0:
             size = (w, h)
-    return _text(session.get("task")), str(platform), size
+    return nonblank(session.get("task")), str(platform), size
 
 
 @dataclass
@@ -135,7 +135,7 @@ def trace_events(path: Path) -> TraceEvents:
         The events; bad lines, bad ``step_idx`` and unknown events are in ``skipped``.
     """
     ev = TraceEvents()
-    for number, obj in _jsonl(path, ev.skipped):
+    for number, obj in read_jsonl_rows(path, ev.skipped):
         where = f"{path.name}:{number}"
         event, idx = obj.get("event"), obj.get("step_idx")
         if event == "session":
@@ -189,7 +189,7 @@ def trace_segments(path: Path) -> list[TraceSegment]:
         The segments; none for an unreadable file or one without observes.
     """
     segments = [TraceSegment()]
-    for _line, obj in _jsonl(path, []):
+    for _line, obj in read_jsonl_rows(path, []):
         event, idx = obj.get("event"), obj.get("step_idx")
         if event == "session" and obj.get("reseeded") is True:
             segments.append(TraceSegment())
@@ -349,7 +349,7 @@ def read_trace(path: Path) -> FolderRun:
         outcome = "failure" if isinstance(end, Terminate) and end.status == "failure" else outcome
     run = FolderRun("trace", path, path.stem, task, platform, screen, steps, outcome=outcome)
     run.skipped, run.notes, run.finished = ev.skipped, notes, ev.close is not None
-    run.model = _text((ev.session or {}).get("agent_model"))
+    run.model = nonblank((ev.session or {}).get("agent_model"))
     return run
 
 

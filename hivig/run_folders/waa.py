@@ -8,31 +8,31 @@ from typing import Any
 from hivig.run_folders._base import (
     FolderRun,
     FolderStep,
-    _cap,
-    _first_size,
-    _inside,
-    _jsonl,
-    _number,
-    _outcome,
-    _parsed,
-    _score_file,
-    _sections,
-    _task_text,
-    _text,
+    as_number,
+    capped_text,
+    file_in,
+    first_png_size,
+    nonblank,
+    outcome_of,
+    parse_response,
     pixel_calls,
+    read_jsonl_rows,
+    read_score,
+    response_sections,
+    task_text,
 )
 
 
 def _waa_response(obj: dict[str, Any]) -> tuple[str | None, str | None]:
     """``(thought, intent)`` of a step line: the raw agent response, else ``response``."""
-    raw = _text(obj.get("agent_raw_response"))
+    raw = nonblank(obj.get("agent_raw_response"))
     response = obj.get("response")
     if raw is None and isinstance(response, str):
-        raw = _text(response)
+        raw = nonblank(response)
     if raw is None and isinstance(response, dict):
-        raw = _text(response.get("agent_raw_response")) or _text(response.get("response"))
-    think, operation, _action = _sections(raw)
-    return _cap(think or raw), operation
+        raw = nonblank(response.get("agent_raw_response")) or nonblank(response.get("response"))
+    think, operation, _action = response_sections(raw)
+    return capped_text(think or raw), operation
 
 
 def read_windowsagentarena(folder: Path) -> FolderRun:
@@ -49,12 +49,12 @@ def read_windowsagentarena(folder: Path) -> FolderRun:
     """
     skipped: list[tuple[str, str, str]] = []
     notes: list[str] = []
-    lines = _jsonl(folder / "traj.jsonl", skipped)
+    lines = read_jsonl_rows(folder / "traj.jsonl", skipped)
     first: Path | None = None
     records: list[tuple[int, dict[str, Any], Path | None]] = []
     for number, obj in lines:
         where = f"traj.jsonl:{number}"
-        shot = _inside(folder, obj.get("screenshot"))
+        shot = file_in(folder, obj.get("screenshot"))
         if isinstance(obj.get("screenshot"), str) and shot is None:
             notes.append(
                 f"{where}: screenshot {str(obj['screenshot'])[:80]!r} is not in the folder"
@@ -66,12 +66,12 @@ def read_windowsagentarena(folder: Path) -> FolderRun:
             skipped.append((where, "no_action", f"keys {sorted(obj)[:8]}"))
             continue
         records.append((number, obj, shot))
-    screen = _first_size([first, *(p for _, _, p in records)])
+    screen = first_png_size([first, *(p for _, _, p in records)])
     steps: list[FolderStep] = []
     before = first
     for number, obj, shot in records:
         code = obj["action"].strip()
-        actions, error = _parsed(code, "osworld", "windows", screen)
+        actions, error = parse_response(code, "osworld", "windows", screen)
         calls = pixel_calls(code, "osworld") if actions is not None else None
         thought, intent = _waa_response(obj)
         info = obj.get("info")
@@ -93,23 +93,23 @@ def read_windowsagentarena(folder: Path) -> FolderRun:
                 parse_error=error,
                 thought=thought,
                 intent=intent,
-                reward=_number(obj.get("reward")),
+                reward=as_number(obj.get("reward")),
                 error=fault,
                 calls=calls,
             )
         )
         before = shot
-    score = _score_file(folder / "result.txt", notes)
+    score = read_score(folder / "result.txt", notes)
     return FolderRun(
         "windowsagentarena",
         folder,
         folder.name,
-        _task_text(folder),
+        task_text(folder),
         "windows",
         screen,
         steps,
         final_screenshot=before if steps else None,
-        outcome=_outcome(score),
+        outcome=outcome_of(score),
         score=score,
         skipped=skipped,
         notes=notes,

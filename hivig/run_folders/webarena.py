@@ -10,17 +10,17 @@ from hivig.run_folders._base import (
     WEBARENA_PIXELS,
     FolderRun,
     FolderStep,
-    _cap,
-    _first_size,
-    _frame_ratio,
-    _inside,
-    _jsonl,
-    _number,
-    _outcome,
-    _parsed,
-    _resized,
-    _text,
+    as_number,
+    capped_text,
+    file_in,
+    first_png_size,
+    frame_ratio,
+    nonblank,
+    outcome_of,
+    parse_response,
     pixel_calls,
+    read_jsonl_rows,
+    resized_frame,
 )
 
 
@@ -28,10 +28,10 @@ def _web_metric(folder: Path, notes: list[str]) -> float | None:
     path = folder.parent / "results.jsonl"
     metric = None
     if path.is_file():
-        for _line, obj in _jsonl(path, []):
+        for _line, obj in read_jsonl_rows(path, []):
             save = obj.get("save_folder")
             if isinstance(save, str) and save.rstrip("/").rsplit("/", 1)[-1] == folder.name:
-                metric = _number(obj.get("metric"))  # a rerun appends; the last line counts
+                metric = as_number(obj.get("metric"))  # a rerun appends; the last line counts
     if metric is None:
         notes.append(f"{folder.parent.name}/results.jsonl has no metric for this task")
     return metric
@@ -66,23 +66,23 @@ def read_webarena(folder: Path) -> FolderRun:
     actions_text = result.get("actions") if isinstance(result.get("actions"), list) else []
     thoughts = result.get("thought") if isinstance(result.get("thought"), list) else []
     operations = result.get("operation") if isinstance(result.get("operation"), list) else []
-    shots = [_inside(folder / "trajectory", f"{k}.png") for k in range(len(actions_text) + 1)]
-    screen = _first_size(shots)
-    frame = _resized(screen, WEBARENA_PIXELS)
+    shots = [file_in(folder / "trajectory", f"{k}.png") for k in range(len(actions_text) + 1)]
+    screen = first_png_size(shots)
+    frame = resized_frame(screen, WEBARENA_PIXELS)
     steps: list[FolderStep] = []
     for k, text in enumerate(actions_text):
         if shots[k] is None:
             notes.append(f"trajectory/{k}.png is missing")
         kw = {"coord_space": "resized_px", "frame": frame} if frame else {}
-        if _text(text):
-            actions, error = _parsed(text, "scalecua", "web", screen, **kw)
+        if nonblank(text):
+            actions, error = parse_response(text, "scalecua", "web", screen, **kw)
         else:
             # The step still ran: with no <action> the runner executes its own fallback wait.
             actions, error = None, "no_action: the agent wrote no <action>; the runner waited"
             text = text if isinstance(text, str) else ""
         calls = None
         if actions is not None and frame is not None:
-            calls = pixel_calls(text, "scalecua", _frame_ratio(screen, frame))
+            calls = pixel_calls(text, "scalecua", frame_ratio(screen, frame))
         steps.append(
             FolderStep(
                 index=len(steps),
@@ -91,8 +91,8 @@ def read_webarena(folder: Path) -> FolderRun:
                 raw_action=text,
                 actions=actions,
                 parse_error=error,
-                thought=_cap(_text(thoughts[k]) if k < len(thoughts) else None),
-                intent=_text(operations[k]) if k < len(operations) else None,
+                thought=capped_text(nonblank(thoughts[k]) if k < len(thoughts) else None),
+                intent=nonblank(operations[k]) if k < len(operations) else None,
                 calls=calls,
             )
         )
@@ -101,12 +101,12 @@ def read_webarena(folder: Path) -> FolderRun:
         "webarena",
         folder,
         str(result.get("task_id") or folder.name),
-        _text(result.get("task")),
+        nonblank(result.get("task")),
         "web",
         screen,
         steps,
         final_screenshot=shots[len(actions_text)] if actions_text else None,
-        outcome=_outcome(metric),
+        outcome=outcome_of(metric),
         score=metric,
         skipped=skipped,
         notes=notes,
