@@ -2,7 +2,7 @@
 
 Both trajectory files (the corpus's and an agent's runs', ``data_gen.flywheel``) are ingested
 on the fly when the config names none; the shards of an array job that start together ingest
-once (``hivig.lease.run_once``).
+once (``hivig.locks.run_once``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from data_gen.ingest import IngestConfig, ingest, ingest_complete
 from data_gen.step_unit import StepUnit
 from data_gen.steps.work import Work
 from hivig.actions import ActionError
-from hivig.lease import run_once
+from hivig.locks import run_once
 from hivig.logging import get_logger
 from hivig.trajectory import Trajectory, TrajectoryError, scan_trajectories
 

@@ -21,7 +21,7 @@ from data_gen.perturb.plan import target_shares
 from data_gen.resume import inputs_digest
 from data_gen.steps.work import Work
 from hivig.files import write_atomic
-from hivig.lease import file_lock
+from hivig.locks import file_lock
 from hivig.logging import get_logger
 
 log = get_logger(__name__)

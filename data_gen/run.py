@@ -19,7 +19,7 @@ This module runs the parts in order; each lives in its own module: ``data_gen.in
 work items and their splits), ``data_gen.planning`` (the corpus-wide plan), ``data_gen.steps``
 (the stages, run by ``data_gen.executor``), ``data_gen.merge`` (the export once every shard is
 done), ``data_gen.resume`` (what a rerun in the same ``out`` must match), ``data_gen.cli_run``
-(the command line) and ``hivig.lease`` (the lock of the one-off jobs shards share).
+(the command line) and ``hivig.locks`` (the lock of the one-off jobs shards share).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from hivig.backends import build_backend
 from hivig.backends.openai_client import OpenAIClient
 from hivig.config import ConfigError, write_run_description
 from hivig.files import dumps_jsonl, write_atomic
-from hivig.lease import run_once
+from hivig.locks import run_once
 from hivig.logging import get_logger
 from hivig.profiles import ProfileError, resolve_profile
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hivig.lease import file_lock, lock_owner, run_once
+from hivig.locks import file_lock, lock_owner, run_once
 
 ROOT = Path(__file__).resolve().parents[1]
 SBATCH = ROOT / "slurm" / "data_gen.sbatch"

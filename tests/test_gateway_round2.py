@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from hivig.config import ConfigError
+from hivig.locks import hold_flock
 from serve.app import create_app
-from serve.services.sessions import hold_lock_file
 from serve.sessions import _SCHEMA, SessionState
 from tests.fakes.gateway import (
     CLICK,
@@ -309,7 +309,7 @@ def test_a_waiter_on_a_removed_lock_file_locks_the_new_one(tmp_path):
     async def scenario() -> tuple[tuple[int, int], tuple[int, int]]:
         held = os.open(path, os.O_RDWR | os.O_CREAT)
         fcntl.flock(held, fcntl.LOCK_EX)
-        waiter = asyncio.create_task(hold_lock_file(path))
+        waiter = asyncio.create_task(hold_flock(path))
         await asyncio.sleep(0.05)  # it has opened the file and waits for the lock
         path.unlink()  # the sweep removes it, holding the lock
         os.close(held)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
 import logging
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hivig.contracts import INITIAL_HISTORY
+from hivig.locks import LockUnavailable, hold_flock, remove_unheld
 from serve.config import ServeConfig
 from serve.errors import ApiError, StorageError
 from serve.metrics import Metrics
@@ -74,7 +74,10 @@ class SessionService:
             if self.lock_dir is None:
                 yield
                 return
-            fd = await hold_lock_file(self.lock_dir / f"{sid}.lock")
+            try:
+                fd = await hold_flock(self.lock_dir / f"{sid}.lock")
+            except LockUnavailable as e:  # the commit would fail as well
+                raise StorageError(f"session {e}") from None
             try:
                 yield
             finally:
@@ -230,7 +233,7 @@ class SessionService:
         removed = self.store.purge_closed(before, keep, SWEEP_SLICE)
         for sid in removed:
             if self.lock_dir is not None:
-                remove_lock_file(self.lock_dir / f"{sid}.lock")
+                remove_unheld(self.lock_dir / f"{sid}.lock")
             if self.cfg.retention.remove_traces:
                 with contextlib.suppress(OSError):
                     self.traces.path(sid).unlink(missing_ok=True)
@@ -253,7 +256,7 @@ class SessionService:
             still_open = self.store.open_among([n.removesuffix(".lock") for n in chunk])
             for name in chunk:
                 if name.removesuffix(".lock") not in still_open:
-                    removed += remove_lock_file(self.lock_dir / name)
+                    removed += remove_unheld(self.lock_dir / name)
         return removed
 
 
@@ -298,73 +301,3 @@ def seed_from_echo(state: SessionState, echo: Echo) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Lock files: one session's requests in order across processes
-
-
-async def hold_lock_file(path: Path) -> int:
-    """An open descriptor of ``path`` holding its exclusive ``flock``.
-
-    While another process serves the session, the lock is polled from the event loop: a thread
-    blocked in ``flock`` would hold a place of the default executor, which model calls share.
-    """
-    while True:
-        fd = await _lock_open(path)
-        # The sweep removes the lock files of closed sessions (holding their lock): one locked
-        # after it was removed is no longer the session's, and a new one is made.
-        if _same_file(fd, path):
-            return fd
-        os.close(fd)
-
-
-async def _lock_open(path: Path) -> int:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:  # the state folder refuses writes: the commit would fail as well
-        raise StorageError(f"session lock file unavailable: {e.strerror or e}") from None
-    pause = 0.001
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.05)
-    except OSError as e:  # no locks on this filesystem (ENOLCK on some network mounts)
-        os.close(fd)
-        raise StorageError(f"session lock unavailable: {e.strerror or e}") from None
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
-
-
-def remove_lock_file(path: Path) -> int:
-    """Remove a session's lock file unless a request holds it (1 when removed).
-
-    The file is removed while its lock is held here, so a process that opened it before and
-    waits for it sees, once it has the lock, that the path names another file
-    (``hold_lock_file``).
-    """
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return 0
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if not _same_file(fd, path):
-            return 0
-        path.unlink()
-        return 1
-    except OSError:  # held by a request (BlockingIOError), or already gone: kept for now
-        return 0
-    finally:
-        os.close(fd)
