@@ -43,6 +43,8 @@ from hivig.backends import (
     PreparesImages,
     RetriesExhausted,
     Sampling,
+    content_hash,
+    messages_skeleton,
 )
 from hivig.config import BackendConfig, FrameConfig
 from hivig.contracts import render_critique_target, render_history_target
@@ -314,24 +316,14 @@ def cache_key(
     Images enter by file content, marks and size class (not by path alone), so a changed
     screenshot misses and a renamed identical one hits.
     """
-    messages = []
-    for message in request.messages:
-        parts: list[dict[str, Any]] = []
-        for part in message.content:
-            if isinstance(part, TextPart):
-                parts.append({"text": part.text})
-            elif isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
-                ref = part.image
-                parts.append(
-                    {
-                        "image": digest(ref.path),
-                        "marks": [mark_to_json(m) for m in ref.marks],
-                        "size_class": ref.size_class,
-                    }
-                )
-            else:
-                raise TypeError(f"unsupported message part {type(part)!r}")
-        messages.append({"role": message.role, "content": parts})
+
+    def image(part: ImagePart) -> dict[str, Any]:
+        ref = part.image
+        if not isinstance(ref, ImageRef):
+            raise TypeError(f"unsupported message part {type(part)!r}")
+        marks = [mark_to_json(m) for m in ref.marks]
+        return {"image": digest(ref.path), "marks": marks, "size_class": ref.size_class}
+
     doc = {
         "v": CACHE_KEY_VERSION,
         "model": model,
@@ -339,10 +331,9 @@ def cache_key(
         "frame": [frame.min_pixels, frame.max_pixels, frame.factor],
         "stage": request.stage,
         "attempt": attempt,
-        "messages": messages,
+        "messages": messages_skeleton(request.messages, image),
     }
-    blob = json.dumps(doc, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return content_hash(doc)
 
 
 def _image_paths(request: AnnotatorRequest) -> list[str]:

@@ -10,7 +10,6 @@ exception: a critic must not stall or crash an agent.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import re
@@ -27,6 +26,8 @@ from hivig.backends import (
     InferenceBackend,
     Sampling,
     backend_cancellable,
+    content_hash,
+    messages_skeleton,
 )
 from hivig.contracts import (
     INITIAL_HISTORY,
@@ -36,7 +37,7 @@ from hivig.contracts import (
     parse_critique,
     parse_history,
 )
-from hivig.messages import ChatMessage, ImagePart, ImageRef, Mark
+from hivig.messages import ChatMessage, ImagePart, ImageRef, Mark, mark_to_json
 from hivig.profiles import GenerationBudget, Profile, default_profile, load_profile
 from hivig.prompts import (
     CRITIC_PROMPTS,
@@ -438,19 +439,20 @@ def request_key(model: str, messages: PromptMessages, sampling: Sampling) -> str
     Screens are named by their references (``serve.images``), so no frame is hashed again per
     request.
     """
-    h = hashlib.sha256(
-        f"{model}|{sampling.temperature}|{sampling.top_p}|{sampling.max_tokens}".encode()
-    )
-    for message in messages:
-        h.update(f"|{message.role}|".encode())
-        for part in message.content:
-            if isinstance(part, ImagePart) and isinstance(part.image, ImageRef):
-                h.update(
-                    f"img:{part.image.path}:{part.image.marks}:{part.image.size_class}".encode()
-                )
-            else:
-                h.update(getattr(part, "text", "").encode())
-    return h.hexdigest()
+    doc = {
+        "model": model,
+        "sampling": [sampling.temperature, sampling.top_p, sampling.max_tokens],
+        "messages": messages_skeleton(messages, _stored_name),
+    }
+    return content_hash(doc)
+
+
+def _stored_name(part: ImagePart) -> dict[str, Any]:
+    ref = part.image
+    if not isinstance(ref, ImageRef):
+        raise TypeError(f"the gateway names its screens by reference, not {type(ref)!r}")
+    marks = [mark_to_json(m) for m in ref.marks]
+    return {"image_ref": ref.path, "marks": marks, "size_class": ref.size_class}
 
 
 def _repair(text: str, tag: str) -> str | None:

@@ -305,3 +305,20 @@ def test_a_failed_history_pair_does_not_lose_the_rest_of_its_trajectory(corpus, 
     # Every other pair was annotated, from the last good summary after a refusal, and kept.
     assert history["kept"] == history["in"] - refused
     assert history["chain_resumed"] > 0
+
+
+def test_a_cache_key_keeps_its_value():
+    # Existing caches stay valid only while the key's value does: pinned here (the key is built
+    # with the project's one content hash, hivig.backends.content_hash).
+    from data_gen.annotator import AnnotatorRequest, cache_key
+    from hivig.config import FrameConfig
+    from hivig.messages import ChatMessage, ImagePart, ImageRef, PointMark, TextPart
+
+    image = ImagePart(ImageRef("a/b.png", (PointMark(3, 4),), "phone"))
+    messages = [
+        ChatMessage("system", (TextPart("sys é"),)),
+        ChatMessage("user", (TextPart("hi"), image, TextPart("x"))),
+    ]
+    request = AnnotatorRequest(stage="history", messages=messages)
+    key = cache_key("m", {"temperature": 0.0}, FrameConfig(), request, 1, lambda p: "d" + p)
+    assert key == "1ac4ec76ca822c3d7800fe7b2aca777a4f01776cdca3e490f3d139cf0b9e5ca5"

@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -384,16 +384,40 @@ def image_digest(image: Image.Image) -> str:
     return default_image_cache().digest(image)
 
 
-def _message_skeleton(message: ChatMessage) -> dict[str, Any]:
-    parts: list[dict[str, str]] = []
-    for part in message.content:
-        if isinstance(part, TextPart):
-            parts.append({"text": part.text})
-        elif isinstance(part, ImagePart):
-            parts.append({"image_sha256": image_digest(part.image)})
-        else:
-            raise TypeError(f"unknown message part {type(part)!r}")
-    return {"role": message.role, "content": parts}
+def content_hash(doc: Any, *, default: Callable[[Any], Any] | None = None) -> str:
+    """Hex SHA-256 of ``doc`` as canonical JSON (sorted keys, compact, UTF-8 kept).
+
+    The one way the project names a request by its content: the backends' ``request_hash``,
+    data_gen's annotator cache keys, the gateway's model requests and retry keys.
+    """
+    blob = json.dumps(
+        doc, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=default
+    )
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def messages_skeleton(
+    messages: Sequence[ChatMessage], image: Callable[[ImagePart], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Messages as hashable JSON: text parts as they are, each image as ``image(part)`` names it.
+
+    Callers name images by what they know of them: pixels, file content, a stored reference.
+
+    Raises:
+        TypeError: A message holds something other than text and image parts.
+    """
+    out = []
+    for message in messages:
+        parts: list[dict[str, Any]] = []
+        for part in message.content:
+            if isinstance(part, TextPart):
+                parts.append({"text": part.text})
+            elif isinstance(part, ImagePart):
+                parts.append(image(part))
+            else:
+                raise TypeError(f"unknown message part {type(part)!r}")
+        out.append({"role": message.role, "content": parts})
+    return out
 
 
 def request_hash(model: str, messages: Sequence[ChatMessage], sampling: Sampling) -> str:
@@ -411,11 +435,14 @@ def request_hash(model: str, messages: Sequence[ChatMessage], sampling: Sampling
     doc = {
         "v": REQUEST_HASH_VERSION,
         "model": model,
-        "messages": [_message_skeleton(m) for m in messages],
+        "messages": messages_skeleton(messages, _pixel_name),
         "sampling": sampling.to_json(),
     }
-    blob = json.dumps(doc, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return content_hash(doc)
+
+
+def _pixel_name(part: ImagePart) -> dict[str, Any]:
+    return {"image_sha256": image_digest(part.image)}
 
 
 # --------------------------------------------------------------------------------------------

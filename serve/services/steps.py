@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from hivig.actions import ActionError, action_from_arguments, pointer_after, space_for_platform
+from hivig.backends import content_hash
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput, parse_history
 from hivig.messages import ArrowMark
 from hivig.prompts import format_trajectory
@@ -645,7 +645,7 @@ def _request_key(req: Critique, screen: str | None) -> str:
     }
     if req.screenshot:
         keep["screenshot"] = hashlib.sha256(str(req.screenshot).encode()).hexdigest()
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return content_hash(keep, default=str)[:32]
 
 
 def _step_records(state: SessionState) -> list[StepRecord]:
