@@ -129,6 +129,7 @@ def read_context_length(path: str | os.PathLike, cap: int = SERVE_CONTEXT_CAP) -
 
 
 def _write_json(path: Path, obj: Any) -> None:
+    # Not hivig.files.write_atomic: this module runs with the standard library alone (above).
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)

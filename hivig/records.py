@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from hivig.actions import PLATFORMS
+from hivig.files import atomic_path, write_atomic
 from hivig.logging import get_logger
 from hivig.messages import (
     ArrowMark,
@@ -465,9 +466,8 @@ def write_records(
         chunk = rows[start : start + shard_size]
         table = pa.Table.from_pylist([_to_row(r) for r in chunk], schema=SCHEMA)
         path = out / f"part-{n:05d}.parquet"
-        tmp = path.with_suffix(".parquet.tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
+        with atomic_path(path, mkdir=False) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
         paths.append(path)
     logger.info("wrote %d records in %d shards to %s", len(rows), len(paths), out)
     return paths
@@ -581,9 +581,7 @@ def _frame_png(ref: ImageRef, frames_dir: Path, source: _FrameSource) -> Path:
             frame = source.frame(ref)
         except ImageError as e:
             raise RecordError(f"image {ref.path!r}: {e}") from e
-        tmp = out.with_suffix(".png.tmp")
-        tmp.write_bytes(encode_png(frame, FAST_PNG_LEVEL))
-        os.replace(tmp, out)
+        write_atomic(out, encode_png(frame, FAST_PNG_LEVEL), durable=False, mkdir=False)
     return out
 
 

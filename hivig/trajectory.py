@@ -22,7 +22,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from hivig.actions import (
     action_from_arguments,
     space_for_platform,
 )
+from hivig.files import atomic_path, dumps_jsonl
 
 Outcome = Literal["success", "failure", "unknown"]
 OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
@@ -484,15 +484,10 @@ def write_trajectories(trajectories: Iterable[Trajectory], path: str | os.PathLi
     """
     dest = Path(path)
     count = 0
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for trajectory in trajectories:
-                f.write(json.dumps(trajectory.to_json(), ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(tmp, dest)
-    except BaseException:
-        # Never leave a half-written temporary behind; the original file stays untouched.
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # Streamed (a corpus may not fit in memory as one string); the original file stays
+    # untouched until the last line is written.
+    with atomic_path(dest, mkdir=False) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for trajectory in trajectories:
+            f.write(dumps_jsonl([trajectory.to_json()]))
+            count += 1
     return count

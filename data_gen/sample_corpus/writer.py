@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from data_gen.sample_corpus.scenarios import SCENARIOS, Ctx, Episode
 from hivig.actions import PLATFORMS
+from hivig.files import write_atomic
 
 # Families per platform file: navigation (direct action), planning_cot (reasoned action, with
 # <think>) and planning_cot_boost_instruction (several instruction variants, step-major).
@@ -220,13 +221,6 @@ def _png_bytes(image) -> bytes:
     return buf.getvalue()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 GENERATED = ("meta.json", "elements.jsonl", "annotations", "data")
 """Paths of a corpus that ``make_sample`` writes (and removes before writing a new one)."""
 
@@ -310,7 +304,7 @@ def make_sample(out: str | os.PathLike, cfg: SampleConfig, progress: bool = True
             for name in _screenshot_names(platform, date, len(ep.steps), rng)
         ]
         for k, st in enumerate(ep.steps):
-            _write_atomic(root / image_root / images[k], _png_bytes(st.screen.image))
+            write_atomic(root / image_root / images[k], _png_bytes(st.screen.image), durable=False)
             sidecar.append(
                 json.dumps(
                     {
@@ -357,10 +351,14 @@ def make_sample(out: str | os.PathLike, cfg: SampleConfig, progress: bool = True
     meta = {}
     for (platform, family), lines in sorted(files.items()):
         key, anno = _names(platform, family, batch[platform])
-        _write_atomic(root / anno, ("\n".join(lines) + "\n").encode("utf-8"))
+        write_atomic(root / anno, ("\n".join(lines) + "\n").encode("utf-8"), durable=False)
         meta[key] = _meta_entry(platform, family, batch[platform], anno)
-    _write_atomic(root / "elements.jsonl", ("\n".join(sidecar) + "\n").encode("utf-8"))
-    _write_atomic(root / "meta.json", (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
+    write_atomic(
+        root / "elements.jsonl", ("\n".join(sidecar) + "\n").encode("utf-8"), durable=False
+    )
+    write_atomic(
+        root / "meta.json", (json.dumps(meta, indent=2) + "\n").encode("utf-8"), durable=False
+    )
     return corpus
 
 

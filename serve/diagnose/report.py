@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from hivig.files import write_atomic
 from hivig.vision import ImageError, encode_png, reference_marked_image
 from serve.diagnose.inspection import step_marks
 from serve.diagnose.run import Run
@@ -30,17 +29,6 @@ pre{white-space:pre-wrap;margin:0;font-size:13px}.root{background:#fff3cd}
 .box{border:1px solid #ddd;padding:1em;margin:1em 0;border-radius:6px}
 .muted{color:#777}
 """
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _copy_images(result: Any, run: Run, out: Path) -> dict[int, dict[str, str]]:
@@ -67,7 +55,7 @@ def _copy_images(result: Any, run: Run, out: Path) -> dict[int, dict[str, str]]:
         if step.before is not None and marks:
             try:
                 marked, _ = reference_marked_image(step.before, marks)
-                _write_atomic(images / f"step{n}_marked.png", encode_png(marked))
+                write_atomic(images / f"step{n}_marked.png", encode_png(marked), durable=False)
                 entry["marked"] = f"images/step{n}_marked.png"
             except ImageError:
                 pass  # the unmarked copy (if any) still shows the screen
@@ -87,10 +75,9 @@ def write_outputs(result: Any, run: Run, out: Path) -> None:
     images = _copy_images(result, run, out)
     doc = result.to_json()
     doc["images"] = {str(k): v for k, v in images.items()}
-    _write_atomic(
-        out / "diagnosis.json", (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
-    )
-    _write_atomic(out / "diagnosis.html", render_html(doc).encode("utf-8"))
+    text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    write_atomic(out / "diagnosis.json", text, durable=False)
+    write_atomic(out / "diagnosis.html", render_html(doc), durable=False)
 
 
 def _e(value: object) -> str:
