@@ -48,7 +48,7 @@ _COORD_KEYS = ("coordinate", "coordinate2")
 
 
 @dataclass(frozen=True)
-class Frame:
+class CoordinateSpace:
     """How coordinates are stated: the space and, for pixel spaces, the image they refer to."""
 
     space: str
@@ -128,7 +128,9 @@ def pointer_of(actions: list[Action]) -> tuple[int, int] | None:
 # Entry point
 
 
-def resolve(obj: Any, platform: str, frame: Frame, default_format: str = "auto") -> ResolvedAction:
+def resolve(
+    obj: Any, platform: str, frame: CoordinateSpace, default_format: str = "auto"
+) -> ResolvedAction:
     """Turn a request's action object into a ``ResolvedAction``.
 
     Args:
@@ -193,7 +195,7 @@ def _finish(
     parsed: list[Action] | ActionError,
     raw: str,
     space: str,
-    frame: Frame | None = None,
+    frame: CoordinateSpace | None = None,
 ) -> ResolvedAction:
     if isinstance(parsed, ActionError):
         return ResolvedAction(
@@ -227,7 +229,7 @@ def _error_text(error: ActionError) -> str:
 _BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.DOTALL | re.IGNORECASE)
 
 
-def _unparsed_calls(raw: str, frame: Frame | None) -> str:
+def _unparsed_calls(raw: str, frame: CoordinateSpace | None) -> str:
     """What the critic sees of a step that does not parse, in the training data's form.
 
     Training's malformed steps are their ``<tool_call>`` blocks only, coordinates on the grid
@@ -244,7 +246,7 @@ def _unparsed_calls(raw: str, frame: Frame | None) -> str:
     return "\n".join(_grid_block(b, frame) for b in blocks)
 
 
-def _grid_block(block: str, frame: Frame) -> str:
+def _grid_block(block: str, frame: CoordinateSpace) -> str:
     body = block[len("<tool_call>") :]
     closed = body.lower().endswith("</tool_call>")
     body = body[: -len("</tool_call>")] if closed else body
@@ -262,18 +264,18 @@ def _grid_block(block: str, frame: Frame) -> str:
     return f"<tool_call>\n{text}\n</tool_call>" if closed else f"<tool_call>\n{text}"
 
 
-def _override_frame(obj: dict[str, Any], frame: Frame) -> Frame:
+def _override_frame(obj: dict[str, Any], frame: CoordinateSpace) -> CoordinateSpace:
     space = obj.get("coord_space", frame.space)
     size = obj.get("frame")
     if space not in ("screen_px", "norm1000", "norm999", "norm01", "resized_px"):
         raise ApiError(422, "bad_request", f"unknown coord_space {space!r}")
     if size is None:
-        return Frame(space, frame.width, frame.height)
+        return CoordinateSpace(space, frame.width, frame.height)
     if not (
         isinstance(size, dict) and _positive_int(size.get("w")) and _positive_int(size.get("h"))
     ):
         raise ApiError(422, "bad_request", '`frame` must be {"w": int > 0, "h": int > 0}')
-    return Frame(space, size["w"], size["h"])
+    return CoordinateSpace(space, size["w"], size["h"])
 
 
 def _positive_int(value: Any) -> bool:
@@ -285,7 +287,7 @@ def _positive_int(value: Any) -> bool:
 
 
 def _parse_text(
-    raw: str, fmt: str, platform: str, frame: Frame, space: str
+    raw: str, fmt: str, platform: str, frame: CoordinateSpace, space: str
 ) -> list[Action] | ActionError:
     scale, width, height = frame.scale()
     if fmt == "qwen":
@@ -307,7 +309,7 @@ def _parse_text(
     return list(out.actions)
 
 
-def _parse_qwen(raw: str, frame: Frame, space: str) -> list[Action] | ActionError:
+def _parse_qwen(raw: str, frame: CoordinateSpace, space: str) -> list[Action] | ActionError:
     """Qwen3-VL tool calls; coordinates are converted first when the space is not the grid."""
     if frame.space == "norm1000":
         return parse_tool_calls(raw)
@@ -333,7 +335,7 @@ def _parse_qwen(raw: str, frame: Frame, space: str) -> list[Action] | ActionErro
     return actions
 
 
-def _grid_arguments(args: dict[str, Any], frame: Frame) -> dict[str, Any] | ActionError:
+def _grid_arguments(args: dict[str, Any], frame: CoordinateSpace) -> dict[str, Any] | ActionError:
     out = dict(args)
     for key in _COORD_KEYS:
         value = args.get(key)
@@ -373,7 +375,7 @@ def _far_off(key: str, value: Any) -> ActionError:
 _TYPED_FIELDS = ("text", "keys", "pixels", "time", "status", "button")
 
 
-def _typed(obj: dict[str, Any], frame: Frame, space: str) -> list[Action] | ActionError:
+def _typed(obj: dict[str, Any], frame: CoordinateSpace, space: str) -> list[Action] | ActionError:
     kind = obj.get("type")
     if not isinstance(kind, str):
         return ActionError("unknown_action", "`type` must be a string")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hivig.actions import ActionError, ElementAction, LeftClick, detect_format, parse_agent_output
-from serve.actions import Frame, resolve
+from serve.actions import CoordinateSpace, resolve
 
 TESTS = Path(__file__).resolve().parent
 W, H = 1920, 1080
@@ -43,7 +43,9 @@ def test_scalecua_text_is_read_at_the_gateway_as_the_adapters_read_it():
     raw = "<operation>Click OK</operation>\n<action>pyautogui.click(x=0.5, y=0.5)</action>"
     assert detect_format(raw) == "scalecua"
     got = resolve(
-        {"raw": raw, "format": "auto", "coord_space": "norm01"}, "ubuntu", Frame("norm01", W, H)
+        {"raw": raw, "format": "auto", "coord_space": "norm01"},
+        "ubuntu",
+        CoordinateSpace("norm01", W, H),
     )
     assert got.error is None and got.actions == (LeftClick((500, 500)),)
     lib = parse_agent_output(
@@ -67,7 +69,7 @@ def test_every_agent_string_of_the_suite_reads_the_same_through_both_doors():
             coord_space="screen_px",
             frame=(W, H),
         )
-        got = resolve({"raw": text, "format": "auto"}, platform, Frame("screen_px", W, H))
+        got = resolve({"raw": text, "format": "auto"}, platform, CoordinateSpace("screen_px", W, H))
         if isinstance(lib, ActionError):
             continue
         if any(isinstance(a, ElementAction) for a in lib):

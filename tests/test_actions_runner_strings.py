@@ -36,7 +36,7 @@ from hivig.actions import (
     parse_agent_output,
 )
 from hivig.actions.agent import NEUTRAL_STATUS
-from serve.actions import Frame, resolve
+from serve.actions import CoordinateSpace, resolve
 from serve.actions import detect_format as gateway_detect_format
 from serve.adapters import action_payload
 from tests.fakes.gateway import ScriptedBackend, b64, gateway_client, screen, start_session
@@ -123,7 +123,9 @@ def test_text_that_only_mentions_action_type_keeps_its_format(text, fmt, typed):
     assert detect_format(text) == gateway_detect_format(text) == fmt
     if typed is not None:
         assert parse_agent_output(text, "auto", width=W, height=H) == [Type(typed)]
-        got = resolve({"raw": text, "format": "auto"}, "ubuntu", Frame("screen_px", W, H), "auto")
+        got = resolve(
+            {"raw": text, "format": "auto"}, "ubuntu", CoordinateSpace("screen_px", W, H), "auto"
+        )
         assert got.error is None and got.actions == (Type(typed),)
 
 

@@ -22,7 +22,7 @@ from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput, pars
 from hivig.messages import ArrowMark
 from hivig.prompts import format_trajectory
 from hivig.recovery import StepRecord, choose_recovery
-from serve.actions import Frame, ResolvedAction, resolve
+from serve.actions import CoordinateSpace, ResolvedAction, resolve
 from serve.config import ServeConfig
 from serve.critic import Critic, ModelResult, QueueGate
 from serve.errors import ApiError
@@ -186,7 +186,9 @@ class StepService:
         if k > 0:
             if prev is None:
                 raise ApiError(422, "bad_action", "observe of step_idx > 0 needs `prev_action`")
-            executed = resolve(prev, state.platform, session_frame(state), state.action_format)
+            executed = resolve(
+                prev, state.platform, session_coordinates(state), state.action_format
+            )
         # The detector reads the new screen and its own state only, never the history: it
         # runs on an image thread while the history call waits for the model.
         detect = asyncio.create_task(
@@ -403,7 +405,7 @@ class StepService:
         """The request's proposals resolved in the session's frame, with their marks and the
         verdict prompt of each."""
         items = _proposed(req, self.cfg.limits.max_candidates)
-        frame = session_frame(state)
+        frame = session_coordinates(state)
         resolved = [resolve(a, state.platform, frame, state.action_format) for a in items]
         trajectory = format_trajectory([s["step_text"] for s in state.steps])
         note = self.detector.note(state) if self.critic.recurrence_note else None
@@ -508,7 +510,9 @@ class StepService:
         timer = Timer(time.perf_counter())
         state = new_state(req, "stateless")
         for i, step in enumerate(req.trajectory):
-            executed = resolve(step, state.platform, session_frame(state), state.action_format)
+            executed = resolve(
+                step, state.platform, session_coordinates(state), state.action_format
+            )
             self._append_step(state, i, executed, None)
         shot = await self.images.image(req.screenshot, req.image_ref)
         if shot is None:
@@ -593,9 +597,9 @@ def seed_summary(state: SessionState, summary: str | HistoryText) -> None:
         )
 
 
-def session_frame(state: SessionState) -> Frame:
+def session_coordinates(state: SessionState) -> CoordinateSpace:
     """The session's coordinate frame."""
-    return Frame(
+    return CoordinateSpace(
         state.coord_space, state.frame_w or state.screen_w, state.frame_h or state.screen_h
     )
 
@@ -690,7 +694,7 @@ def _marker(marks: list[Any], state: SessionState) -> dict[str, Any] | None:
     # A drag's arrow is the gesture (its move-to-start X is only where it begins).
     arrows = [m for m in marks if isinstance(m, ArrowMark)]
     m = arrows[-1] if arrows else marks[0]
-    frame = Frame("screen_px", state.screen_w, state.screen_h)
+    frame = CoordinateSpace("screen_px", state.screen_w, state.screen_h)
     if isinstance(m, ArrowMark):
         x_px, y_px = frame.from_grid(m.x1, m.y1)
         x2_px, y2_px = frame.from_grid(m.x2, m.y2)
