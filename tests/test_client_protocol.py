@@ -43,17 +43,13 @@ from serve.protocol import (
 VERSIONS = {"model_version": "m1", "prompt_version": "p1", "schema_version": "1"}
 REF = "sha256:" + "ab" * 32
 
-# Keys the client reads that today's answer models do not declare: the gateway writes
-# ``truncated`` on every verdict; a ranking's verdicts carry no ``history_version`` and a
-# ranking no ``status`` (the client's defaults apply); ``result`` is a finished job's report.
-# The models are open (``extra="allow"``), so these pass through; each entry must still be read
-# by the client (the list cannot go stale), and one the model comes to declare is simply covered.
+# Keys the client reads that the answer models do not declare: a ranking's verdicts carry no
+# ``history_version`` and a ranking no ``status``, so the client's defaults apply. Each entry
+# must still be read by the client (the list cannot go stale) and stay undeclared (a field the
+# model comes to declare leaves the list).
 UNDECLARED = {
-    ("CritiqueAnswer", "truncated"),
-    ("VerdictAnswer", "truncated"),
     ("VerdictAnswer", "history_version"),
     ("RankedAnswer", "status"),
-    ("JobAnswer", "result"),
 }
 
 
@@ -274,7 +270,7 @@ READERS = {
     "observe": (observe_answer, read_observe),
     "critique": (critique_answer, read_critique),
     "ranked": (ranked_answer, read_ranked),
-    "job": (lambda: JobAnswer(job_id="j1", status="done", result={"n": 1}), read_job),
+    "job": (lambda: JobAnswer(**VERSIONS, job_id="j1", status="done", result={"n": 1}), read_job),
     "created": (
         lambda: SessionCreated(**VERSIONS, session_id="s2", created=True, echo={"step_idx": 1}),
         read_created,
@@ -306,11 +302,12 @@ def test_every_undeclared_key_is_still_read_by_the_client():
     for kind, (build, read) in READERS.items():
         read(Noting(dumped(build()), reads, NAMES[kind]))
     assert reads >= UNDECLARED
+    assert not {(name, key) for name, key in UNDECLARED if key in FIELDS[name]}
 
 
 def test_a_diagnose_answer_is_a_job_answer():
     reads: set[tuple[str, str]] = set()
-    body = Noting(dumped(JobAnswer(job_id="j9", status="pending")), reads, NAMES["job"])
+    body = Noting(dumped(JobAnswer(**VERSIONS, job_id="j9", status="pending")), reads, NAMES["job"])
     assert drive(diagnose_request(ClientConfig(), "/runs/x").flow, Reply(200, body)) == Job(
         "j9", "pending"
     )
@@ -380,7 +377,7 @@ def test_a_ranked_answer_parses_with_its_values():
 
 @pytest.mark.parametrize("status", ["pending", "done", "failed"])
 def test_a_job_answer_parses_with_its_values(status):
-    job = read_job(dumped(JobAnswer(job_id="j1", status=status)))
+    job = read_job(dumped(JobAnswer(**VERSIONS, job_id="j1", status=status)))
     assert (job.job_id, job.status, job.result, job.reason) == ("j1", status, None, None)
 
 
