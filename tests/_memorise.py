@@ -65,8 +65,8 @@ from hivig.records import (
 )
 from hivig.trajectory import Trajectory, read_trajectories
 from tests._sample_run import ingested_demo_config
+from tests.e2e.test_serve_parity import _history_chain
 from tests.fakes.gateway import b64
-from tests.test_serve_parity import _history_chain
 from train.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
 ``resize_bicubic_aa(pixels, h, w)`` returns exactly what
 ``F.interpolate(t, size=(h, w), mode="bicubic", antialias=True)`` returns for a uint8 tensor on
 CPU, so a process without torch (the serving gateway) makes the same frames as training did.
-``tests/test_vision_resample.py`` checks the equality against torch, pixel for pixel.
+``tests/hivig/vision/test_vision_resample.py`` checks the equality against torch, pixel for pixel.
 
 What torch does (``aten/src/ATen/native/cpu/UpSampleKernel.cpp``: ``_compute_index_ranges_weights``
 and ``_compute_index_ranges_int16_weights``; the AVX2 route in ``UpSampleKernelAVXAntialias.h``
