@@ -158,6 +158,20 @@ def _split_slots(text: str, slots: tuple[str, ...]) -> list[str | tuple[str]]:
 
 
 def parse_template(name: str, version: int, text: str) -> PromptTemplate:
+    """A template from the text of a template file (``@@ system``, ``@@ user``, image slots).
+
+    Args:
+        name: The prompt's name (``critic_critique``), for messages and the template's id.
+        version: Its version number.
+        text: The file's text.
+
+    Returns:
+        The template, its placeholders and image slots checked.
+
+    Raises:
+        PromptError: A section is missing, a placeholder is malformed, or an inline image slot
+            does not stand exactly once in the user text.
+    """
     lines = text.split("\n")
     if not lines or lines[0].strip() != _SYSTEM:
         raise PromptError(f"{name}_v{version}: the file must start with {_SYSTEM!r}")
