@@ -72,7 +72,7 @@ def file_lock(path: Path, lease_s: float = LEASE_S) -> Iterator[bool]:
 
 
 def run_once(
-    lock: Path, done: Callable[[], bool], job: Callable[[], object], poll_s: float = POLL_S
+    lock: Path, done: Callable[[], bool], job: Callable[[], object], poll_s: float | None = None
 ) -> None:
     """Make ``done()`` true: the process that takes ``lock`` runs ``job``, the others wait.
 
@@ -85,7 +85,7 @@ def run_once(
             if held and not done():
                 job()
         if not done():
-            time.sleep(poll_s)
+            time.sleep(POLL_S if poll_s is None else poll_s)
 
 
 def lock_owner() -> str:

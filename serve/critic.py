@@ -27,6 +27,7 @@ from hivig.backends import (
     Sampling,
     backend_cancellable,
     content_hash,
+    image_digest,
     messages_skeleton,
 )
 from hivig.contracts import (
@@ -449,10 +450,12 @@ def request_key(model: str, messages: PromptMessages, sampling: Sampling) -> str
 
 def _stored_name(part: ImagePart) -> dict[str, Any]:
     ref = part.image
-    if not isinstance(ref, ImageRef):
-        raise TypeError(f"the gateway names its screens by reference, not {type(ref)!r}")
-    marks = [mark_to_json(m) for m in ref.marks]
-    return {"image_ref": ref.path, "marks": marks, "size_class": ref.size_class}
+    if isinstance(ref, ImageRef):
+        marks = [mark_to_json(m) for m in ref.marks]
+        return {"image_ref": ref.path, "marks": marks, "size_class": ref.size_class}
+    # The gateway names its screens by reference; an image handed over whole is named by its
+    # pixels, so the key never fails a request.
+    return {"image_sha256": image_digest(ref)}
 
 
 def _repair(text: str, tag: str) -> str | None:

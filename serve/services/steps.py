@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from hivig.actions import ActionError, action_from_arguments, pointer_after, space_for_platform
-from hivig.backends import content_hash
 from hivig.contracts import INITIAL_HISTORY, CritiqueOutput, HistoryOutput, parse_history
 from hivig.messages import ArrowMark
 from hivig.prompts import format_trajectory
@@ -649,7 +649,10 @@ def _request_key(req: Critique, screen: str | None) -> str:
     }
     if req.screenshot:
         keep["screenshot"] = hashlib.sha256(str(req.screenshot).encode()).hexdigest()
-    return content_hash(keep, default=str)[:32]
+    # Its serialisation is part of the stored sessions: a retry after an upgrade must find the
+    # answer the earlier version stored, so this key keeps its own bytes (pinned by a test).
+    text = json.dumps(keep, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _step_records(state: SessionState) -> list[StepRecord]:

@@ -165,3 +165,13 @@ def test_the_docs_document_every_answer_model():
 @pytest.mark.parametrize("name,body", documented_answers(), ids=lambda v: str(v)[:20])
 def test_every_documented_answer_holds_to_its_model(name, body):
     held(getattr(protocol, name), body)
+
+
+def test_a_critique_retry_key_keeps_its_value():
+    # Stored sessions hold critique answers under this key: a retry after an upgrade must find
+    # the answer the earlier version stored, so the key's value is pinned.
+    from serve.protocol import Critique
+    from serve.services.steps import _request_key
+
+    req = Critique(step_idx=2, action={"raw": "click(10, 20)"}, image_ref="sha256:" + "ab" * 32)
+    assert _request_key(req, "screen-1") == "cf08ba9f0eab53d8b76775db9db8ffdc"
