@@ -43,7 +43,7 @@ from data_gen.report import (
     render_report,
 )
 from data_gen.step_unit import sample_to_json
-from data_gen.steps.work import Work, step_text
+from data_gen.steps.work import RECORD_INVALID, Work, step_text
 from hivig.files import dumps_jsonl, write_atomic
 from hivig.messages import ImageRef, mark_to_json
 from hivig.profiles import resolve_profile
@@ -313,6 +313,9 @@ def export_dataset(
     dupes = duplicate_samples(works)
     decodes = ImageCheck(corpus)
     samples, views = collect_samples(works), sample_views(works)
+    for sid, reason in sorted(r for w in works for u in w.units for r in u.invalid):
+        stats.seen()
+        stats.drop(sid, RECORD_INVALID, reason)
     unique = [s for s in samples if s.id not in dupes]
     surplus = mix_surplus(unique, cfg.export.history_critique_ratio, cfg.seed)
     for sample in samples:

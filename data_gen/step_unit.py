@@ -22,7 +22,14 @@ from typing import Any
 
 from data_gen.perturb import BadStep
 from hivig.messages import ChatMessage, ImagePart, ImageRef, TextPart, mark_from_json, mark_to_json
-from hivig.records import Labels, Provenance, SFTRecord, record_from_messages, record_messages
+from hivig.records import (
+    Labels,
+    Provenance,
+    RecordError,
+    SFTRecord,
+    record_from_messages,
+    record_messages,
+)
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,10 @@ class StepUnit:
     judge: JudgeVerdict | None = None
     critique: list[SFTRecord] | None = None
     """Set (possibly empty) once the rationale stage has looked at the step."""
+    invalid: tuple[tuple[str, str], ...] = ()
+    """``(sample id, reason)`` of samples stored by an earlier version that this one refuses as
+    records: kept out of the samples, and dropped by the export as ``record_invalid`` (where
+    that version dropped them), never a failed load."""
 
     def samples(self) -> list[SFTRecord]:
         """The step's samples: its history sample, then its critique samples."""
@@ -166,6 +177,8 @@ class StepUnit:
             out["judge"] = self.judge.to_json()
         if self.critique is not None:
             out["critique"] = [sample_to_json(s, origin(s)) for s in self.critique]
+        if self.invalid:
+            out["invalid"] = [list(row) for row in self.invalid]
         return out
 
     @classmethod
@@ -173,17 +186,30 @@ class StepUnit:
         """Inverse of ``to_json``."""
         tr, hist, bad, judge = (obj.get(k) for k in ("transition", "history", "bad", "judge"))
         crit = obj.get("critique")
+        invalid = [(str(sid), str(reason)) for sid, reason in obj.get("invalid", ())]
+        history = None if hist is None else _loaded(hist, invalid)
+        critique = None if crit is None else [s for s in (_loaded(c, invalid) for c in crit) if s]
         return cls(
             index=obj["index"],
             transition=None if tr is None else Transition.from_json(tr),
-            history=None if hist is None else sample_from_json(hist),
+            history=history,
             bad=None if bad is None else BadStep.from_json(bad),
             judge=None if judge is None else JudgeVerdict.from_json(judge),
-            critique=None if crit is None else [sample_from_json(s) for s in crit],
+            critique=critique,
+            invalid=tuple(invalid),
         )
 
 
-UNIT_FIELDS = tuple(f.name for f in fields(StepUnit) if f.name != "index")
+def _loaded(obj: dict[str, Any], invalid: list[tuple[str, str]]) -> SFTRecord | None:
+    """A stored sample as a record, or ``None`` with its id and reason added to ``invalid``."""
+    try:
+        return sample_from_json(obj)
+    except RecordError as e:
+        invalid.append((str(obj.get("id", "")), str(e)))
+        return None
+
+
+UNIT_FIELDS = tuple(f.name for f in fields(StepUnit) if f.name not in ("index", "invalid"))
 """The fields the stages fill, in stage order."""
 
 

@@ -117,3 +117,25 @@ def test_samples_stay_records_and_the_work_codec_round_trips_them():
     assert back.units[0].history == history and back.units[0].critique == [good]
     assert back.units[0].samples() == [history, good]
     assert sample_from_json(unit_json["critique"][0]) == good
+
+
+def test_a_stored_sample_this_version_refuses_is_set_aside_not_a_failed_load():
+    # An earlier version stored samples unchecked and dropped a bad one at export; its work
+    # files still load: the sample is kept out and travels on as (id, reason) to the export.
+    good = _sample("t1:000:critique:good", "critique", Labels(verdict="Good"))
+    stored = json.loads(json.dumps(STORED_UNIT))
+    bad = _sample_json(good)
+    bad["id"] = "t1:000:critique:bad"
+    bad["messages"][1]["content"][0]["text"] = "Goal: open <image> it\n"  # a literal image token
+    stored["critique"] = [_sample_json(good), bad]
+    unit = StepUnit.from_json(stored)
+    assert [s.id for s in unit.critique] == [good.id]
+    assert [sid for sid, _ in unit.invalid] == ["t1:000:critique:bad"]
+    again = StepUnit.from_json(unit.to_json(lambda s: ORIGIN))
+    assert again.invalid == unit.invalid and [s.id for s in again.critique] == [good.id]
+
+
+def _sample_json(record):
+    from data_gen.step_unit import sample_to_json
+
+    return json.loads(json.dumps(sample_to_json(record, ORIGIN)))

@@ -36,7 +36,10 @@ DEMO = ROOT / "configs" / "data_gen" / "demo.yaml"
 OWN_SOURCES = sorted(
     [
         ROOT / "data_gen" / f"{name}.py"
-        for name in ("run", "config", "executor", "annotator", "export", "report")
+        for name in (
+            *("run", "config", "executor", "annotator", "export", "report"),
+            *("inputs", "planning", "resume", "merge", "cli_run", "step_unit", "estimate"),
+        )
     ]
     + [*(ROOT / "data_gen" / "steps").glob("*.py"), *(ROOT / "data_gen" / "perturb").glob("*.py")]
 )
