@@ -150,3 +150,28 @@ def test_the_gateway_starts_without_torch_or_omegaconf():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_no_module_imports_a_private_name_of_another():
+    # What another module uses has a public name (benchmarks/arch_metrics.py counts the cases).
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "arch_metrics.py"
+    out = subprocess.run([sys.executable, str(script), str(ROOT)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "private cross-module imports: 0\n" in out.stdout, out.stdout
+
+
+def test_the_private_import_count_sees_a_violation(tmp_path):
+    # Negative control: a tree with one such import is counted.
+    import subprocess
+    import sys
+
+    (tmp_path / "hivig").mkdir()
+    (tmp_path / "hivig" / "a.py").write_text("from hivig.b import _helper\n", encoding="utf-8")
+    script = ROOT / "benchmarks" / "arch_metrics.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True
+    )
+    assert "private cross-module imports: 1\n" in out.stdout, out.stdout
