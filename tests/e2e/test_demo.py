@@ -35,52 +35,28 @@ def _links(page: Path) -> list[Path]:
     return [(page.parent / t).resolve() for t in targets if not t.startswith(("http", "data:"))]
 
 
-@pytest.mark.slow
-def test_demo_pages_and_everything_they_link(tmp_path):
-    demo = tmp_path / "demo_out"
-    _run(
-        "-m",
-        "data_gen",
-        "make-sample",
-        "--out",
-        str(demo / "corpus"),
-        "--trajectories",
-        "12",
-        "--seed",
-        "0",
-    )
-    _run(
-        "-m",
-        "data_gen",
-        "run",
-        "--config",
-        "configs/data_gen/demo.yaml",
-        f"corpus={demo / 'corpus'}",
-        f"out={demo / 'data'}",
-    )
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    """The demo's folder after the Makefile's commands: sample, data_gen, train, serve.demo."""
+    demo = tmp_path_factory.mktemp("demo") / "demo_out"
+    _run("-m", "data_gen", "make-sample", "--out", str(demo / "corpus"),
+         "--trajectories", "12", "--seed", "0")  # fmt: skip
+    _run("-m", "data_gen", "run", "--config", "configs/data_gen/demo.yaml",
+         f"corpus={demo / 'corpus'}", f"out={demo / 'data'}")  # fmt: skip
     train_out = _run(
-        "-m",
-        "train",
-        "--config",
-        "configs/train/tiny_cpu.yaml",
-        f"data={demo / 'data'}",
-        f"out={demo / 'train'}",
-        "dataset.max_samples=8",
-        "optim.global_batch_samples=4",
+        "-m", "train", "--config", "configs/train/tiny_cpu.yaml", f"data={demo / 'data'}",
+        f"out={demo / 'train'}", "dataset.max_samples=8", "optim.global_batch_samples=4",
         "loop.max_steps=2",
-    )
+    )  # fmt: skip
     assert "loss" in train_out  # a loss line per step on stdout
-    out = _run(
-        "-m",
-        "serve.demo",
-        "--data",
-        str(demo / "data"),
-        "--train",
-        str(demo / "train"),
-        "--out",
-        str(demo),
-    )
+    out = _run("-m", "serve.demo", "--data", str(demo / "data"), "--train", str(demo / "train"),
+               "--out", str(demo))  # fmt: skip
     assert "open " in out and "index.html" in out
+    return demo
+
+
+@pytest.mark.slow
+def test_demo_pages_and_everything_they_link(demo):
     index = demo / "index.html"
     links = _links(index)
     assert len(links) >= 4
@@ -92,16 +68,23 @@ def test_demo_pages_and_everything_they_link(tmp_path):
     assert any(p.suffix == ".png" for p in shots)
     for path in shots:
         assert path.is_file() and path.stat().st_size > 0, path
-    text = episode.read_text()
-    assert "R3 trigger" in text  # the no-effect repeat was caught
+    assert "R3 trigger" in episode.read_text()  # the no-effect repeat was caught
+    assert "carries no meaning" in index.read_text()
+
+
+@pytest.mark.slow
+def test_the_demo_shows_the_scripted_critic_run_beside_the_random_model(demo):
     # Beside the random model's abstentions, the labelled scripted-critic run with its Bad.
     scripted = demo / "episode_scripted.html"
-    assert scripted in links
+    assert scripted in _links(demo / "index.html")
     assert "<span class='tag bad'>" in scripted.read_text()
     assert "re-proposal after the Bad verdict" in scripted.read_text()
-    assert "carries no meaning" in index.read_text()
+
+
+@pytest.mark.slow
+def test_the_demo_episode_comes_back_as_training_data_in_the_flywheel_section(demo):
     # 5/5: the episode's trace back through ingest-runs and data_gen, shown on the index.
-    fw = demo / "flywheel"
+    index, fw = demo / "index.html", demo / "flywheel"
     _run("-m", "data_gen", "ingest-runs", "--format", "trace", "--root", str(fw / "state"),
          "--out", str(fw / "runs"))  # fmt: skip
     _run("-m", "data_gen", "run", "--config", "configs/data_gen/demo_flywheel.yaml",
