@@ -42,6 +42,11 @@ def _private(name: str) -> bool:
 def main() -> None:
     """Print the figures for the tree at ``ROOT`` (this checkout by default)."""
     root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
+    if not any((root / pkg).is_dir() for pkg in PACKAGES):
+        # Counting nothing would print 0 for a mistyped path: say so instead.
+        print(f"arch_metrics: {root} holds none of {', '.join(PACKAGES)}; pass a checkout",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     long_files, private = [], []
     for path in sorted(p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")):
         rel = path.relative_to(root)

@@ -175,3 +175,14 @@ def test_the_private_import_count_sees_a_violation(tmp_path):
         [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True
     )
     assert "private cross-module imports: 1\n" in out.stdout, out.stdout
+
+
+def test_the_private_import_count_refuses_a_folder_that_is_no_checkout(tmp_path):
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "arch_metrics.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "pass a checkout" in out.stderr and not out.stdout
