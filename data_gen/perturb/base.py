@@ -36,8 +36,13 @@ class StepView:
         habit_boxes: Boxes that an element labelled like the expert's target has on other
             screens of the corpus (where the control usually sits). Kept for the oracle's
             form only: no generator uses them, since a position taken from another platform's
-            screens says nothing about this one (Visual Hallucination's ghosts come from the
-            episode's own earlier and next screens).
+            screens says nothing about this one.
+        habit_ghosts: ``(label, role, x1, y1, x2, y2)`` of targets that similar screens of the
+            same corpus show and this one does not, with the box they have there (Visual
+            Hallucination's layout-habit ghosts; ``ElementIndex.habit_ghosts``).
+        habit_steps: ``(label, intent, calls JSON)`` of expert steps of similar screens in
+            other episodes that click an element this screen does not show (the other
+            layout-habit ghosts; ``ElementIndex.habit_steps``).
         screenshot: The step's screenshot path (groups repeated steps of instruction variants).
         partial_screens: Whether the current or an earlier screen's element list is incomplete
             (annotator-grounded targets only), so absence from a screen cannot be verified.
@@ -62,6 +67,8 @@ class StepView:
     partial_screens: bool = False
     screenshot: str = ""
     habit_boxes: tuple[tuple[int, int, int, int], ...] = ()
+    habit_ghosts: tuple[tuple[str, str, int, int, int, int], ...] = ()
+    habit_steps: tuple[tuple[str, str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (the annotator oracle)."""
@@ -105,6 +112,8 @@ class StepView:
             partial_screens=obj.get("partial_screens", False),
             screenshot=obj.get("screenshot", ""),
             habit_boxes=tuple(tuple(b) for b in obj.get("habit_boxes", ())),  # type: ignore[misc]
+            habit_ghosts=tuple(tuple(g) for g in obj.get("habit_ghosts", ())),  # type: ignore[misc]
+            habit_steps=tuple(tuple(g) for g in obj.get("habit_steps", ())),  # type: ignore[misc]
         )
 
 

@@ -15,6 +15,7 @@ never count as a click target or as "something under the point".
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -190,6 +191,218 @@ class ElementIndex:
         boxes = self._by_label.get(label, {})
         return tuple(sorted(b for b, shots in boxes.items() if shots - {screenshot}))
 
+    def habit_ghosts(self, screenshot: str) -> tuple[HabitGhost, ...]:
+        """Targets of *similar* screens that this screen does not show, with the box they have
+        there, sorted.
+
+        Similar screens share most of their labelled targets with this one (the same dialog or
+        page in another episode). Clicking one of their elements where it sits there, on a
+        screen that lacks it, is the layout-habit ghost of the taxonomy's Visual Hallucination:
+        its words are those of a real step of the same kind, so text alone cannot tell it.
+        """
+        memo: dict[str, tuple[HabitGhost, ...]] = self.__dict__.setdefault("_habit_memo", {})
+        if screenshot not in memo:
+            memo[screenshot] = self._habit_ghosts(screenshot)
+        return memo[screenshot]
+
+    def _habit_ghosts(self, screenshot: str) -> tuple[HabitGhost, ...]:
+        here = self.get(screenshot)
+        labels = _target_labels(here)
+        if len(labels) < HABIT_MIN_SHARED or screenshot in self.partial:
+            return ()
+        overlap: dict[str, int] = {}
+        for label in sorted(labels):
+            # A label on very many screens ("OK", a menu bar) is counted on a bounded sample
+            # of them, so the search stays linear in the corpus.
+            for shot in self._screens_by_label().get(label, ())[:HABIT_SCREENS_PER_LABEL]:
+                if shot != screenshot:
+                    overlap[shot] = overlap.get(shot, 0) + 1
+        ghosts: dict[str, HabitGhost] = {}
+        for shot in sorted(s for s, n in overlap.items() if n >= HABIT_MIN_SHARED):
+            there = self.by_path[shot]
+            for role in sorted({e.role for e in there if e.is_target}):
+                # The same kind of screen around a list of ``role``: everything else on it
+                # (menus, fields, buttons) is the same; the items may differ.
+                if _jaccard(_target_labels(here, but=role), _target_labels(there, but=role)) < (
+                    HABIT_SIMILARITY
+                ):
+                    continue
+                for e in there:
+                    key = e.label.strip().lower()
+                    if e.role == role and e.is_target and key and key not in labels:
+                        ghosts.setdefault(key, (e.label, e.role, *e.box))
+        per_role: dict[str, list[HabitGhost]] = {}
+        # By a hash of the label, not alphabetically: the kept few are a fair sample of the
+        # list's items (the first by name would all start alike: "agenda_1", "agenda_2").
+        for ghost in sorted(ghosts.values(), key=lambda g: (_label_hash(g[0]), g)):
+            per_role.setdefault(ghost[1], []).append(ghost)
+        return tuple(g for role in sorted(per_role) for g in per_role[role][:HABIT_MAX_GHOSTS])
+
+    def note_steps(self, steps: Iterable[ExpertStep]) -> None:
+        """Record the corpus' expert steps that click a labelled element (see ``habit_steps``)."""
+        clicked: dict[str, list[ExpertStep]] = self.__dict__.setdefault("_clicked", {})
+        for step in steps:
+            clicked.setdefault(step.screenshot, []).append(step)
+        self.__dict__.pop("_pairs", None)
+        self.__dict__.pop("_clicked_index", None)
+
+    def habit_steps(self, mine: ExpertStep) -> tuple[ExpertStep, ...]:
+        """The expert step of a similar screen in another episode that is ``mine``'s
+        layout-habit ghost (empty when it has none).
+
+        Similar screens share most of their labelled targets (the same app or dialog in
+        another episode). Another step of such a screen, proposed on ``mine``'s, acts where its
+        element sits there while this screen shows nothing: the layout-habit ghost of the
+        taxonomy's Visual Hallucination, in the words of a real step.
+
+        Steps are paired, each with one step that is a ghost on its screen and on whose screen
+        it is a ghost in turn, and each step is in at most one pair: then every step's words
+        are as often a Good as a Bad across the corpus, and which one of a pair is proposed
+        where cannot be read from the words. Left free, the ghosts would come from the later
+        stages of tasks (a dialog shows what its window does not) and from a few steps that
+        are absent from almost every screen, and the words alone would give the Bad away.
+        """
+        partner = self._partners().get(mine)
+        return () if partner is None else (partner,)
+
+    def _partners(self) -> dict[ExpertStep, ExpertStep]:
+        if "_pairs" not in self.__dict__:
+            steps = sorted(
+                (s for shots in self.__dict__.get("_clicked", {}).values() for s in shots),
+                key=_step_rank,
+            )
+            partner: dict[ExpertStep, ExpertStep] = {}
+            for step in steps:
+                if step in partner:
+                    continue
+                for other in self._mutual_ghosts(step):
+                    if other not in partner:
+                        partner[step], partner[other] = other, step
+                        break
+            self.__dict__["_pairs"] = partner
+        return self.__dict__["_pairs"]
+
+    def ghost_of(self, here: ExpertStep, other: ExpertStep) -> bool:
+        """Whether ``other``, proposed on ``here``'s screen, acts on nothing that screen shows:
+        its element is absent and its point is dead space, far from ``here``'s target."""
+        elements = self.get(here.screenshot)
+        real = target_at(elements, *here.point)
+        if real is None or other.label.strip().lower() in _target_labels(elements):
+            return False
+        point = other.point
+        return target_at(elements, *point) is None and box_gap(real.box, point) >= HABIT_DISTANCE
+
+    def _mutual_ghosts(self, mine: ExpertStep) -> list[ExpertStep]:
+        clicked: dict[str, list[ExpertStep]] = self.__dict__["_clicked"]
+        labels = _target_labels(self.get(mine.screenshot))
+        if len(labels) < HABIT_MIN_SHARED or mine.screenshot in self.partial:
+            return []
+        overlap: dict[str, int] = {}
+        for label in sorted(labels):
+            for shot in self._clicked_by_label().get(label, ())[:HABIT_SCREENS_PER_LABEL]:
+                if shot != mine.screenshot:
+                    overlap[shot] = overlap.get(shot, 0) + 1
+        found: dict[tuple[str, str], ExpertStep] = {}
+        for shot in sorted(s for s, n in overlap.items() if n >= HABIT_MIN_SHARED):
+            if _jaccard(labels, _target_labels(self.by_path[shot])) < HABIT_STEP_SIMILARITY:
+                continue
+            for step in clicked[shot]:
+                if step.trajectory == mine.trajectory:
+                    continue
+                if (
+                    step.role == mine.role
+                    and self.ghost_of(mine, step)
+                    and self.ghost_of(step, mine)
+                ):
+                    found.setdefault((step.intent, step.calls), step)
+        return sorted(found.values(), key=_step_rank)
+
+    def _clicked_by_label(self) -> dict[str, tuple[str, ...]]:
+        if "_clicked_index" not in self.__dict__:
+            index: dict[str, list[str]] = {}
+            for shot in sorted(self.__dict__.get("_clicked", {})):
+                if shot in self.partial:
+                    continue
+                for label in _target_labels(self.get(shot)):
+                    index.setdefault(label, []).append(shot)
+            self.__dict__["_clicked_index"] = {k: tuple(v) for k, v in index.items()}
+        return self.__dict__["_clicked_index"]
+
+    def _screens_by_label(self) -> dict[str, tuple[str, ...]]:
+        if "_by_target_label" not in self.__dict__:
+            index: dict[str, list[str]] = {}
+            for shot in sorted(self.by_path):
+                if shot in self.partial:
+                    continue
+                for label in _target_labels(self.by_path[shot]):
+                    index.setdefault(label, []).append(shot)
+            self.__dict__["_by_target_label"] = {k: tuple(v) for k, v in index.items()}
+        return self.__dict__["_by_target_label"]
+
     def get(self, screenshot: str) -> tuple[Element, ...]:
         """Elements of a screenshot (empty when unknown)."""
         return self.by_path.get(screenshot, ())
+
+
+@dataclass(frozen=True, order=True)
+class ExpertStep:
+    """An expert step that clicks a labelled element: what a layout-habit ghost proposes."""
+
+    trajectory: str
+    screenshot: str
+    point: tuple[int, int]
+    label: str
+    role: str
+    intent: str
+    calls: str
+    """The step's tool-call arguments as JSON (kept as text so the step is hashable)."""
+
+
+def box_gap(box: tuple[int, int, int, int], point: tuple[int, int]) -> int:
+    """Grid distance from a point to a box (0 inside)."""
+    x1, y1, x2, y2 = box
+    dx = max(x1 - point[0], 0, point[0] - x2)
+    dy = max(y1 - point[1], 0, point[1] - y2)
+    return max(dx, dy)
+
+
+HABIT_DISTANCE = 60
+"""Least grid distance between a ghost's point and the expert target's box: nearer, the point
+would read as a near miss (Grounding/Spatial Error) rather than a guessed element."""
+
+HabitGhost = tuple[str, str, int, int, int, int]
+"""A layout-habit ghost: label, role and the box ``x1, y1, x2, y2`` it has on a similar screen."""
+HABIT_MIN_SHARED = 2
+"""Labelled targets two screens share at the least to be compared."""
+HABIT_SIMILARITY = 0.6
+"""Jaccard similarity of two screens' labelled targets, a list's items left out, from which on
+they are the same kind of screen around that list."""
+HABIT_SCREENS_PER_LABEL = 64
+"""Screens per label the similarity search looks at (the first by path)."""
+HABIT_STEP_SIMILARITY = 0.3
+"""Jaccard similarity of two screens' labelled targets from which on one's expert steps are
+layout habits on the other (the same app or page; the platform's own chrome alone stays
+below it)."""
+HABIT_MAX_GHOSTS = 8
+"""Layout-habit ghosts kept per screen and role (the first by a hash of the label)."""
+
+
+def _target_labels(elements: Iterable[Element], but: str | None = None) -> set[str]:
+    return {
+        e.label.strip().lower()
+        for e in elements
+        if e.is_target and e.label.strip() and e.role != but
+    }
+
+
+def _step_rank(step: ExpertStep) -> tuple[str, ExpertStep]:
+    """A step's place in the pairing order: by a hash, so no name or episode goes first."""
+    return _label_hash(f"{step.trajectory}|{step.screenshot}|{step.intent}|{step.calls}"), step
+
+
+def _label_hash(label: str) -> str:
+    return hashlib.sha256(label.encode("utf-8")).hexdigest()
+
+
+def _jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a or b else 0.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from data_gen.perturb.calls import (
     render_calls,
     render_invalid,
 )
-from data_gen.perturb.elements import Element, target_at
+from data_gen.perturb.elements import HABIT_DISTANCE, Element, box_gap, target_at
 from hivig.taxonomy import DIMENSIONS, Dimension, dimension_by_key
 
 # The dimensions constructed here, from the taxonomy by key (an unknown key fails at import).
@@ -355,7 +356,7 @@ def misalignment(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
         if not e.contains(x, y)
         and (here is None or e.label != here.label)
         and target_at(view.elements, *e.centre) == e
-        and e.role not in _NOT_CLICKED
+        and e.role not in NOT_CLICKED
     ]
     if not others:
         return None
@@ -363,7 +364,7 @@ def misalignment(view: StepView, rng: random.Random, p: GenParams) -> BadStep | 
     # mismatch, and points drawn over the whole screen would land on the window and browser
     # chrome (present on every screen, rarely the expert's target) so often that their
     # coordinates alone would mark the Bad samples.
-    others.sort(key=lambda e: (_gap(e.box, (x, y)), e.box, e.label))
+    others.sort(key=lambda e: (box_gap(e.box, (x, y)), e.box, e.label))
     el = rng.choice(others[:MISALIGNMENT_NEIGHBOURS])
     note = f"the call lands on {el.described()}, not on what the intent names"
     point = _inside_point(view.elements, el, rng)
@@ -378,7 +379,7 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     index, call = hit
     x, y = call["coordinate"]
     el = target_at(view.elements, x, y)
-    if el is None or el.role in _NOT_CLICKED:
+    if el is None or el.role in NOT_CLICKED:
         # A document's listed box is its text, but the whole editor takes the click: a point
         # "just outside" it still lands in the editor.
         return None
@@ -403,11 +404,6 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
     return _bad(view, GROUNDING, "near_miss", _moved(view, index, point), view.intent, note)
 
 
-HABIT_DISTANCE = 60
-"""Least grid distance between a ghost's point and the expert target's box: nearer, the point
-would read as a near miss (Grounding/Spatial Error) rather than a guessed element."""
-
-
 def mentions(label: str, text: str) -> bool:
     """Whether ``text`` names ``label`` as a whole phrase (case-insensitive)."""
     core = label.strip().lower()
@@ -422,13 +418,20 @@ def on_screen_labels(elements: tuple[Element, ...]) -> set[str]:
 
 
 def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep | None:
-    """Act on an element that is not on the current screen.
+    """Act on an element that is not on the current screen: a *layout-habit* ghost.
 
-    Two kinds, both from the taxonomy's definition: a *premature* ghost (the element the next
-    step acts on, which only appears after the expert's current step: the agent skips the step
-    that reveals it and clicks where the next screen has it) and a *stale* ghost (an element of
-    the previous screen that this screen no longer shows, clicked where it was). The intent
-    names the ghost, so the pair differs in what it names and where it points, never in form.
+    The ghost is an item of the same kind as the expert's target (a contact, a file, an alarm)
+    that the same kind of screen shows in another episode and this one does not, clicked where
+    it sits there or where the next item of this screen's list would be. The intent is the
+    expert's own with the ghost's name in place of the target's, so the pair differs in what
+    it names and where it points, never in form: the words of the Bad are those of a real step
+    elsewhere in the corpus, and only the screen tells them apart (the taxonomy's "a position
+    guessed from layout habits instead of what is visible").
+
+    The taxonomy's other two kinds (an element of an earlier screen, one that appears only
+    after a skipped step) are not built here: their words are an earlier or a later step's,
+    which tells a text-only reader which of the pair is the Bad (a paired probe read 0.92
+    AUC on them).
 
     Property (``properties.hallucination``): the element the intent names is on no part of
     the (complete) current element list, and the point is dead space here, far from the
@@ -448,9 +451,9 @@ def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep |
         return None
     options = [
         o
-        for o in _premature_ghosts(view, real) + _stale_ghosts(view, real, rng)
-        # Words that also name an element of this screen ("the File name field" with the File
-        # menu open) would not be about an absent element alone.
+        for o in _habit_ghosts(view, real, rng) + _habit_steps(view, real)
+        # Words that also name an element of this screen would not be about an absent
+        # element alone.
         if not any(e.is_target and e.label and mentions(e.label, o[1]) for e in view.elements)
     ]
     if not options:
@@ -462,62 +465,84 @@ def hallucination(view: StepView, rng: random.Random, p: GenParams) -> BadStep |
 
 
 def _far_dead_point(view: StepView, real: Element, point: tuple[int, int]) -> bool:
-    return target_at(view.elements, *point) is None and _gap(real.box, point) >= HABIT_DISTANCE
+    return target_at(view.elements, *point) is None and box_gap(real.box, point) >= HABIT_DISTANCE
 
 
-def _premature_ghosts(view: StepView, real: Element) -> list[tuple[str, str, list[Call], str]]:
-    nxt = list(view.next_calls)
-    hit = primary_point(nxt)
-    if hit is None or not view.next_intent.strip() or not view.next_elements:
-        return []
-    if any(c.get("action") in _TERMINAL for c in nxt):
-        return []
-    point = tuple(hit[1]["coordinate"])
-    ghost = target_at(view.next_elements, *point)
-    here = on_screen_labels(view.elements)
-    if ghost is None or not ghost.label or ghost.label.strip().lower() in here:
-        return []
-    if not mentions(ghost.label, view.next_intent) or not _far_dead_point(view, real, point):
-        return []
-    return [("premature_ghost", view.next_intent, copy.deepcopy(nxt), ghost.label)]
-
-
-def _stale_ghosts(
+def _habit_ghosts(
     view: StepView, real: Element, rng: random.Random
 ) -> list[tuple[str, str, list[Call], str]]:
-    """The previous step's own element, gone from this screen, clicked again where it was;
-    the words are the expert's current intent with the ghost's label in place of the real
-    one (the corpus' own phrasing, never an earlier step's words)."""
-    if not view.earlier_elements or not view.earlier_calls:
+    """Targets of similar screens that this one lacks, of the expert target's own kind; the
+    words are the expert's intent with the ghost's label in place of the real one."""
+    if not real.label or real.label not in view.intent or real.role in NOT_CLICKED:
         return []
-    before = primary_point(list(view.earlier_calls[-1]))
-    if before is None or real.label not in view.intent:
-        return []
-    ghost = target_at(view.earlier_elements[-1], *before[1]["coordinate"])
-    if ghost is None or not ghost.label or ghost.role != real.role:
-        # Only a ghost of the same kind keeps the expert's phrase sensible ("Tap the + field"
-        # is no intent anyone writes).
-        return []
-    if ghost.label.strip().lower() in on_screen_labels(view.elements):
-        return []
-    point = tuple(before[1]["coordinate"])
-    if not _far_dead_point(view, real, point):  # type: ignore[arg-type]
-        return []
-    intent = view.intent.replace(real.label, ghost.label)
+    here = on_screen_labels(view.elements)
     index, _ = primary_point(view.calls)  # type: ignore[misc]
-    return [("stale_ghost", intent, _moved(view, index, point), ghost.label)]  # type: ignore[arg-type]
+    slot = _next_slot(view.elements, real.role)
+    out = []
+    for label, role, *box in view.habit_ghosts:
+        if role != real.role or label.strip().lower() in here or not _same_column(box, real.box):
+            continue
+        # Where it sits on the similar screen, else where the next item of this screen's list
+        # of its kind would be: both positions guessed from layout, not from what is shown.
+        # Scattered over the box as expert clicks scatter over theirs.
+        for where in (tuple(box), slot):
+            point = None if where is None else _scatter(where, rng)
+            if point is not None and _far_dead_point(view, real, point):
+                intent = view.intent.replace(real.label, label)
+                out.append(("habit_ghost", intent, _moved(view, index, point), label))
+                break
+    return out
 
 
-_NOT_CLICKED = frozenset({"clock", "status", "titlebar", "progress", "document", "addressbar"})
-"""Roles nobody clicks to make progress (a clock, a status line): no plausible ghost."""
+def _habit_steps(view: StepView, real: Element) -> list[tuple[str, str, list[Call], str]]:
+    """Expert steps of similar screens in other episodes whose element this screen lacks
+    (``ElementIndex.habit_steps``), proposed here as they are: their words and their point
+    are a real step's."""
+    out = []
+    for label, intent, text in view.habit_steps:
+        calls = json.loads(text)
+        hit = primary_point(calls)
+        if hit is None or intent.strip() == view.intent.strip() or intent in view.earlier_intents:
+            continue
+        if _far_dead_point(view, real, tuple(hit[1]["coordinate"])):  # type: ignore[arg-type]
+            out.append(("habit_step", intent, calls, label))
+    return out
 
 
-def _gap(box: tuple[int, int, int, int], point: tuple[int, int]) -> int:
-    """Grid distance from a point to a box (0 inside)."""
+def _same_column(box: list[int] | tuple[int, ...], other: tuple[int, int, int, int]) -> bool:
+    """Whether two boxes are rows of one list: the same left edge and width, near enough."""
+    width, other_width = box[2] - box[0], other[2] - other[0]
+    return abs(box[0] - other[0]) <= COLUMN_SLACK and abs(width - other_width) <= COLUMN_SLACK
+
+
+COLUMN_SLACK = 12
+"""Grid units two rows of one list may differ by in left edge and width."""
+
+
+def _next_slot(elements: tuple[Element, ...], role: str) -> tuple[int, int, int, int] | None:
+    """The box of the row after the last element of ``role`` in a vertical list of them (the
+    same step as between its last two rows), or ``None`` off the grid or without a list."""
+    rows = sorted((e.box for e in elements if e.is_target and e.role == role), key=lambda b: b[1])
+    if len(rows) < 2:
+        return None
+    (_, prev_top, _, _), (x1, top, x2, bottom) = rows[-2], rows[-1]
+    step = top - prev_top
+    if step <= 0 or bottom + step > 1000:
+        return None
+    return x1, top + step, x2, bottom + step
+
+
+def _scatter(box: tuple[int, int, int, int], rng: random.Random) -> tuple[int, int]:
+    """A point in the inner half of ``box``."""
     x1, y1, x2, y2 = box
-    dx = max(x1 - point[0], 0, point[0] - x2)
-    dy = max(y1 - point[1], 0, point[1] - y2)
-    return max(dx, dy)
+    return (
+        rng.randint(x1 + (x2 - x1) // 4, x2 - (x2 - x1) // 4),
+        rng.randint(y1 + (y2 - y1) // 4, y2 - (y2 - y1) // 4),
+    )
+
+
+NOT_CLICKED = frozenset({"clock", "status", "titlebar", "progress", "document", "addressbar"})
+"""Roles nobody clicks to make progress (a clock, a status line): no plausible ghost."""
 
 
 def points_of(calls: list[Call] | tuple[Call, ...]) -> list[tuple[int, int]]:

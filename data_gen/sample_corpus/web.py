@@ -14,6 +14,9 @@ from data_gen.sample_corpus._base import (
 )
 from data_gen.sample_corpus.screens import Box, Screen, browser
 
+RESULT_COUNTS = (3, 4, 5, 10, 10, 10)
+"""How many products a search finds (drawn uniformly)."""
+
 
 def _shop_header(scr: Screen, page: Box, query: str, focused: bool, busy: bool = False) -> None:
     u = scr.u
@@ -82,7 +85,8 @@ def _shop_frame(
 
 
 def _shop_found(ctx: Ctx, ep: Episode, products: list[tuple[str, str]], query: str) -> None:
-    """The steps after a search that found ``query``: swipe to it, open it, answer the price."""
+    """The steps after a search that found ``query``: swipe to it (where the list is longer than
+    the page), open it, answer the price."""
     rng = ctx.rng
 
     def frame(k: int, **kw) -> Screen:
@@ -91,23 +95,38 @@ def _shop_found(ctx: Ctx, ep: Episode, products: list[tuple[str, str]], query: s
     s2 = frame(3, results=len(products))
     visible = sum(1 for e in s2.elements if e.role == "link" and e.label != "ShopLite")
     price = dict(products)[query]
-    shift = max(0, min(len(products) - visible, products.index((query, price)) - 1))
-    s3 = frame(4, results=len(products), offset=shift)
-    s4 = frame(5, results=None, product=(query, price))
-    s5 = frame(6, results=None, product=(query, price))
+    if products.index((query, price)) < visible:
+        # A short list: the product is on the first page of results.
+        k = 4
+        ep.steps.append(
+            step(
+                s2,
+                f"{query} is among the results.",
+                f"Open the result {query}",
+                at(ctx, s2, "click", query),
+            )
+        )
+    else:
+        k = 5
+        shift = max(0, min(len(products) - visible, products.index((query, price)) - 1))
+        s3 = frame(4, results=len(products), offset=shift)
+        ep.steps += [
+            step(
+                s2,
+                "The results list is longer than the page; the product is further down.",
+                "Scroll down the results page",
+                "swipe(direction='up', amount=0.5)",
+            ),
+            step(
+                s3,
+                f"{query} is now visible in the results.",
+                f"Open the result {query}",
+                at(ctx, s3, "click", query),
+            ),
+        ]
+    s4 = frame(k, results=None, product=(query, price))
+    s5 = frame(k + 1, results=None, product=(query, price))
     ep.steps += [
-        step(
-            s2,
-            "The results list is longer than the page; the product is further down.",
-            "Scroll down the results page",
-            "swipe(direction='up', amount=0.5)",
-        ),
-        step(
-            s3,
-            f"{query} is now visible in the results.",
-            f"Open the result {query}",
-            at(ctx, s3, "click", query),
-        ),
         step(
             s4,
             f"The product page shows the price {price}.",
@@ -119,11 +138,16 @@ def _shop_found(ctx: Ctx, ep: Episode, products: list[tuple[str, str]], query: s
 
 
 def web_search(ctx: Ctx) -> Episode:
-    """Shop: search, wait for the results spinner, swipe the results, open one, answer its price."""
+    """Shop: search, wait for the results spinner, swipe a long list of results, open one, answer
+    its price."""
     rng = ctx.rng
-    products = rng.sample(PRODUCTS, 10)
+    # Most searches fill more than a page; some find only a few products, and the rows a
+    # longer list would show stand empty.
+    products = rng.sample(PRODUCTS, rng.choice(RESULT_COUNTS))
     missing = rng.random() < 0.25
-    query = "vintage typewriter" if missing else products[rng.randint(6, 9)][0]
+    # In a long list the product is further down the page; a short one shows it at once.
+    first = 6 if len(products) > 6 else 0
+    query = "vintage typewriter" if missing else products[rng.randint(first, len(products) - 1)][0]
     s0 = _shop_frame(ctx, products, 0, "", False, None)
     s1 = _shop_frame(ctx, products, 1, "", True, None)
     ep = Episode(

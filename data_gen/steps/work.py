@@ -7,6 +7,7 @@ stages fill in place; the executor stores it as JSON between stages (``WORK_CODE
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from data_gen.config import DataGenConfig
 from data_gen.executor import Codec, StageStats
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, StepView
 from data_gen.perturb.calls import primary_point
-from data_gen.perturb.elements import target_at
+from data_gen.perturb.elements import ExpertStep, target_at
+from data_gen.perturb.programmatic import NOT_CLICKED, mentions
 from data_gen.step_unit import StepUnit, record_provenance, sample_origin
 from hivig.actions import marks_for_tool_calls, pointer_after, space_for_platform
 from hivig.messages import ImageRef, Mark
@@ -342,7 +344,44 @@ def step_view(traj: Trajectory, index: int, elements: ElementIndex) -> StepView:
         partial_screens=any(elements.is_partial(steps[k].screenshot) for k in range(index + 1)),
         screenshot=step.screenshot,
         habit_boxes=_habit_boxes(traj, index, elements),
+        habit_ghosts=elements.habit_ghosts(step.screenshot),
+        habit_steps=_habit_steps(traj, index, elements),
     )
+
+
+def expert_step(traj: Trajectory, index: int, elements: ElementIndex) -> ExpertStep | None:
+    """The step as a layout-habit ghost elsewhere: one point action on a labelled element its
+    intent names, not a clock or a title bar; ``None`` for any other step."""
+    calls = calls_of(traj, index)
+    hit = primary_point(calls)
+    if hit is None or len(calls) != 1 or is_terminal(calls):
+        return None
+    step = traj.steps[index]
+    point = tuple(hit[1]["coordinate"])
+    el = target_at(elements.get(step.screenshot), *point)
+    intent = step.intent or ""
+    if el is None or not el.label or el.role in NOT_CLICKED or not mentions(el.label, intent):
+        return None
+    return ExpertStep(traj.id, step.screenshot, point, el.label, el.role, intent, json.dumps(calls))  # type: ignore[arg-type]
+
+
+def note_expert_steps(elements: ElementIndex, works: list[Work]) -> None:
+    """Record in ``elements`` the expert steps a layout-habit ghost may copy (``expert_step``;
+    see ``ElementIndex.habit_steps``). Failed agent runs are no expert's."""
+    elements.note_steps(
+        s
+        for w in works
+        if not w.failed_run
+        for k in range(len(w.trajectory.steps))
+        if (s := expert_step(w.trajectory, k, elements)) is not None
+    )
+
+
+def _habit_steps(traj: Trajectory, index: int, elements: ElementIndex) -> tuple:
+    mine = expert_step(traj, index, elements)
+    if mine is None:
+        return ()
+    return tuple((s.label, s.intent, s.calls) for s in elements.habit_steps(mine))
 
 
 def _habit_boxes(traj: Trajectory, index: int, elements: ElementIndex) -> tuple:

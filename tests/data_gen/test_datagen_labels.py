@@ -186,11 +186,21 @@ def test_plan_meets_the_target_distribution_and_ratio(corpus):
             if draft is not None and violation(v, draft_step(dim, v, draft)) is None:
                 seen.setdefault(dim, set()).add((v.screenshot, v.intent))
     feasible = {d: len(steps) for d, steps in seen.items()}
-    for d in {d.name for d in DIMENSIONS}:
-        n = bads.count(d)
-        assert n <= 1.5 * share * len(bads) + 1, d
-        if feasible.get(d, 0) >= share * len(bads):
-            assert n >= 0.5 * share * len(bads), d
+    counts = {d: bads.count(d) for d in {d.name for d in DIMENSIONS}}
+    target = share * len(bads)
+    for d, n in counts.items():
+        assert n <= 1.5 * target + 1, d
+        if feasible.get(d, 0) < target or n >= 0.5 * target:
+            continue
+        # Below half its share although enough steps could express it: only because those
+        # steps went to dimensions that are short themselves (Visual Hallucination, Constraint
+        # and Observation Neglect all need a list), never to one above its share.
+        holders = {
+            plan[v.sample_id].dimension
+            for v in views
+            if (v.screenshot, v.intent) in seen[d] and plan[v.sample_id].dimension not in (None, d)
+        }
+        assert all(counts[h] <= target + 1 for h in holders), (d, n, holders)
 
 
 def test_repeated_steps_of_variants_are_planned_once_good_and_bad_alike(corpus):

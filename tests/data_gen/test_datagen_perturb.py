@@ -212,37 +212,149 @@ def test_misalignment_keeps_intent_and_moves_to_another_element():
 HABIT = (700, 800, 900, 850)  # where an "OK" button sits on other screens of the corpus
 
 
-MENU_ITEM = Element("Export", "menuitem", (700, 800, 900, 850))
+CLICK_ALPHA = {"action": "left_click", "coordinate": [250, 620]}
+GAMMA = ("Gamma", "listitem", 100, 680, 400, 720)  # the third row of the list on another screen
 
 
-def test_hallucination_acts_on_an_element_this_screen_does_not_show():
-    # Premature ghost: the next step clicks Export, which appears only after this step.
-    nxt = ({"action": "left_click", "coordinate": [800, 825]},)
-    v = view([CLICK_OK], next_calls=nxt, next_intent="Click Export", next_elements=(MENU_ITEM,))
+def test_hallucination_acts_on_an_item_that_similar_screens_show_and_this_one_does_not():
+    v = view([CLICK_ALPHA], intent="Click Alpha in the list", habit_ghosts=(GAMMA,))
     bad = PROGRAMMATIC["Visual Hallucination"](v, rng(), P)
-    assert bad.method == "premature_ghost" and bad.intent == "Click Export"
-    assert target_at(SCREEN, *bad.calls[0]["coordinate"]) is None  # nothing there now
-    assert bad.extra["ghost"] == "Export"
-    # Negative controls: a ghost this screen does show (Cancel), or one at the real target.
-    shown = ({"action": "left_click", "coordinate": [650, 425]},)
-    here = view([CLICK_OK], next_calls=shown, next_intent="Click Cancel", next_elements=(CANCEL,))
-    assert PROGRAMMATIC["Visual Hallucination"](here, rng(), P) is None
-    near = Element("Export", "menuitem", (505, 400, 540, 450))
-    close = ({"action": "left_click", "coordinate": [520, 425]},)
-    v2 = view([CLICK_OK], next_calls=close, next_intent="Click Export", next_elements=(near,))
-    assert PROGRAMMATIC["Visual Hallucination"](v2, rng(), P) is None
+    assert bad.method == "habit_ghost" and bad.intent == "Click Gamma in the list"
+    x, y = bad.calls[0]["coordinate"]
+    assert target_at(SCREEN, x, y) is None and 100 <= x <= 400 and 680 <= y <= 720
+    assert bad.extra["ghost"] == "Gamma"
+    # Negative controls: a ghost this screen shows (Beta), one of another kind (a button),
+    # another column, and a step whose intent does not name its target.
+    for ghost in (
+        ("Beta", "listitem", 100, 680, 400, 720),
+        ("Gamma", "button", 100, 680, 400, 720),
+        ("Gamma", "listitem", 500, 680, 800, 720),
+    ):
+        v2 = view([CLICK_ALPHA], intent="Click Alpha in the list", habit_ghosts=(ghost,))
+        assert PROGRAMMATIC["Visual Hallucination"](v2, rng(), P) is None, ghost
+    v3 = view([CLICK_ALPHA], intent="Pick the first row", habit_ghosts=(GAMMA,))
+    assert PROGRAMMATIC["Visual Hallucination"](v3, rng(), P) is None
+
+
+def test_a_ghost_whose_own_place_is_taken_goes_to_the_next_row_of_the_list():
+    rows = (
+        Element("Ada", "contact", (100, 500, 400, 560)),
+        Element("Ben", "contact", (100, 580, 400, 640)),
+    )
+    on_ben = ("Cleo", "contact", 100, 580, 400, 640)  # where Ben is on this screen
+    tap_ada = {"action": "left_click", "coordinate": [250, 530]}
+    v = view([tap_ada], intent="Tap Ada", elements=rows, habit_ghosts=(on_ben,))
+    bad = PROGRAMMATIC["Visual Hallucination"](v, rng(), P)
+    x, y = bad.calls[0]["coordinate"]
+    assert bad.intent == "Tap Cleo" and target_at(rows, x, y) is None
+    assert 100 <= x <= 400 and 660 <= y <= 720  # the row after Ben
 
 
 def test_hallucination_leaves_terminal_steps_to_termination():
     gen = PROGRAMMATIC["Visual Hallucination"]
-    nxt = {
-        "next_calls": ({"action": "left_click", "coordinate": [800, 825]},),
-        "next_intent": "Click Export",
-        "next_elements": (MENU_ITEM,),
+    kw = {"intent": "Click Alpha in the list", "habit_ghosts": (GAMMA,)}
+    assert gen(view([STOP], is_final=True, **kw), rng(), P) is None
+    assert gen(view([{"action": "answer", "text": "4"}], **kw), rng(), P) is None
+    assert gen(view([CLICK_ALPHA], **kw), rng(), P) is not None
+
+
+def test_habit_ghosts_come_from_the_same_kind_of_screen():
+    from data_gen.perturb.elements import ElementIndex
+
+    chrome = [Element(n, "button", (10 * i, 0, 10 * i + 9, 20)) for i, n in enumerate("ABCDE")]
+    rows = lambda *names: [  # noqa: E731
+        Element(n, "contact", (100, 100 + 50 * i, 900, 140 + 50 * i)) for i, n in enumerate(names)
+    ]
+    other_kind = [Element(n, "button", (0, 500, 99, 520)) for n in ("X", "Y", "Z", "A", "B")]
+    index = ElementIndex(
+        {
+            "here.png": (*chrome, *rows("Ada", "Ben")),
+            "there.png": (*chrome, *rows("Ada", "Cleo", "Dev")),
+            "else.png": (*other_kind, *rows("Eve")),
+        }
+    )
+    ghosts = index.habit_ghosts("here.png")
+    assert {g[0] for g in ghosts} == {"Cleo", "Dev"}  # not Ada (shown), not Eve (other screen)
+    assert ("Cleo", "contact", 100, 150, 900, 190) in ghosts
+    assert index.habit_ghosts("here.png") is ghosts  # worked out once per screen
+
+
+def _app(*buttons):
+    """A screen of one app: its shared chrome plus ``buttons`` as ``(label, box)``."""
+    chrome = [Element(n, "menu", (100 * i, 0, 100 * i + 90, 30)) for i, n in enumerate("FEVH")]
+    return (*chrome, *(Element(label, "button", box) for label, box in buttons))
+
+
+def _expert(trajectory, screenshot, label, point, role="button"):
+    from data_gen.perturb.elements import ExpertStep
+
+    calls = f'[{{"action": "left_click", "coordinate": [{point[0]}, {point[1]}]}}]'
+    return ExpertStep(trajectory, screenshot, point, label, role, f"Click {label}", calls)
+
+
+def test_habit_steps_pair_steps_that_are_ghosts_of_each_other():
+    save, send, print_ = (100, 400, 200, 450), (700, 400, 800, 450), (400, 800, 500, 850)
+    index = ElementIndex(
+        {
+            "a.png": _app(("Save", save)),
+            "b.png": _app(("Send", send)),
+            "c.png": _app(("Print", print_)),
+            "d.png": _app(("Save", save), ("Send", send)),
+            "other.png": (Element("Send", "button", send),),  # another app's screen
+        }
+    )
+    steps = {
+        "a": _expert("t1", "a.png", "Save", (150, 425)),
+        "b": _expert("t2", "b.png", "Send", (750, 425)),
+        "c": _expert("t3", "c.png", "Print", (450, 825)),
+        "d": _expert("t4", "d.png", "Send", (750, 425)),
+        "same": _expert("t1", "b.png", "Send", (750, 425)),  # the same episode as "a"
+        "other": _expert("t5", "other.png", "Send", (750, 425)),
     }
-    assert gen(view([STOP], is_final=True, **nxt), rng(), P) is None
-    assert gen(view([{"action": "answer", "text": "4"}], **nxt), rng(), P) is None
-    assert gen(view([CLICK_OK], **nxt), rng(), P) is not None
+    index.note_steps(steps.values())
+    pairs = {k: index.habit_steps(s) for k, s in steps.items()}
+    # Each step in one pair at most, both of a pair ghosts on the other's screen, never a step
+    # of the same episode, of a screen that shares nothing, or one whose element is shown here.
+    partners = {k: p[0] for k, p in pairs.items() if p}
+    assert len(partners) % 2 == 0 and partners
+    for k, other in partners.items():
+        assert other != steps[k] and other.trajectory != steps[k].trajectory
+        assert index.habit_steps(other) == (steps[k],)
+        assert index.ghost_of(steps[k], other) and index.ghost_of(other, steps[k])
+        assert other.screenshot != "other.png"
+    # "d" shows Save and Send: neither "a" nor "b" is a ghost there, "c" (Print) is.
+    assert pairs["d"] in ((), (steps["c"],))
+    assert not pairs["other"]
+
+
+def test_a_step_of_another_kind_or_too_near_is_no_habit_ghost():
+    index = ElementIndex(
+        {
+            "a.png": _app(("Save", (100, 400, 200, 450))),
+            "b.png": _app(("Name", (700, 400, 800, 450))),
+            "c.png": _app(("Send", (215, 400, 300, 450))),  # 40 units from Save: a near miss
+        }
+    )
+    a = _expert("t1", "a.png", "Save", (150, 425))
+    field = _expert("t2", "b.png", "Name", (750, 425), role="textbox")
+    near = _expert("t3", "c.png", "Send", (240, 425))
+    index.note_steps([a, field, near])
+    assert index.habit_steps(a) == () and index.habit_steps(field) == ()
+    assert not index.ghost_of(a, near)
+
+
+def test_hallucination_proposes_the_paired_habit_step_as_it_is():
+    calls = '[{"action": "left_click", "coordinate": [800, 120]}]'
+    v = view([CLICK_OK], habit_steps=(("Send", "Click Send", calls),))
+    bad = PROGRAMMATIC["Visual Hallucination"](v, rng(), P)
+    assert bad.method == "habit_step" and bad.intent == "Click Send"
+    assert list(bad.calls) == [{"action": "left_click", "coordinate": [800, 120]}]
+    assert bad.extra["ghost"] == "Send"
+    # Negative controls: a point on an element here, or one next to the expert's target.
+    for point in ("[650, 425]", "[520, 425]"):
+        on = calls.replace("[800, 120]", point)
+        v2 = view([CLICK_OK], habit_steps=(("Send", "Click Send", on),))
+        assert PROGRAMMATIC["Visual Hallucination"](v2, rng(), P) is None, point
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,6 +417,9 @@ def _views(n):
         out.append(
             view(
                 calls,
+                # The row click names its row, so a layout-habit ghost (Gamma) can stand in.
+                intent="Click Alpha" if i % 6 == 4 else "Click OK to confirm",
+                habit_ghosts=(GAMMA,),
                 sample_id=f"t{i:04d}:000",
                 next_calls=({"action": "type", "text": "hello"},),
                 next_intent="Type hello",
