@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,24 +206,16 @@ class ElementIndex:
         return memo[screenshot]
 
     def _habit_ghosts(self, screenshot: str) -> tuple[HabitGhost, ...]:
-        here = self.get(screenshot)
-        labels = _target_labels(here)
+        labels = self._labels(screenshot)
         if len(labels) < HABIT_MIN_SHARED or screenshot in self.partial:
             return ()
-        overlap: dict[str, int] = {}
-        for label in sorted(labels):
-            # A label on very many screens ("OK", a menu bar) is counted on a bounded sample
-            # of them, so the search stays linear in the corpus.
-            for shot in self._screens_by_label().get(label, ())[:HABIT_SCREENS_PER_LABEL]:
-                if shot != screenshot:
-                    overlap[shot] = overlap.get(shot, 0) + 1
         ghosts: dict[str, HabitGhost] = {}
-        for shot in sorted(s for s, n in overlap.items() if n >= HABIT_MIN_SHARED):
+        for shot in _sharing(labels, self._screens_by_label(), screenshot):
             there = self.by_path[shot]
             for role in sorted({e.role for e in there if e.is_target}):
                 # The same kind of screen around a list of ``role``: everything else on it
                 # (menus, fields, buttons) is the same; the items may differ.
-                if _jaccard(_target_labels(here, but=role), _target_labels(there, but=role)) < (
+                if _jaccard(self._labels(screenshot, role), self._labels(shot, role)) < (
                     HABIT_SIMILARITY
                 ):
                     continue
@@ -243,8 +235,8 @@ class ElementIndex:
         clicked: dict[str, list[ExpertStep]] = self.__dict__.setdefault("_clicked", {})
         for step in steps:
             clicked.setdefault(step.screenshot, []).append(step)
-        self.__dict__.pop("_pairs", None)
-        self.__dict__.pop("_clicked_index", None)
+        for memo in ("_pairs", "_clicked_index", "_similar_memo"):
+            self.__dict__.pop(memo, None)
 
     def habit_steps(self, mine: ExpertStep) -> tuple[ExpertStep, ...]:
         """The expert step of a similar screen in another episode that is ``mine``'s
@@ -287,35 +279,46 @@ class ElementIndex:
         its element is absent and its point is dead space, far from ``here``'s target."""
         elements = self.get(here.screenshot)
         real = target_at(elements, *here.point)
-        if real is None or other.label.strip().lower() in _target_labels(elements):
+        if real is None or other.label.strip().lower() in self._labels(here.screenshot):
             return False
         point = other.point
         return target_at(elements, *point) is None and box_gap(real.box, point) >= HABIT_DISTANCE
 
     def _mutual_ghosts(self, mine: ExpertStep) -> list[ExpertStep]:
         clicked: dict[str, list[ExpertStep]] = self.__dict__["_clicked"]
-        labels = _target_labels(self.get(mine.screenshot))
-        if len(labels) < HABIT_MIN_SHARED or mine.screenshot in self.partial:
-            return []
-        overlap: dict[str, int] = {}
-        for label in sorted(labels):
-            for shot in self._clicked_by_label().get(label, ())[:HABIT_SCREENS_PER_LABEL]:
-                if shot != mine.screenshot:
-                    overlap[shot] = overlap.get(shot, 0) + 1
         found: dict[tuple[str, str], ExpertStep] = {}
-        for shot in sorted(s for s, n in overlap.items() if n >= HABIT_MIN_SHARED):
-            if _jaccard(labels, _target_labels(self.by_path[shot])) < HABIT_STEP_SIMILARITY:
-                continue
+        for shot in self._similar_screens(mine.screenshot):
             for step in clicked[shot]:
-                if step.trajectory == mine.trajectory:
+                if step.trajectory == mine.trajectory or step.role != mine.role:
                     continue
-                if (
-                    step.role == mine.role
-                    and self.ghost_of(mine, step)
-                    and self.ghost_of(step, mine)
-                ):
+                if self.ghost_of(mine, step) and self.ghost_of(step, mine):
                     found.setdefault((step.intent, step.calls), step)
         return sorted(found.values(), key=_step_rank)
+
+    def _similar_screens(self, screenshot: str) -> tuple[str, ...]:
+        """Screens with expert steps that share most of their labelled targets with this one
+        (worked out once per screen)."""
+        memo: dict[str, tuple[str, ...]] = self.__dict__.setdefault("_similar_memo", {})
+        if screenshot in memo:
+            return memo[screenshot]
+        labels = self._labels(screenshot)
+        near: tuple[str, ...] = ()
+        if len(labels) >= HABIT_MIN_SHARED and screenshot not in self.partial:
+            near = _sharing(labels, self._clicked_by_label(), screenshot)
+        memo[screenshot] = tuple(
+            shot for shot in near if _jaccard(labels, self._labels(shot)) >= HABIT_STEP_SIMILARITY
+        )
+        return memo[screenshot]
+
+    def _labels(self, screenshot: str, but: str | None = None) -> frozenset[str]:
+        """The screen's labelled targets, lower-case, those of role ``but`` left out (cached)."""
+        memo: dict[tuple[str, str | None], frozenset[str]] = self.__dict__.setdefault(
+            "_labels_memo", {}
+        )
+        key = (screenshot, but)
+        if key not in memo:
+            memo[key] = frozenset(_target_labels(self.get(screenshot), but))
+        return memo[key]
 
     def _clicked_by_label(self) -> dict[str, tuple[str, ...]]:
         if "_clicked_index" not in self.__dict__:
@@ -378,7 +381,7 @@ HABIT_SIMILARITY = 0.6
 """Jaccard similarity of two screens' labelled targets, a list's items left out, from which on
 they are the same kind of screen around that list."""
 HABIT_SCREENS_PER_LABEL = 64
-"""Screens per label the similarity search looks at (the first by path)."""
+"""Labels on more screens than this are left out of the search for similar screens."""
 HABIT_STEP_SIMILARITY = 0.3
 """Jaccard similarity of two screens' labelled targets from which on one's expert steps are
 layout habits on the other (the same app or page; the platform's own chrome alone stays
@@ -404,5 +407,22 @@ def _label_hash(label: str) -> str:
     return hashlib.sha256(label.encode("utf-8")).hexdigest()
 
 
-def _jaccard(a: set[str], b: set[str]) -> float:
+def _sharing(
+    labels: Iterable[str], by_label: dict[str, tuple[str, ...]], screenshot: str
+) -> tuple[str, ...]:
+    """The other screens that share at least ``HABIT_MIN_SHARED`` of ``labels``, counting only
+    labels on at most ``HABIT_SCREENS_PER_LABEL`` screens: a label on very many screens (a
+    menu bar, "OK") says nothing about which screens are alike, and skipping it keeps the
+    search linear in the corpus."""
+    overlap: dict[str, int] = {}
+    for label in labels:
+        shots = by_label.get(label, ())
+        if len(shots) <= HABIT_SCREENS_PER_LABEL:
+            for shot in shots:
+                overlap[shot] = overlap.get(shot, 0) + 1
+    overlap.pop(screenshot, None)
+    return tuple(sorted(s for s, n in overlap.items() if n >= HABIT_MIN_SHARED))
+
+
+def _jaccard(a: Set[str], b: Set[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 0.0

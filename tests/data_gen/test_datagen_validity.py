@@ -42,7 +42,7 @@ from data_gen.perturb.semantic import (
 from data_gen.run import load_work, run
 from data_gen.steps.rationale import critique_validator, privileged_numbers
 from data_gen.steps.transitions import validate_transition
-from data_gen.steps.work import critique_candidate, step_view
+from data_gen.steps.work import critique_candidate, note_expert_steps, step_view
 from hivig.contracts import render_critique_target
 from hivig.messages import ImageRef
 from hivig.prompts import build_perturbation_messages, build_rationale_bad_messages
@@ -60,6 +60,7 @@ def views(sample60, tmp_path_factory):
     cfg = demo_config(sample60, tmp_path_factory.mktemp("validity"), "keep_failed=true")
     works, _ = load_work(cfg)
     elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
+    note_expert_steps(elements, works)
     return [
         step_view(w.trajectory, k, elements)
         for w in works
@@ -105,10 +106,15 @@ def test_hallucination_names_an_element_this_screen_does_not_show(views):
         assert target_at(v.elements, *_point(b)) is None
         ghost = b.extra["ghost"]
         assert mentions(ghost, b.intent) and ghost.lower() not in on_screen_labels(v.elements)
-    # Its ghosts come from this episode's own screens, never another platform's layout.
+    # Its ghosts come from screens of the same platform, never another platform's layout, and
+    # every platform that has one is represented.
+    shown = {}
+    for v in views:
+        shown.setdefault(v.platform, set()).update(e.label for e in v.elements)
     for v, b in bads:
-        earlier = {e.label for s in v.earlier_elements for e in s}
-        assert b.extra["ghost"] in earlier | {e.label for e in v.next_elements}
+        assert b.extra["ghost"] in shown[v.platform], (v.platform, b.extra["ghost"])
+    assert {v.platform for v, _ in bads} == {"windows", "mac", "ubuntu", "web", "android"}
+    assert {b.method for _, b in bads} == {"habit_ghost", "habit_step"}
 
 
 def _screen(*elements):

@@ -27,9 +27,10 @@ def digest(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("sample")
-    # 50: ten episodes per platform reach every scenario of the four-scenario rotations (web,
-    # android) at least twice, so the rarer branches (a found product, a failed search) occur.
-    return make_sample(root, SampleConfig(trajectories=50, seed=5, **SMALL), progress=False)
+    # 70: fourteen episodes per platform reach every scenario of the four-scenario rotations
+    # (web, android) at least three times, so the shop's rarer branches occur (a product in a
+    # long list, scrolled to; one in a short list; a failed search).
+    return make_sample(root, SampleConfig(trajectories=70, seed=5, **SMALL), progress=False)
 
 
 def records(root: Path):
@@ -108,6 +109,21 @@ def test_coverage_of_actions_outcomes_and_variants(corpus):
     assert outcomes == {"success", "failure"}
     assert any(len(ep.instructions) > 1 for ep in corpus.episodes)
     assert corpus.trajectories == sum(len(ep.instructions) for ep in corpus.episodes)
+
+
+def test_the_shop_finds_long_and_short_lists(corpus):
+    # A long list is scrolled before the product is opened; a short one shows it at once and
+    # leaves the rows a longer list would fill blank (where a layout-habit ghost can point).
+    found = [
+        ep.raw_actions
+        for ep in corpus.episodes
+        if ep.platform == "web" and any(a.startswith("response(answer='$") for a in ep.raw_actions)
+    ]
+    scrolled = [a for a in found if any(x.startswith("swipe(direction='up'") for x in a)]
+    assert scrolled and len(scrolled) < len(found)
+    for actions in found:
+        opened = actions.index(next(a for a in actions if a.startswith("response("))) - 1
+        assert actions[opened].startswith("click(")
 
 
 def test_boost_files_interleave_variants_step_major(corpus):
