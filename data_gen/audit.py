@@ -55,8 +55,9 @@ Action-Operation Misalignment; another element of the same kind in the expert's 
 for Constraint Neglect), so only the screen (and the goal) shows what is wrong. The others
 change the step on purpose, and a text probe reads that whatever the data quality: a broken
 call, a scroll or a wait where the expert clicked, one character where the expert typed a
-name, a command whose name reads wrong for the goal (Semantic Error), an element that is not
-the expert's at all (Visual Hallucination names one this screen does not show)."""
+name, a command whose name reads wrong for the goal (Semantic Error). Visual Hallucination
+names an element that is not the expert's, in the words of a real step elsewhere (see
+``data_gen.perturb.programmatic.hallucination``)."""
 
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -69,9 +70,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 """Dimension families the audit scores separately (pooled). ``text_blind`` is gated by default:
 its errors are not in the step's text by nature. ``pointing`` (which adds Visual
-Hallucination) and the other families are partly textual (a ghost's name, a broken call, a
-terminate where an answer is due), so their AUCs are reported; every dimension also gets its
-own row."""
+Hallucination) and the other families are reported (the others are partly textual: a broken
+call, a terminate where an answer is due); every dimension also gets its own row."""
 
 DIMENSION_AUDITS: dict[str, tuple[str, ...]] = {d.key: (d.name,) for d in DIMENSIONS}
 """One probe per dimension, by key (the paired AUC of every dimension is reported)."""
@@ -82,13 +82,15 @@ DEFAULT_GATED: tuple[str, ...] = (
     dimension_by_key("constraint_neglect").key,
 )
 """Gated unless configured otherwise: the text-blind family pooled, and alone each of its
-dimensions whose own probe stays clear of the 0.7 gate on the sample corpora (seeds 0-4:
-Grounding/Spatial Error 0.43-0.66, Constraint Neglect 0.34-0.61). Action-Operation Misalignment
-(0.46-0.71) is gated in the pool only: where the expert's target is large (a document area) its
+dimensions whose own probe stays clear of the 0.7 gate on the sample corpora (seeds 0-5:
+Grounding/Spatial Error 0.47-0.67, Constraint Neglect 0.17-0.66). Action-Operation Misalignment
+(0.51-0.63) is gated in the pool only: where the expert's target is large (a document area) its
 nearest neighbours lie on the target's edges (menu bar, window buttons), so a few dozen pairs
-still let the coordinates read slightly differently. The other nine change the step's text by
-construction (Visual Hallucination names the ghost, Timing acts where the Good waits, ...) and
-read 0.70-1.00, so gating them would fail exports without saying anything about the data."""
+still let the coordinates read slightly differently. Visual Hallucination reads 0.18-0.48 there
+(the words of its Bads are real steps' elsewhere), but on 16-18 pairs a gate would fail clean
+corpora by chance, so it and its ``pointing`` family are reported. The other eight change the
+step's text by construction (a broken call, Timing acts where the Good waits, ...) and read
+0.62-1.00, so gating them would fail exports without saying anything about the data."""
 
 GATE_NAMES = frozenset(FAMILIES) | frozenset(DIMENSION_AUDITS)
 """What ``export.audit_gated`` may name: a family (scored pooled) or a dimension key (scored
