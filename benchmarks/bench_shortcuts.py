@@ -6,8 +6,9 @@
 
 For each seed it writes a ``make-sample`` corpus, runs ``data_gen run`` with the demo config
 (offline annotator) and audits the exported records (``data_gen.audit``). It prints the AUC of
-every family and probe per seed, their median, the achieved Good:Bad ratio, and the audit's own
-run time (median of three, against the time to read the records in the same process).
+every family and probe per seed, their median and that of every dimension's step probe over
+the runs, the achieved Good:Bad ratio, and the audit's own run time (median of three, against
+the time to read the records in the same process).
 """
 
 from __future__ import annotations
@@ -82,9 +83,15 @@ def main() -> None:
                     print(f"  {family:13s} {probe:8s} AUC {auc}")
                     if auc is not None:
                         table.setdefault(f"{family}/{probe}", []).append(auc)
-        print("median over runs:")
+            for key, row in audit["dimensions"].items():
+                if row["step"]["auc"] is not None:
+                    table.setdefault(f"{key}/step", []).append(row["step"]["auc"])
+        print("median (min-max) over runs:")
         for key, values in table.items():
-            print(f"  {key:22s} {statistics.median(values):.3f}  ({len(values)} runs)")
+            print(
+                f"  {key:40s} {statistics.median(values):.3f} "
+                f"({min(values):.3f}-{max(values):.3f}, {len(values)} runs)"
+            )
 
 
 if __name__ == "__main__":
