@@ -36,7 +36,6 @@ from data_gen.steps.work import (
     Context,
     Work,
     image,
-    note_expert_steps,
     past_trajectory,
     sample_id,
     step_prompt_args,
@@ -103,7 +102,6 @@ def estimate_requests(cfg: DataGenConfig) -> dict[str, Any]:
     works, _ = load_work(cfg)
     path = Path(cfg.corpus) / cfg.elements_file
     elements = ElementIndex.load(path)
-    note_expert_steps(elements, works)
     plan = build_plan(cfg, works, elements, offline=cfg.annotator.backend.kind == "offline")
     check_plan(cfg, plan, works)  # a plan the run would refuse has no cost to print
     count = _Counter(cfg)

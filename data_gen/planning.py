@@ -15,14 +15,26 @@ from data_gen.config import DataGenConfig
 from data_gen.export import chains_within, out_of_bounds
 from data_gen.perturb import ElementIndex, GenParams, StepPlan, plan_corpus
 from data_gen.perturb.plan import target_shares
-from data_gen.steps.work import Work, critique_candidate, sample_id, step_view
+from data_gen.steps.work import (
+    Work,
+    critique_candidate,
+    note_expert_steps,
+    sample_id,
+    step_view,
+)
 from hivig.taxonomy import DIMENSIONS
 
 
 def build_plan(
     cfg: DataGenConfig, works: list[Work], elements: ElementIndex, offline: bool
 ) -> dict[str, StepPlan]:
-    """The corpus-wide perturbation and masking plan (identical in every shard)."""
+    """The corpus-wide perturbation and masking plan (identical in every shard).
+
+    Records the corpus' expert steps in ``elements`` first (``note_expert_steps``: Visual
+    Hallucination's layout-habit ghosts), so the views the stages build later from the same
+    index are the ones planned here.
+    """
+    note_expert_steps(elements, works)
     # A failed run's only sample is its real Bad, which the plan neither perturbs nor pairs.
     views = [
         step_view(w.trajectory, k, elements)

@@ -48,7 +48,7 @@ from data_gen.planning import (
 from data_gen.resume import check_out, check_resume
 from data_gen.steps import STEP_CLASSES
 from data_gen.steps.flow import StreamedStages
-from data_gen.steps.work import WORK_CODEC, Context, LoopThread, Work, note_expert_steps
+from data_gen.steps.work import WORK_CODEC, Context, LoopThread, Work
 from hivig.backends import build_backend
 from hivig.backends.openai_client import OpenAIClient
 from hivig.config import ConfigError, write_run_description
@@ -248,7 +248,6 @@ def run(cfg: DataGenConfig, shard: Shard | None, merge_only: bool = False) -> di
     loop = LoopThread()
     try:
         elements = load_elements(cfg, works, annotator, loop)
-        note_expert_steps(elements, works)
         ctx = make_context(cfg, works, elements, annotator, loop)
         executor: Executor[Work] = Executor(
             cfg.out, [cls(ctx) for cls in STEP_CLASSES], WORK_CODEC, TRANSIENT_REASONS

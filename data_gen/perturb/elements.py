@@ -231,10 +231,12 @@ class ElementIndex:
         return tuple(g for role in sorted(per_role) for g in per_role[role][:HABIT_MAX_GHOSTS])
 
     def note_steps(self, steps: Iterable[ExpertStep]) -> None:
-        """Record the corpus' expert steps that click a labelled element (see ``habit_steps``)."""
-        clicked: dict[str, list[ExpertStep]] = self.__dict__.setdefault("_clicked", {})
+        """Record the corpus' expert steps that click a labelled element (see ``habit_steps``),
+        in place of any recorded before."""
+        clicked: dict[str, list[ExpertStep]] = {}
         for step in steps:
             clicked.setdefault(step.screenshot, []).append(step)
+        self.__dict__["_clicked"] = clicked
         for memo in ("_pairs", "_clicked_index", "_similar_memo"):
             self.__dict__.pop(memo, None)
 

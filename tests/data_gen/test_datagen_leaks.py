@@ -37,6 +37,8 @@ def bad_rows(sample60, tmp_path_factory) -> list[Row]:
     cfg = demo_config(sample60, tmp_path_factory.mktemp("leaks"))
     works, _ = load_work(cfg)
     elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
+    # The plan first: it records the expert steps the views' layout-habit ghosts come from.
+    planned = build_plan(cfg, works, elements, offline=True)
     views = {
         v.sample_id: v
         for w in works
@@ -45,7 +47,7 @@ def bad_rows(sample60, tmp_path_factory) -> list[Row]:
         for v in [step_view(w.trajectory, k, elements)]
     }
     rows = []
-    for sid, plan in sorted(build_plan(cfg, works, elements, offline=True).items()):
+    for sid, plan in sorted(planned.items()):
         if plan.dimension not in PROGRAMMATIC:
             continue
         gen = PROGRAMMATIC[plan.dimension]
