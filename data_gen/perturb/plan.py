@@ -273,7 +273,6 @@ def _assign(
     shares = {d: s / mass for d, s in shares.items() if d in reachable}
     target = {d: s * total for d, s in shares.items()}
     platform = {v.sample_id: v.platform for v in views}
-    local = _platform_targets(order, options, platform, target)
     counts: Counter[str] = Counter()
     filled: Counter[tuple[str, str]] = Counter()
     out: dict[str, str] = {}
@@ -281,14 +280,15 @@ def _assign(
         if not options[sid]:
             continue
         p = platform[sid]
-        # First a dimension this platform has no sample of yet, then the largest relative
-        # deficit, the dimension's overall and on this platform together; the per-sample hash
-        # breaks ties reproducibly.
+        # First a dimension this platform has no sample of yet (filled from the front of one
+        # order, a rare dimension would otherwise go wholly to the platform whose steps have
+        # the fewest options), then the largest relative deficit; the per-sample hash breaks
+        # ties reproducibly.
         best = max(
             options[sid],
             key=lambda d, p=p, sid=sid: (
                 filled[d, p] == 0,
-                (target[d] - counts[d]) / target[d] + (local[d, p] - filled[d, p]) / local[d, p],
+                (target[d] - counts[d]) / target[d],
                 sample_seed(seed, sid, d),
             ),
         )
@@ -301,24 +301,6 @@ def _assign(
     if missing:
         log.warning("no step of this corpus can express: %s", ", ".join(missing))
     return out, options
-
-
-def _platform_targets(
-    order: list[str],
-    options: Mapping[str, list[str]],
-    platform: Mapping[str, str],
-    target: Mapping[str, float],
-) -> dict[tuple[str, str], float]:
-    """Each dimension's target split over the platforms where it can be expressed, in
-    proportion to its steps there.
-
-    The steps are assigned from the front of one order; with one target per dimension a rare
-    dimension would go wholly to the platform whose steps have the fewest options, and the
-    other platforms would never show it.
-    """
-    where = Counter((d, platform[s]) for s in order for d in options[s])
-    total = Counter(d for s in order for d in options[s])
-    return {(d, p): target[d] * n / total[d] for (d, p), n in where.items()}
 
 
 def _cap(
