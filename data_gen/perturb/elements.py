@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,7 +210,10 @@ class ElementIndex:
         if len(labels) < HABIT_MIN_SHARED or screenshot in self.partial:
             return ()
         ghosts: dict[str, HabitGhost] = {}
+        split = self.split_of(screenshot)
         for shot in _sharing(labels, self._screens_by_label(), screenshot):
+            if self.split_of(shot) != split:
+                continue
             there = self.by_path[shot]
             for role in sorted({e.role for e in there if e.is_target}):
                 # The same kind of screen around a list of ``role``: everything else on it
@@ -230,15 +233,24 @@ class ElementIndex:
             per_role.setdefault(ghost[1], []).append(ghost)
         return tuple(g for role in sorted(per_role) for g in per_role[role][:HABIT_MAX_GHOSTS])
 
-    def note_steps(self, steps: Iterable[ExpertStep]) -> None:
-        """Record the corpus' expert steps that click a labelled element (see ``habit_steps``),
-        in place of any recorded before."""
+    def note_steps(self, steps: Iterable[ExpertStep], splits: Mapping[str, str]) -> None:
+        """Record the corpus' expert steps that click a labelled element (see ``habit_steps``)
+        and the split of every screenshot, in place of any recorded before.
+
+        Ghosts are drawn within a split only: a Bad made of another split's words or
+        screens would carry what the held-out episodes show into training.
+        """
         clicked: dict[str, list[ExpertStep]] = {}
-        for step in steps:
+        for step in dict.fromkeys(steps):  # instruction variants repeat their episode's steps
             clicked.setdefault(step.screenshot, []).append(step)
         self.__dict__["_clicked"] = clicked
-        for memo in ("_pairs", "_clicked_index", "_similar_memo"):
+        self.__dict__["_splits"] = dict(splits)
+        for memo in ("_pairs", "_clicked_index", "_similar_memo", "_habit_memo"):
             self.__dict__.pop(memo, None)
+
+    def split_of(self, screenshot: str) -> str:
+        """The split a screenshot's episode is in (``""`` when none was recorded)."""
+        return self.__dict__.get("_splits", {}).get(screenshot, "")
 
     def habit_steps(self, mine: ExpertStep) -> tuple[ExpertStep, ...]:
         """The expert step of a similar screen in another episode that is ``mine``'s
@@ -289,9 +301,12 @@ class ElementIndex:
     def _mutual_ghosts(self, mine: ExpertStep) -> list[ExpertStep]:
         clicked: dict[str, list[ExpertStep]] = self.__dict__["_clicked"]
         found: dict[tuple[str, str], ExpertStep] = {}
+        split = self.split_of(mine.screenshot)
         for shot in self._similar_screens(mine.screenshot):
+            if self.split_of(shot) != split:
+                continue
             for step in clicked[shot]:
-                if step.trajectory == mine.trajectory or step.role != mine.role:
+                if step.episode == mine.episode or step.role != mine.role:
                     continue
                 if self.ghost_of(mine, step) and self.ghost_of(step, mine):
                     found.setdefault((step.intent, step.calls), step)
@@ -353,7 +368,9 @@ class ElementIndex:
 class ExpertStep:
     """An expert step that clicks a labelled element: what a layout-habit ghost proposes."""
 
-    trajectory: str
+    episode: str
+    """The episode's key (its instruction variants share it)."""
+    split: str
     screenshot: str
     point: tuple[int, int]
     label: str
@@ -402,7 +419,7 @@ def _target_labels(elements: Iterable[Element], but: str | None = None) -> set[s
 
 def _step_rank(step: ExpertStep) -> tuple[str, ExpertStep]:
     """A step's place in the pairing order: by a hash, so no name or episode goes first."""
-    return _label_hash(f"{step.trajectory}|{step.screenshot}|{step.intent}|{step.calls}"), step
+    return _label_hash(f"{step.episode}|{step.screenshot}|{step.intent}|{step.calls}"), step
 
 
 def _label_hash(label: str) -> str:

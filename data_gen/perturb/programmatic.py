@@ -473,11 +473,11 @@ def _habit_ghosts(
 ) -> list[tuple[str, str, list[Call], str]]:
     """Targets of similar screens that this one lacks, of the expert target's own kind; the
     words are the expert's intent with the ghost's label in place of the real one."""
-    if not real.label or real.label not in view.intent or real.role in NOT_CLICKED:
+    if not real.label or not mentions(real.label, view.intent) or real.role in NOT_CLICKED:
         return []
     here = on_screen_labels(view.elements)
     index, _ = primary_point(view.calls)  # type: ignore[misc]
-    slot = _next_slot(view.elements, real.role)
+    slot = _next_slot(view.elements, real)
     out = []
     for label, role, *box in view.habit_ghosts:
         if role != real.role or label.strip().lower() in here or not _same_column(box, real.box):
@@ -488,7 +488,7 @@ def _habit_ghosts(
         for where in (tuple(box), slot):
             point = None if where is None else _scatter(where, rng)
             if point is not None and _far_dead_point(view, real, point):
-                intent = view.intent.replace(real.label, label)
+                intent = _named_instead(view.intent, real.label, label)
                 out.append(("habit_ghost", intent, _moved(view, index, point), label))
                 break
     return out
@@ -509,6 +509,12 @@ def _habit_steps(view: StepView, real: Element) -> list[tuple[str, str, list[Cal
     return out
 
 
+def _named_instead(intent: str, label: str, other: str) -> str:
+    """``intent`` with its first whole-word mention of ``label`` (any case) naming ``other``."""
+    pattern = rf"(?<![\w]){re.escape(label.strip())}(?![\w])"
+    return re.sub(pattern, lambda _: other, intent, count=1, flags=re.IGNORECASE)
+
+
 def _same_column(box: list[int] | tuple[int, ...], other: tuple[int, int, int, int]) -> bool:
     """Whether two boxes are rows of one list: the same left edge and width, near enough."""
     width, other_width = box[2] - box[0], other[2] - other[0]
@@ -519,10 +525,18 @@ COLUMN_SLACK = 12
 """Grid units two rows of one list may differ by in left edge and width."""
 
 
-def _next_slot(elements: tuple[Element, ...], role: str) -> tuple[int, int, int, int] | None:
-    """The box of the row after the last element of ``role`` in a vertical list of them (the
-    same step as between its last two rows), or ``None`` off the grid or without a list."""
-    rows = sorted((e.box for e in elements if e.is_target and e.role == role), key=lambda b: b[1])
+def _next_slot(elements: tuple[Element, ...], real: Element) -> tuple[int, int, int, int] | None:
+    """The box of the row after the last element of ``real``'s list (its role, its column),
+    the same step below it as between its last two rows, or ``None`` off the grid or without
+    a list."""
+    rows = sorted(
+        (
+            e.box
+            for e in elements
+            if e.is_target and e.role == real.role and _same_column(e.box, real.box)
+        ),
+        key=lambda b: b[1],
+    )
     if len(rows) < 2:
         return None
     (_, prev_top, _, _), (x1, top, x2, bottom) = rows[-2], rows[-1]

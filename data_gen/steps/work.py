@@ -349,7 +349,9 @@ def step_view(traj: Trajectory, index: int, elements: ElementIndex) -> StepView:
     )
 
 
-def expert_step(traj: Trajectory, index: int, elements: ElementIndex) -> ExpertStep | None:
+def expert_step(
+    traj: Trajectory, index: int, elements: ElementIndex, split: str
+) -> ExpertStep | None:
     """The step as a layout-habit ghost elsewhere: one point action on a labelled element its
     intent names, not a clock or a title bar; ``None`` for any other step."""
     calls = calls_of(traj, index)
@@ -357,28 +359,36 @@ def expert_step(traj: Trajectory, index: int, elements: ElementIndex) -> ExpertS
     if hit is None or len(calls) != 1 or is_terminal(calls):
         return None
     step = traj.steps[index]
-    point = tuple(hit[1]["coordinate"])
-    el = target_at(elements.get(step.screenshot), *point)
+    x, y = hit[1]["coordinate"]
+    el = target_at(elements.get(step.screenshot), x, y)
     intent = step.intent or ""
     if el is None or not el.label or el.role in NOT_CLICKED or not mentions(el.label, intent):
         return None
-    return ExpertStep(traj.id, step.screenshot, point, el.label, el.role, intent, json.dumps(calls))  # type: ignore[arg-type]
+    return ExpertStep(
+        traj.episode_key, split, step.screenshot, (x, y), el.label, el.role, intent,
+        json.dumps(calls),
+    )  # fmt: skip
 
 
 def note_expert_steps(elements: ElementIndex, works: list[Work]) -> None:
     """Record in ``elements`` the expert steps a layout-habit ghost may copy (``expert_step``;
-    see ``ElementIndex.habit_steps``). Failed agent runs are no expert's."""
+    see ``ElementIndex.habit_steps``) and every screenshot's split. Failed agent runs are no
+    expert's."""
+    splits = {s.screenshot: w.split for w in works for s in w.trajectory.steps}
     elements.note_steps(
-        s
-        for w in works
-        if not w.failed_run
-        for k in range(len(w.trajectory.steps))
-        if (s := expert_step(w.trajectory, k, elements)) is not None
+        (
+            s
+            for w in works
+            if not w.failed_run
+            for k in range(len(w.trajectory.steps))
+            if (s := expert_step(w.trajectory, k, elements, w.split)) is not None
+        ),
+        splits,
     )
 
 
 def _habit_steps(traj: Trajectory, index: int, elements: ElementIndex) -> tuple:
-    mine = expert_step(traj, index, elements)
+    mine = expert_step(traj, index, elements, elements.split_of(traj.steps[index].screenshot))
     if mine is None:
         return ()
     return tuple((s.label, s.intent, s.calls) for s in elements.habit_steps(mine))

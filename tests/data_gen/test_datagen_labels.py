@@ -18,7 +18,7 @@ from data_gen.perturb.programmatic import points_of
 from data_gen.perturb.properties import CHECKS, intent_contradiction, violation
 from data_gen.run import build_plan, gen_params, load_work
 from data_gen.steps.perturb import perturbation_validator
-from data_gen.steps.work import critique_candidate, sample_id, step_view
+from data_gen.steps.work import critique_candidate, note_expert_steps, sample_id, step_view
 from hivig.taxonomy import DIMENSIONS
 
 
@@ -28,6 +28,7 @@ def corpus(sample60, tmp_path_factory):
     cfg = demo_config(sample60, tmp_path_factory.mktemp("labels"), "keep_failed=true")
     works, _ = load_work(cfg)
     elements = ElementIndex.load(Path(cfg.corpus) / cfg.elements_file)
+    note_expert_steps(elements, works)  # as the plan does: the views hold the habit ghosts
     views = [
         step_view(w.trajectory, k, elements)
         for w in works

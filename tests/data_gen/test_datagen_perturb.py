@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -285,11 +286,16 @@ def _app(*buttons):
     return (*chrome, *(Element(label, "button", box) for label, box in buttons))
 
 
-def _expert(trajectory, screenshot, label, point, role="button"):
+def _expert(episode, screenshot, label, point, role="button", split="train"):
     from data_gen.perturb.elements import ExpertStep
 
     calls = f'[{{"action": "left_click", "coordinate": [{point[0]}, {point[1]}]}}]'
-    return ExpertStep(trajectory, screenshot, point, label, role, f"Click {label}", calls)
+    return ExpertStep(episode, split, screenshot, point, label, role, f"Click {label}", calls)
+
+
+def _note(index, steps, test=()):
+    splits = {s: "test" if s in test else "train" for s in index.by_path}
+    index.note_steps(steps, splits)
 
 
 def test_habit_steps_pair_steps_that_are_ghosts_of_each_other():
@@ -311,14 +317,14 @@ def test_habit_steps_pair_steps_that_are_ghosts_of_each_other():
         "same": _expert("t1", "b.png", "Send", (750, 425)),  # the same episode as "a"
         "other": _expert("t5", "other.png", "Send", (750, 425)),
     }
-    index.note_steps(steps.values())
+    _note(index, steps.values())
     pairs = {k: index.habit_steps(s) for k, s in steps.items()}
     # Each step in one pair at most, both of a pair ghosts on the other's screen, never a step
     # of the same episode, of a screen that shares nothing, or one whose element is shown here.
     partners = {k: p[0] for k, p in pairs.items() if p}
     assert len(partners) % 2 == 0 and partners
     for k, other in partners.items():
-        assert other != steps[k] and other.trajectory != steps[k].trajectory
+        assert other != steps[k] and other.episode != steps[k].episode
         assert index.habit_steps(other) == (steps[k],)
         assert index.ghost_of(steps[k], other) and index.ghost_of(other, steps[k])
         assert other.screenshot != "other.png"
@@ -338,9 +344,20 @@ def test_a_step_of_another_kind_or_too_near_is_no_habit_ghost():
     a = _expert("t1", "a.png", "Save", (150, 425))
     field = _expert("t2", "b.png", "Name", (750, 425), role="textbox")
     near = _expert("t3", "c.png", "Send", (240, 425))
-    index.note_steps([a, field, near])
+    _note(index, [a, field, near])
     assert index.habit_steps(a) == () and index.habit_steps(field) == ()
     assert not index.ghost_of(a, near)
+
+
+def test_habit_ghosts_stay_within_their_split():
+    save, send = (100, 400, 200, 450), (700, 400, 800, 450)
+    index = ElementIndex({"a.png": _app(("Save", save)), "b.png": _app(("Send", send))})
+    a = _expert("t1", "a.png", "Save", (150, 425))
+    b = _expert("t2", "b.png", "Send", (750, 425), split="test")
+    _note(index, [a, b], test={"b.png"})
+    assert index.habit_steps(a) == () and index.habit_steps(b) == ()
+    _note(index, [a, dataclasses.replace(b, split="train")])
+    assert index.habit_steps(a) == (dataclasses.replace(b, split="train"),)
 
 
 def test_hallucination_proposes_the_paired_habit_step_as_it_is():
