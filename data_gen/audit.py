@@ -317,8 +317,43 @@ def _audit_row(
             continue
         texts = [probe_text(r, probe) for r, _ in samples]
         labels = [y for _, y in samples]
-        pending.append((row, probe, (texts, labels, [r.episode_key for r, _ in samples])))
+        pending.append((row, probe, (texts, labels, _groups(samples))))
     return row
+
+
+def _groups(samples: Sequence[tuple[SFTRecord, int]]) -> list[str]:
+    return linked_groups(
+        [probe_text(r, "step") for r, _ in samples],
+        [y for _, y in samples],
+        [r.episode_key for r, _ in samples],
+    )
+
+
+def linked_groups(texts: Sequence[str], labels: Sequence[int], groups: Sequence[str]) -> list[str]:
+    """The cross-validation group of every sample: its episode, episodes joined where a Bad's
+    step is word for word another episode's Good.
+
+    A Bad that copies another episode's step (Visual Hallucination's layout-habit ghosts) is
+    that episode's content: in separate folds, a probe would learn the words as Bad on one and
+    be scored on them as a Good on the other, and read far below 0.5 for it.
+    """
+    parent = {g: g for g in groups}
+
+    def root(g: str) -> str:
+        while parent[g] != g:
+            parent[g] = parent[parent[g]]
+            g = parent[g]
+        return g
+
+    goods: dict[str, set[str]] = defaultdict(set)
+    for text, y, g in zip(texts, labels, groups, strict=True):
+        if not y:
+            goods[text].add(g)
+    for text, y, g in zip(texts, labels, groups, strict=True):
+        for other in sorted(goods.get(text, ())) if y else ():
+            a, b = sorted((root(g), root(other)))
+            parent[b] = a
+    return [root(g) for g in groups]
 
 
 MAX_PROBE_WORKERS = 8

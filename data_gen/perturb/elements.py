@@ -403,8 +403,9 @@ HABIT_SCREENS_PER_LABEL = 64
 """Labels on more screens than this are left out of the search for similar screens."""
 HABIT_STEP_SIMILARITY = 0.3
 """Jaccard similarity of two screens' labelled targets from which on one's expert steps are
-layout habits on the other (the same app or page; the platform's own chrome alone stays
-below it)."""
+layout habits on the other (the same app or page). On sparse Android screens the navigation
+bar alone reaches a third, so two apps can pair there while those labels are on no more than
+``HABIT_SCREENS_PER_LABEL`` screens (a small corpus)."""
 HABIT_MAX_GHOSTS = 8
 """Layout-habit ghosts kept per screen and role (the first by a hash of the label)."""
 
