@@ -83,11 +83,11 @@ DEFAULT_GATED: tuple[str, ...] = (
 )
 """Gated unless configured otherwise: the text-blind family pooled, and alone each of its
 dimensions whose own probe stays clear of the 0.7 gate on the sample corpora (seeds 0-5:
-Grounding/Spatial Error 0.47-0.67, Constraint Neglect 0.17-0.66). Action-Operation Misalignment
-(0.51-0.63) is gated in the pool only: where the expert's target is large (a document area) its
+Grounding/Spatial Error 0.48-0.68, Constraint Neglect 0.41-0.53). Action-Operation Misalignment
+(0.35-0.68) is gated in the pool only: where the expert's target is large (a document area) its
 nearest neighbours lie on the target's edges (menu bar, window buttons), so a few dozen pairs
-still let the coordinates read slightly differently. Visual Hallucination reads 0.18-0.48 there
-(the words of its Bads are real steps' elsewhere), but on 16-18 pairs a gate would fail clean
+still let the coordinates read slightly differently. Visual Hallucination reads 0.41-0.56 there
+(the words of its Bads are real steps' elsewhere), but on 15-20 pairs a gate would fail clean
 corpora by chance, so it and its ``pointing`` family are reported. The other eight change the
 step's text by construction (a broken call, Timing acts where the Good waits, ...) and read
 0.62-1.00, so gating them would fail exports without saying anything about the data."""
