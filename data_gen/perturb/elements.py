@@ -131,6 +131,15 @@ class ElementIndex:
         # Screens whose list holds only some of their elements (annotator grounding gives the
         # clicked target alone): nothing can be concluded about what is absent from them.
         self.partial: set[str] = set()
+        # Layout habits (Visual Hallucination's ghosts): the corpus' expert steps and every
+        # screenshot's split (``note_steps``), and what is worked out from them once.
+        self._clicked: dict[str, list[ExpertStep]] = {}
+        self._splits: dict[str, str] = {}
+        self._pairs: dict[ExpertStep, ExpertStep] | None = None
+        self._by_label_index: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._habit_memo: dict[str, tuple[HabitGhost, ...]] = {}
+        self._similar_memo: dict[str, tuple[str, ...]] = {}
+        self._labels_memo: dict[tuple[str, str | None], frozenset[str]] = {}
 
     @classmethod
     def load(cls, path: Path) -> ElementIndex:
@@ -200,10 +209,9 @@ class ElementIndex:
         screen that lacks it, is the layout-habit ghost of the taxonomy's Visual Hallucination:
         its words are those of a real step of the same kind, so text alone cannot tell it.
         """
-        memo: dict[str, tuple[HabitGhost, ...]] = self.__dict__.setdefault("_habit_memo", {})
-        if screenshot not in memo:
-            memo[screenshot] = self._habit_ghosts(screenshot)
-        return memo[screenshot]
+        if screenshot not in self._habit_memo:
+            self._habit_memo[screenshot] = self._habit_ghosts(screenshot)
+        return self._habit_memo[screenshot]
 
     def _habit_ghosts(self, screenshot: str) -> tuple[HabitGhost, ...]:
         labels = self._labels(screenshot)
@@ -211,7 +219,7 @@ class ElementIndex:
             return ()
         ghosts: dict[str, HabitGhost] = {}
         split = self.split_of(screenshot)
-        for shot in _sharing(labels, self._screens_by_label(), screenshot):
+        for shot in _sharing(labels, self._label_index("screens", self.by_path), screenshot):
             if self.split_of(shot) != split:
                 continue
             there = self.by_path[shot]
@@ -243,14 +251,14 @@ class ElementIndex:
         clicked: dict[str, list[ExpertStep]] = {}
         for step in dict.fromkeys(steps):  # instruction variants repeat their episode's steps
             clicked.setdefault(step.screenshot, []).append(step)
-        self.__dict__["_clicked"] = clicked
-        self.__dict__["_splits"] = dict(splits)
-        for memo in ("_pairs", "_clicked_index", "_similar_memo", "_habit_memo"):
-            self.__dict__.pop(memo, None)
+        self._clicked, self._splits, self._pairs = clicked, dict(splits), None
+        self._by_label_index.pop("clicked", None)
+        self._similar_memo.clear()
+        self._habit_memo.clear()
 
     def split_of(self, screenshot: str) -> str:
         """The split a screenshot's episode is in (``""`` when none was recorded)."""
-        return self.__dict__.get("_splits", {}).get(screenshot, "")
+        return self._splits.get(screenshot, "")
 
     def habit_steps(self, mine: ExpertStep) -> tuple[ExpertStep, ...]:
         """The expert step of a similar screen in another episode that is ``mine``'s
@@ -272,11 +280,8 @@ class ElementIndex:
         return () if partner is None else (partner,)
 
     def _partners(self) -> dict[ExpertStep, ExpertStep]:
-        if "_pairs" not in self.__dict__:
-            steps = sorted(
-                (s for shots in self.__dict__.get("_clicked", {}).values() for s in shots),
-                key=_step_rank,
-            )
+        if self._pairs is None:
+            steps = sorted((s for shots in self._clicked.values() for s in shots), key=_step_rank)
             partner: dict[ExpertStep, ExpertStep] = {}
             for step in steps:
                 if step in partner:
@@ -285,8 +290,8 @@ class ElementIndex:
                     if other not in partner:
                         partner[step], partner[other] = other, step
                         break
-            self.__dict__["_pairs"] = partner
-        return self.__dict__["_pairs"]
+            self._pairs = partner
+        return self._pairs
 
     def ghost_of(self, here: ExpertStep, other: ExpertStep) -> bool:
         """Whether ``other``, proposed on ``here``'s screen, acts on nothing that screen shows:
@@ -299,13 +304,12 @@ class ElementIndex:
         return target_at(elements, *point) is None and box_gap(real.box, point) >= HABIT_DISTANCE
 
     def _mutual_ghosts(self, mine: ExpertStep) -> list[ExpertStep]:
-        clicked: dict[str, list[ExpertStep]] = self.__dict__["_clicked"]
         found: dict[tuple[str, str], ExpertStep] = {}
         split = self.split_of(mine.screenshot)
         for shot in self._similar_screens(mine.screenshot):
             if self.split_of(shot) != split:
                 continue
-            for step in clicked[shot]:
+            for step in self._clicked[shot]:
                 if step.episode == mine.episode or step.role != mine.role:
                     continue
                 if self.ghost_of(mine, step) and self.ghost_of(step, mine):
@@ -315,13 +319,13 @@ class ElementIndex:
     def _similar_screens(self, screenshot: str) -> tuple[str, ...]:
         """Screens with expert steps that share most of their labelled targets with this one
         (worked out once per screen)."""
-        memo: dict[str, tuple[str, ...]] = self.__dict__.setdefault("_similar_memo", {})
+        memo = self._similar_memo
         if screenshot in memo:
             return memo[screenshot]
         labels = self._labels(screenshot)
         near: tuple[str, ...] = ()
         if len(labels) >= HABIT_MIN_SHARED and screenshot not in self.partial:
-            near = _sharing(labels, self._clicked_by_label(), screenshot)
+            near = _sharing(labels, self._label_index("clicked", self._clicked), screenshot)
         memo[screenshot] = tuple(
             shot for shot in near if _jaccard(labels, self._labels(shot)) >= HABIT_STEP_SIMILARITY
         )
@@ -329,35 +333,21 @@ class ElementIndex:
 
     def _labels(self, screenshot: str, but: str | None = None) -> frozenset[str]:
         """The screen's labelled targets, lower-case, those of role ``but`` left out (cached)."""
-        memo: dict[tuple[str, str | None], frozenset[str]] = self.__dict__.setdefault(
-            "_labels_memo", {}
-        )
-        key = (screenshot, but)
+        memo, key = self._labels_memo, (screenshot, but)
         if key not in memo:
             memo[key] = frozenset(_target_labels(self.get(screenshot), but))
         return memo[key]
 
-    def _clicked_by_label(self) -> dict[str, tuple[str, ...]]:
-        if "_clicked_index" not in self.__dict__:
+    def _label_index(self, name: str, shots: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """Label -> the screens of ``shots`` (complete ones) that show it, built once per name."""
+        if name not in self._by_label_index:
             index: dict[str, list[str]] = {}
-            for shot in sorted(self.__dict__.get("_clicked", {})):
-                if shot in self.partial:
-                    continue
-                for label in _target_labels(self.get(shot)):
-                    index.setdefault(label, []).append(shot)
-            self.__dict__["_clicked_index"] = {k: tuple(v) for k, v in index.items()}
-        return self.__dict__["_clicked_index"]
-
-    def _screens_by_label(self) -> dict[str, tuple[str, ...]]:
-        if "_by_target_label" not in self.__dict__:
-            index: dict[str, list[str]] = {}
-            for shot in sorted(self.by_path):
-                if shot in self.partial:
-                    continue
-                for label in _target_labels(self.by_path[shot]):
-                    index.setdefault(label, []).append(shot)
-            self.__dict__["_by_target_label"] = {k: tuple(v) for k, v in index.items()}
-        return self.__dict__["_by_target_label"]
+            for shot in sorted(shots):
+                if shot not in self.partial:
+                    for label in self._labels(shot):
+                        index.setdefault(label, []).append(shot)
+            self._by_label_index[name] = {k: tuple(v) for k, v in index.items()}
+        return self._by_label_index[name]
 
     def get(self, screenshot: str) -> tuple[Element, ...]:
         """Elements of a screenshot (empty when unknown)."""

@@ -406,10 +406,12 @@ def grounding(view: StepView, rng: random.Random, p: GenParams) -> BadStep | Non
 
 def mentions(label: str, text: str) -> bool:
     """Whether ``text`` names ``label`` as a whole phrase (case-insensitive)."""
-    core = label.strip().lower()
-    if not core:
-        return False
-    return re.search(rf"(?<![\w]){re.escape(core)}(?![\w])", text.lower()) is not None
+    return bool(label.strip()) and _phrase(label).search(text) is not None
+
+
+def _phrase(label: str) -> re.Pattern[str]:
+    """``label`` as a whole phrase, any case."""
+    return re.compile(rf"(?<![\w]){re.escape(label.strip())}(?![\w])", re.IGNORECASE)
 
 
 def on_screen_labels(elements: tuple[Element, ...]) -> set[str]:
@@ -511,8 +513,7 @@ def _habit_steps(view: StepView, real: Element) -> list[tuple[str, str, list[Cal
 
 def _named_instead(intent: str, label: str, other: str) -> str:
     """``intent`` with its first whole-word mention of ``label`` (any case) naming ``other``."""
-    pattern = rf"(?<![\w]){re.escape(label.strip())}(?![\w])"
-    return re.sub(pattern, lambda _: other, intent, count=1, flags=re.IGNORECASE)
+    return _phrase(label).sub(lambda _: other, intent, count=1)
 
 
 def _same_column(box: list[int] | tuple[int, ...], other: tuple[int, int, int, int]) -> bool:

@@ -15,6 +15,8 @@ from data_gen.audit import (
     AuditSettings,
     ShortcutAuditError,
     check_audit,
+    linked_groups,
+    probe_auc,
     probe_text,
     shortcut_audit,
 )
@@ -290,3 +292,25 @@ def test_audit_command_on_a_finished_run(demo, capsys):
     assert "text_blind" in capsys.readouterr().out.split("failed", 1)[1]
     assert main(["audit", "--data", str(out), "--gated", "no_such_family"]) == 2
     assert main(["audit", "--data", str(out / "nothing")]) == 2
+
+
+def test_a_bad_that_copies_another_episodes_step_shares_its_fold():
+    # Paired episodes, each one's Good the other's Bad word for word (Visual Hallucination's
+    # habit steps). Folded by episode alone, a probe learns the words as Bad on one episode and
+    # is scored on them as the other's Good: far below 0.5, though the words say nothing.
+    words = [f"item {c}" for c in "ABCDEFGHIJKLMNOPQRST"]
+    texts, labels, groups = [], [], []
+    for k in range(0, len(words), 2):
+        a, b = f"Action: Tap {words[k]}", f"Action: Tap {words[k + 1]}"
+        for episode, good, bad in ((f"e{k}", a, b), (f"e{k + 1}", b, a)):
+            texts += [good, bad]
+            labels += [0, 1]
+            groups += [episode, episode]
+    linked = linked_groups(texts, labels, groups)
+    assert len(set(linked)) == len(set(groups)) // 2
+    assert all(linked[i] == linked[i + 2] for i in range(0, len(texts), 4))
+    assert probe_auc(texts, labels, groups, AuditSettings())["auc"] < 0.3
+    assert 0.35 <= probe_auc(texts, labels, linked, AuditSettings())["auc"] <= 0.65
+    # Negative control: Bads of their own words keep every episode its own group.
+    own = [t if y == 0 else t + " now" for t, y in zip(texts, labels, strict=True)]
+    assert linked_groups(own, labels, groups) == groups

@@ -546,6 +546,32 @@ def _plan_kwargs(**kw):
     }
 
 
+def test_each_dimension_is_on_every_platform_that_can_express_it():
+    # Android steps that can carry few dimensions come first in the plan's order: filled from
+    # there alone, a dimension they can carry would never reach the desktop.
+    desktop = _views(240)
+    mobile = [
+        view(
+            [{"action": "click", "coordinate": [250, 620]}],
+            space="mobile_use",
+            intent="Tap Alpha in the list",
+            habit_ghosts=(GAMMA,),
+            sample_id=f"m{i:04d}:000",
+            screenshot=f"m{i}.png",
+        )
+        for i in range(120)
+    ]
+    views = desktop + mobile
+    plan = plan_corpus(views, **_plan_kwargs())
+    can = {(d, v.platform) for v in views for d in eligible_dimensions(v, 0, P, True)}
+    have = {(p.dimension, v.platform) for v in views if (p := plan[v.sample_id]).dimension}
+    assert can - have == set()
+    assert ("Visual Hallucination", "android") in have and (
+        "Visual Hallucination",
+        "windows",
+    ) in have
+
+
 def test_unreachable_dimension_fails_before_work_with_its_name():
     # Without element boxes (real data without a sidecar) the element dimensions have no step.
     bare = [
